@@ -1,0 +1,3 @@
+from feedsvc.cli import main
+
+raise SystemExit(main())

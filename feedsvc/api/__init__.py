@@ -1,0 +1,1 @@
+"""The HTTP layer: routes, handlers, validation and the error middleware."""

@@ -1,0 +1,109 @@
+"""Command line: ``feedsvc serve`` (and ``python -m feedsvc serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
+
+from feedsvc import __version__
+from feedsvc.app import create_app
+from feedsvc.config import Settings, add_arguments, settings_from
+from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
+
+log = logging.getLogger("feedsvc")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="feedsvc", description="A Zaqar-v2-compatible message feed on Redis."
+    )
+    parser.add_argument("--version", action="version", version=f"feedsvc {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP service",
+        description="Run the HTTP service. Every flag can also be set with the "
+        "FEEDSVC_* environment variable named in its help; a flag wins.",
+    )
+    add_arguments(serve)
+    return parser
+
+
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if settings.loop == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until SIGINT or SIGTERM, then drain and close."""
+    app = create_app(settings)
+    runner = web.AppRunner(
+        app,
+        access_log=logging.getLogger("feedsvc.access") if settings.access_log else None,
+        handle_signals=False,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=2048)
+    await site.start()
+    for address in runner.addresses:
+        host, port = address[0], address[1]
+        log.info(
+            "feedsvc %s listening on http://%s:%s (driver %s, loop %s)",
+            __version__,
+            host,
+            port,
+            settings.driver,
+            settings.loop,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await runner.cleanup()
+
+
+def run_serve(settings: Settings) -> int:
+    embedded: RedisServer | None = None
+    if settings.redis_url is None:
+        try:
+            embedded = RedisServer(settings.data_dir, appendfsync=settings.redis_fsync)
+            embedded.start()
+        except (RedisServerNotFound, RedisServerError) as exc:
+            print(f"feedsvc: error: {exc}", file=sys.stderr)
+            return 1
+        log.info("embedded Redis at %s (data in %s)", embedded.url, settings.data_dir)
+        settings = settings.replace(redis_url=embedded.url)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+            runner.run(serve(settings))
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return run_serve(settings)

@@ -1,0 +1,221 @@
+"""Settings: one frozen object built from CLI flags and ``FEEDSVC_*`` variables.
+
+Every setting is a field of :class:`Settings`; its metadata carries the help
+text, so ``feedsvc serve --help`` documents every setting and every setting
+can be given either as ``--pool-size 64`` or as ``FEEDSVC_POOL_SIZE=64``
+(a flag wins over the environment). The limits default to Zaqar's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "FEEDSVC_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
+    redis_url: str | None = _opt(
+        None,
+        "Redis URL (redis://, rediss://, unix://); unset = start an embedded "
+        "redis-server in --data-dir",
+    )
+    data_dir: Path = _opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
+    redis_fsync: str = _opt(
+        "everysec",
+        "appendfsync of the embedded Redis: 'always' makes every 201 survive kill -9 of Redis",
+        choices=("always", "everysec", "no"),
+    )
+    driver: str = _opt(
+        "lua",
+        "storage driver: lua (EVALSHA scripts) or watch (WATCH/MULTI/EXEC)",
+        choices=("lua", "watch"),
+    )
+    loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
+    pool_size: int = _opt(32, "Redis connections per process", minimum=1)
+    pool_timeout: float = _opt(
+        2.0,
+        "seconds a request may wait for a free Redis connection (then 503)",
+        minimum=0.001,
+    )
+    redis_timeout: float = _opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)
+    redis_connect_timeout: float = _opt(
+        1.0,
+        "seconds to wait for a Redis connection to open (then 503)",
+        minimum=0.001,
+    )
+    watch_retries: int = _opt(
+        50, "watch driver: attempts per write before answering 503", minimum=1
+    )
+    max_messages_post_size: int = _opt(262144, "largest POST body in bytes", minimum=1)
+    min_message_ttl: int = _opt(60, "smallest message ttl in seconds", minimum=1)
+    max_message_ttl: int = _opt(1209600, "largest message ttl in seconds", minimum=1)
+    default_message_ttl: int = _opt(3600, "message ttl when none is given", minimum=1)
+    max_message_delay: int = _opt(900, "largest message delay in seconds", minimum=0)
+    min_claim_ttl: int = _opt(60, "smallest claim ttl in seconds", minimum=1)
+    max_claim_ttl: int = _opt(43200, "largest claim ttl in seconds", minimum=1)
+    default_claim_ttl: int = _opt(300, "claim ttl when none is given", minimum=1)
+    min_claim_grace: int = _opt(60, "smallest claim grace in seconds", minimum=0)
+    max_claim_grace: int = _opt(43200, "largest claim grace in seconds", minimum=0)
+    default_claim_grace: int = _opt(60, "claim grace when none is given", minimum=0)
+    max_messages_per_page: int = _opt(20, "largest 'limit' of a message list", minimum=1)
+    default_messages_per_page: int = _opt(
+        10, "'limit' of a message list when none is given", minimum=1
+    )
+    max_messages_per_claim_or_pop: int = _opt(
+        20, "largest 'limit' of a claim and 'pop' of a delete", minimum=1
+    )
+    max_queues_per_page: int = _opt(20, "largest 'limit' of a queue list", minimum=1)
+    default_queues_per_page: int = _opt(10, "'limit' of a queue list when none is given", minimum=1)
+    max_messages_per_post: int = _opt(
+        1000,
+        "most messages in one POST (Zaqar has no count limit, only the body size; "
+        "this bounds the time one index script runs)",
+        minimum=1,
+    )
+    scan_limit: int = _opt(
+        1000,
+        "most index entries one list request scans past filtered-out messages "
+        "before answering with a forward 'next' link",
+        minimum=1,
+    )
+    access_log: bool = _opt(False, "log every request (costs throughput)")
+    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            lo = f.metadata.get("minimum")
+            hi = f.metadata.get("maximum")
+            if lo is not None and value < lo:
+                raise ValueError(f"{_flag(f.name)} must be >= {lo}, got {value}")
+            if hi is not None and value > hi:
+                raise ValueError(f"{_flag(f.name)} must be <= {hi}, got {value}")
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ValueError(
+                    f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
+                )
+        pairs = [
+            ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
+            ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
+            ("min_claim_grace", "default_claim_grace", "max_claim_grace"),
+            ("max_messages_per_page", "default_messages_per_page", None),
+            ("max_queues_per_page", "default_queues_per_page", None),
+        ]
+        for lo_name, mid_name, hi_name in pairs:
+            if hi_name is None:
+                if getattr(self, mid_name) > getattr(self, lo_name):
+                    raise ValueError(f"{_flag(mid_name)} must not exceed {_flag(lo_name)}")
+                continue
+            lo, mid, hi = (getattr(self, n) for n in (lo_name, mid_name, hi_name))
+            if not lo <= mid <= hi:
+                raise ValueError(
+                    f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
+                    f", got {lo}, {mid}, {hi}"
+                )
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _converter(f: dataclasses.Field[Any]) -> Any:
+    kind = str(f.type)
+    if kind == "int":
+        return int
+    if kind == "float":
+        return float
+    if kind == "bool":
+        return _parse_bool
+    if kind == "Path":
+        return Path
+    return str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting; defaults are resolved later (env, then field)."""
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        shown = "unset" if default is None else str(default)
+        help_text = f"{f.metadata['help']} (env {_env_name(f.name)}; default {shown})"
+        if str(f.type) == "bool":
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                default=None,
+                metavar=f.name.upper(),
+                help=help_text,
+            )
+
+
+def settings_from(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build settings: flag, else ``FEEDSVC_*`` variable, else the default.
+
+    Raises ValueError with a one-line message naming the bad setting.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        raw: Any = getattr(args, f.name, None) if args is not None else None
+        source = _flag(f.name)
+        if raw is None and _env_name(f.name) in env:
+            raw = env[_env_name(f.name)]
+            source = _env_name(f.name)
+        if raw is None:
+            continue
+        if isinstance(raw, str):
+            if raw == "" and f.default is None:
+                continue
+            try:
+                raw = _converter(f)(raw)
+            except ValueError:
+                raise ValueError(f"{source}: invalid value {raw!r}") from None
+        values[f.name] = raw
+    return Settings(**values)
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Parse ``serve`` flags alone (used by tests and embedding code)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return settings_from(parser.parse_args(list(argv)), environ)

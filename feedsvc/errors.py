@@ -1,0 +1,123 @@
+"""The domain error tree: what can go wrong, independent of HTTP.
+
+Handlers and drivers raise these; one middleware (``feedsvc.api.middleware``)
+maps them to Zaqar-style JSON ``{"title": ..., "description": ...}`` with the
+status from ``FeedError.status``. Nothing else catches them.
+
+::
+
+    FeedError
+    ├── BadRequest                 400  malformed or out-of-range input
+    │   └── InvalidClaim           400  claim_id wrong or expired on delete
+    ├── Unauthorized               401  authentication required / refused
+    ├── Forbidden                  403
+    │   └── MessageIsClaimed       403  delete of a claimed message without claim_id
+    ├── NotFound                   404
+    │   ├── QueueNotFound
+    │   ├── MessageNotFound
+    │   └── ClaimNotFound
+    ├── MethodNotAllowed           405
+    ├── Conflict                   409  e.g. json-patch replace of a missing key
+    ├── PayloadTooLarge            413
+    ├── UnsupportedMediaType       415
+    └── Unavailable                503  (always sent with Retry-After)
+        ├── StorageUnavailable          Redis unreachable, timed out, loading
+        ├── PoolExhausted               no Redis connection free in time
+        └── TooMuchContention           WATCH retries ran out
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class FeedError(Exception):
+    """Base of every error that has a defined HTTP answer."""
+
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Internal server error"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+class BadRequest(FeedError):
+    status = 400
+    title = "Invalid API request"
+
+
+class InvalidClaim(BadRequest):
+    title = "Unable to delete"
+
+
+class Unauthorized(FeedError):
+    status = 401
+    title = "Authentication required"
+
+
+class Forbidden(FeedError):
+    status = 403
+    title = "Forbidden"
+
+
+class MessageIsClaimed(Forbidden):
+    title = "Unable to delete"
+
+
+class NotFound(FeedError):
+    status = 404
+    title = "Not found"
+
+
+class QueueNotFound(NotFound):
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"Queue {queue} does not exist.")
+
+
+class MessageNotFound(NotFound):
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"Message {message_id} does not exist.")
+
+
+class ClaimNotFound(NotFound):
+    def __init__(self, claim_id: str) -> None:
+        super().__init__(f"Claim {claim_id} does not exist.")
+
+
+class MethodNotAllowed(FeedError):
+    status = 405
+    title = "Method not allowed"
+
+
+class Conflict(FeedError):
+    status = 409
+    title = "Conflict"
+
+
+class PayloadTooLarge(FeedError):
+    status = 413
+    title = "Request body too large"
+
+
+class UnsupportedMediaType(FeedError):
+    status = 415
+    title = "Unsupported media type"
+
+
+class Unavailable(FeedError):
+    status = 503
+    title = "Service temporarily unavailable"
+    retry_after: ClassVar[int] = 1
+
+
+class StorageUnavailable(Unavailable):
+    pass
+
+
+class PoolExhausted(Unavailable):
+    pass
+
+
+class TooMuchContention(Unavailable):
+    pass

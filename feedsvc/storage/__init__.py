@@ -1,0 +1,1 @@
+"""Storage: the FeedStore interface and its two Redis drivers."""

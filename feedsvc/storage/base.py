@@ -1,0 +1,182 @@
+"""The storage interface (:class:`FeedStore`) and the Redis schema both drivers share.
+
+Redis schema (``Q`` = ``fs:{<escaped project>/<queue>}``, see ``keys.py``)::
+
+    key                  type    contents
+    -------------------  ------  ------------------------------------------------
+    fs:p:{P}:queues      zset    the project's queue names, score 0 (lex order)
+    Q:q                  hash    c = created ms, m = user metadata (JSON object),
+                                 plus the honoured reserved settings as plain
+                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps
+    Q:seq                string  last sequence number given to a message; starts
+                                 at the creation time in microseconds, so a
+                                 re-created queue never reuses old markers
+    Q:idx                zset    message id -> seq (post order; the feed)
+    Q:exp                zset    message id -> expires ms (GC, live counts)
+    Q:claimed            zset    message id -> claim expires ms
+    Q:claims             zset    claim id -> claim expires ms
+    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim),
+                                 t = ttl s, c = created ms, e = expires ms,
+                                 u = client id, s = seq (set when indexed),
+                                 d = due ms (delay), k = claim id,
+                                 x = claim expires ms, n = times claimed;
+                                 PEXPIREAT e
+    Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
+                                 x = expires ms, ids = space-separated ids;
+                                 PEXPIREAT x
+
+Invariants, kept by both drivers:
+
+* A message is visible only once indexed (``s`` set, member of ``Q:idx``).
+  A body written without its index entry (a crash between the two) is never
+  shown and disappears at its own expiry.
+* Sequence numbers are given out in commit order: the counter and the index
+  entry change in one script / one EXEC, so a reader that has seen seq N will
+  never later find a new message below N. Markers are sequence numbers.
+* The message key's PEXPIREAT equals ``e``; a claim that outlives the message
+  raises both (never lowers them).
+* Time is the service host's clock in milliseconds, passed to every script, so
+  both drivers agree; Redis's own expiry is an extra safety net.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message as posted: the body already encoded as JSON."""
+
+    body: bytes
+    ttl: int | None = None
+    delay: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: str
+    seq: int
+    body: bytes
+    ttl: int
+    created_ms: int
+    claim_id: str | None = None
+    claim_count: int = 0
+
+    def age(self, now_ms: int) -> int:
+        return max(0, (now_ms - self.created_ms) // 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    client_id: str
+    marker: int | None = None
+    limit: int = 10
+    echo: bool = False
+    include_claimed: bool = False
+    include_delayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    messages: list[Message]
+    # None means "nothing more yet": the page was empty at the end of the feed.
+    next_marker: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSummary:
+    id: str
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    claimed: int
+    free: int
+    total: int
+    oldest: MessageSummary | None = None
+    newest: MessageSummary | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    id: str
+    ttl: int
+    grace: int
+    created_ms: int
+    messages: list[Message] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StoreCounters:
+    """Counters a load test or /metrics can read."""
+
+    watch_retries: int = 0
+    watch_conflicts_exhausted: int = 0
+    noscript_reloads: int = 0
+
+
+class FeedStore(Protocol):
+    """What the HTTP layer needs from storage. Both drivers implement it.
+
+    Projects and queue names arrive validated. Message and claim ids arrive
+    validated as well-formed (lowercase hex); unknown ids are simply absent.
+    """
+
+    name: str
+    counters: StoreCounters
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
+        """Create the queue if missing (True) or leave it as it is (False)."""
+        ...
+
+    async def get_queue_metadata(self, project: str, queue: str) -> dict[str, Any] | None:
+        """The user metadata of the queue, or None if it does not exist."""
+        ...
+
+    async def delete_queue(self, project: str, queue: str) -> None:
+        """Delete the queue and every key it owns; no error if missing."""
+        ...
+
+    async def list_queues(
+        self, project: str, marker: str | None, limit: int, detailed: bool
+    ) -> list[QueueInfo]: ...
+
+    async def count_queues(self, project: str) -> int: ...
+
+    async def queue_stats(self, project: str, queue: str) -> QueueStats:
+        """Live counts; a queue that does not exist has none."""
+        ...
+
+    async def post_messages(
+        self, project: str, queue: str, client_id: str, messages: list[NewMessage]
+    ) -> list[str]:
+        """Store and index the messages in order; the queue is created if needed."""
+        ...
+
+    async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage: ...
+
+    async def get_messages(self, project: str, queue: str, ids: list[str]) -> list[Message]:
+        """The live messages among ``ids``, in the order asked; absent ids skipped."""
+        ...
+
+    async def delete_message(
+        self, project: str, queue: str, message_id: str, claim_id: str | None
+    ) -> None:
+        """Delete one message. MessageIsClaimed if claimed and no claim_id;
+        InvalidClaim if claim_id does not hold it. No error if absent."""
+        ...
+
+    async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None: ...

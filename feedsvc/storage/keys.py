@@ -1,0 +1,89 @@
+"""Every Redis key name feedsvc uses, built in one place.
+
+All keys of one queue share the hash tag ``{<project>/<queue>}`` so that every
+script and every WATCH/MULTI transaction touches a single cluster slot. The
+per-message and per-claim keys are derived from the queue prefix inside the
+Lua scripts too (``prefix .. ':m:' .. id``), so the two must agree: the
+suffixes are defined here and passed to the scripts as ARGV where needed.
+
+Projects are free text (1..256 characters) and may contain characters that
+would change a key's meaning (``{`` and ``}`` move the hash tag) or collide
+with the separators; :func:`escape_project` percent-escapes them, which keeps
+the mapping injective. Queue names (``[A-Za-z0-9_.-]``), message ids and claim
+ids (lowercase hex, made by the service and validated on input) need no
+escaping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAMESPACE = "fs"
+
+MESSAGE_INFIX = ":m:"
+CLAIM_INFIX = ":c:"
+
+
+def escape_project(project: str) -> str:
+    return project.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace("/", "%2F")
+
+
+def registry_key(project: str) -> str:
+    """Sorted set of a project's queue names (score 0, ordered by name)."""
+    return f"{NAMESPACE}:p:{{{escape_project(project)}}}:queues"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one queue. See ``feedsvc.storage.base`` for the schema."""
+
+    prefix: str
+
+    @classmethod
+    def of(cls, project: str, queue: str) -> QueueKeys:
+        return cls(f"{NAMESPACE}:{{{escape_project(project)}/{queue}}}")
+
+    @property
+    def meta(self) -> str:
+        return self.prefix + ":q"
+
+    @property
+    def seq(self) -> str:
+        return self.prefix + ":seq"
+
+    @property
+    def index(self) -> str:
+        return self.prefix + ":idx"
+
+    @property
+    def expiry(self) -> str:
+        return self.prefix + ":exp"
+
+    @property
+    def claimed(self) -> str:
+        return self.prefix + ":claimed"
+
+    @property
+    def claims(self) -> str:
+        return self.prefix + ":claims"
+
+    @property
+    def idempotency(self) -> str:
+        return self.prefix + ":idem"
+
+    def message(self, message_id: str) -> str:
+        return self.prefix + MESSAGE_INFIX + message_id
+
+    def claim(self, claim_id: str) -> str:
+        return self.prefix + CLAIM_INFIX + claim_id
+
+    def fixed(self) -> list[str]:
+        """The keys passed as KEYS[1..n] to every queue script, in this order."""
+        return [
+            self.meta,
+            self.seq,
+            self.index,
+            self.expiry,
+            self.claimed,
+            self.claims,
+        ]

@@ -1,0 +1,169 @@
+"""The lua driver: bodies written by a pipeline, indexed by a cached script.
+
+A POST is one round trip: the pipeline carries the body writes and the
+EVALSHA of ``post.lua`` that gives the messages their sequence numbers and
+index entries atomically. Scripts are sent by SHA only; when Redis answers
+NOSCRIPT (it restarted, or SCRIPT FLUSH ran) the script is loaded and that one
+call is repeated. Every script is idempotent for a given message id, so the
+repeat cannot index a message twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+from feedsvc.errors import InvalidClaim, MessageIsClaimed, StorageUnavailable
+from feedsvc.storage.base import ListQuery, Message, MessagePage, NewMessage
+from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.redis_store import RedisStore, new_id, now_ms, parse_seq
+from feedsvc.storage.scripts import LuaScript, load_script, script_names
+
+DROP_BATCH = 500
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+class LuaStore(RedisStore):
+    name = "lua"
+
+    async def load_scripts(self) -> None:
+        """Load every script so that the first calls find them cached."""
+        async with self._slot():
+            for name in script_names():
+                await self._redis.script_load(load_script(name).source)
+
+    async def _eval(
+        self, script: LuaScript, keys: list[str], args: list[Any], client: Redis | None = None
+    ) -> Any:
+        redis = client or self._redis
+        try:
+            return await redis.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._reload_and_eval(script, keys, args)
+
+    async def _reload_and_eval(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+        self.counters.noscript_reloads += 1
+        await self._redis.script_load(script.source)
+        return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
+        keys = QueueKeys.of(project, queue)
+        async with self._slot():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zadd(registry_key(project), {queue: 0})
+            script = load_script("create_queue")
+            fixed = keys.fixed()
+            args: list[Any] = [now_ms(), orjson.dumps(metadata)]
+            pipe.evalsha(script.sha, len(fixed), *fixed, *args)
+            _, created = await pipe.execute(raise_on_error=False)
+            if isinstance(created, NoScriptError):
+                created = await self._reload_and_eval(script, fixed, args)
+            elif isinstance(created, Exception):
+                raise created
+        return bool(created)
+
+    async def delete_queue(self, project: str, queue: str) -> None:
+        keys = QueueKeys.of(project, queue)
+        script = load_script("drop_queue")
+        async with self._slot():
+            await self._redis.zrem(registry_key(project), queue)
+            while await self._eval(script, keys.fixed(), [DROP_BATCH]):
+                pass
+
+    async def post_messages(
+        self, project: str, queue: str, client_id: str, messages: list[NewMessage]
+    ) -> list[str]:
+        keys = QueueKeys.of(project, queue)
+        script = load_script("post")
+        ids = [new_id() for _ in messages]
+        settings = self._settings
+        all_keys = keys.fixed()
+        args: list[Any] = [now_ms(), settings.default_message_ttl, 0]
+        pipe = self._redis.pipeline(transaction=False)
+        for message_id, message in zip(ids, messages, strict=True):
+            key = keys.message(message_id)
+            pipe.hset(key, mapping={"b": message.body, "u": client_id})
+            # Until the script sets the exact expiry, a body that never gets
+            # indexed (a crash in between) still expires by itself.
+            orphan_ttl = message.ttl or settings.max_message_ttl
+            pipe.expire(key, orphan_ttl + settings.max_message_delay)
+            all_keys.append(key)
+            args += [
+                message_id,
+                "" if message.ttl is None else message.ttl,
+                "" if message.delay is None else message.delay,
+            ]
+        pipe.zadd(registry_key(project), {queue: 0})
+        pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
+        async with self._slot():
+            results = await pipe.execute(raise_on_error=False)
+            seqs = results[-1]
+            for result in results[:-1]:
+                if isinstance(result, Exception):
+                    raise result
+            if isinstance(seqs, NoScriptError):
+                seqs = await self._reload_and_eval(script, all_keys, args)
+            elif isinstance(seqs, Exception):
+                raise seqs
+        if len(seqs) != len(ids):
+            raise StorageUnavailable("Redis lost a message body before indexing it.")
+        return ids
+
+    async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
+        keys = QueueKeys.of(project, queue)
+        args = [
+            now_ms(),
+            "" if query.marker is None else query.marker,
+            query.limit,
+            query.client_id,
+            _flag(query.echo),
+            _flag(query.include_claimed),
+            _flag(query.include_delayed),
+            self._settings.scan_limit,
+        ]
+        async with self._slot():
+            out = await self._eval(load_script("list"), keys.fixed(), args)
+        messages = [
+            Message(
+                id=out[i].decode(),
+                seq=parse_seq(out[i + 1]),
+                body=out[i + 2],
+                ttl=int(out[i + 3]),
+                created_ms=int(out[i + 4]),
+                claim_id=out[i + 5].decode() or None,
+                claim_count=int(out[i + 6]),
+            )
+            for i in range(1, len(out), 7)
+        ]
+        next_marker = parse_seq(out[0]) if out[0] else None
+        return MessagePage(messages, next_marker)
+
+    async def delete_message(
+        self, project: str, queue: str, message_id: str, claim_id: str | None
+    ) -> None:
+        keys = QueueKeys.of(project, queue)
+        all_keys = [*keys.fixed(), keys.message(message_id)]
+        args = [now_ms(), claim_id or "", "1", message_id]
+        async with self._slot():
+            outcome = await self._eval(load_script("delete"), all_keys, args)
+        if outcome == b"claimed":
+            raise MessageIsClaimed(
+                f"Message {message_id} is claimed; give its claim_id to delete it."
+            )
+        if outcome == b"badclaim":
+            raise InvalidClaim(f"Claim {claim_id} does not hold message {message_id} (or expired).")
+
+    async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
+        if not ids:
+            return
+        keys = QueueKeys.of(project, queue)
+        unique = list(dict.fromkeys(ids))
+        all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
+        async with self._slot():
+            await self._eval(load_script("delete"), all_keys, [now_ms(), "", "0", *unique])

@@ -1,0 +1,40 @@
+-- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py).
+-- KEYS[1..6] are always the queue's fixed keys, in the order of
+-- QueueKeys.fixed(): meta, seq, idx, exp, claimed, claims. Per-message and
+-- per-claim keys live under the same hash tag: prefix .. ':m:' .. id.
+local K_META, K_SEQ, K_IDX, K_EXP, K_CLAIMED, K_CLAIMS = 1, 2, 3, 4, 5, 6
+local PREFIX = string.sub(KEYS[K_META], 1, -3)
+local GC_BATCH = 100
+
+-- Numbers handed to redis.call must be formatted by hand: Lua's own
+-- conversion would print a 16-digit seq in exponent notation.
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function message_key(id)
+  return PREFIX .. ':m:' .. id
+end
+
+local function claim_key(id)
+  return PREFIX .. ':c:' .. id
+end
+
+-- Forget up to GC_BATCH messages whose ttl has passed, and expired claims.
+-- Redis drops the message hashes by itself (PEXPIREAT); this drops their
+-- index entries so that nothing outlives its message.
+local function collect_garbage(now_text)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[K_EXP], "-inf", now_text, "LIMIT", 0, GC_BATCH)
+  if #dead > 0 then
+    local mkeys = {}
+    for i, id in ipairs(dead) do
+      mkeys[i] = message_key(id)
+    end
+    redis.call('DEL', unpack(mkeys))
+    redis.call('ZREM', KEYS[K_IDX], unpack(dead))
+    redis.call('ZREM', KEYS[K_EXP], unpack(dead))
+    redis.call('ZREM', KEYS[K_CLAIMED], unpack(dead))
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMED], "-inf", now_text)
+  redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMS], "-inf", now_text)
+end

@@ -1,0 +1,24 @@
+-- Delete a queue, a bounded batch of messages per call so that a huge queue
+-- does not block Redis. Call until it returns 0.
+-- KEYS: the 6 fixed keys. ARGV: batch size.
+local batch = tonumber(ARGV[1])
+local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
+if #ids > 0 then
+  local mkeys = {}
+  for i, id in ipairs(ids) do mkeys[i] = message_key(id) end
+  redis.call('DEL', unpack(mkeys))
+  redis.call('ZREM', KEYS[K_IDX], unpack(ids))
+  redis.call('ZREM', KEYS[K_EXP], unpack(ids))
+  redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+  return 1
+end
+local claims = redis.call('ZRANGE', KEYS[K_CLAIMS], 0, batch - 1)
+if #claims > 0 then
+  local ckeys = {}
+  for i, id in ipairs(claims) do ckeys[i] = claim_key(id) end
+  redis.call('DEL', unpack(ckeys))
+  redis.call('ZREM', KEYS[K_CLAIMS], unpack(claims))
+  return 1
+end
+redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
+return 0

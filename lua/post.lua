@@ -1,0 +1,44 @@
+-- Index messages whose bodies the same pipeline has just written.
+-- KEYS: the 6 fixed keys, then one message key per message.
+-- ARGV: now_ms, default_ttl, default_delay, then per message: id, ttl, delay
+--       (ttl/delay '' = the queue's default, else the service default).
+-- Returns the seq of each message, or {} (nothing indexed) if a body is missing.
+-- Idempotent: a message already indexed keeps its seq.
+local now = tonumber(ARGV[1])
+local n = (#ARGV - 3) / 3
+-- all or nothing: index no message if any body is missing
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[6 + i]) == 0 then return {} end
+end
+collect_garbage(ARGV[1])
+if redis.call('EXISTS', KEYS[K_META]) == 0 then
+  redis.call('HSET', KEYS[K_META], 'c', ARGV[1])
+end
+local q = redis.call('HMGET', KEYS[K_META], 'dttl', 'ddelay')
+local default_ttl = tonumber(q[1] or ARGV[2])
+local default_delay = tonumber(q[2] or ARGV[3])
+if redis.call('EXISTS', KEYS[K_SEQ]) == 0 then
+  -- microseconds: a re-created queue starts above every old marker
+  redis.call('SET', KEYS[K_SEQ], ARGV[1] .. '000')
+end
+local seqs = {}
+for i = 1, n do
+  local key = KEYS[6 + i]
+  local id = ARGV[1 + 3 * i]
+  local ttl = tonumber(ARGV[2 + 3 * i]) or default_ttl
+  local delay = tonumber(ARGV[3 + 3 * i]) or default_delay
+  local seq = tonumber(redis.call('HGET', key, 's'))
+  if seq == nil then
+    seq = redis.call('INCR', KEYS[K_SEQ])
+    local expires = now + ttl * 1000
+    local due = 0
+    if delay > 0 then due = now + delay * 1000 end
+    redis.call('HSET', key, 's', int(seq), 't', int(ttl), 'c', ARGV[1],
+      'e', int(expires), 'd', int(due), 'k', '', 'x', '0', 'n', '0')
+    redis.call('PEXPIREAT', key, int(expires))
+    redis.call('ZADD', KEYS[K_IDX], int(seq), id)
+    redis.call('ZADD', KEYS[K_EXP], int(expires), id)
+  end
+  seqs[i] = seq
+end
+return seqs

@@ -1,0 +1,87 @@
+"""Shared fixtures: one real redis-server per test session, stores and HTTP
+clients for both drivers.
+
+Every test works in a project of its own (a random X-Project-ID), so tests
+never see each other's data and no flushing is needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from feedsvc.app import create_app, make_store
+from feedsvc.config import Settings
+from feedsvc.redis_server import RedisServer
+from feedsvc.storage.base import FeedStore
+from feedsvc.storage.lua_store import LuaStore
+
+DRIVERS = ["lua", "watch"]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
+    assert server.port != 6379
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+def make_settings(redis_url: str, **changes: object) -> Settings:
+    """Settings for tests: ttl down to 1 s so expiry can be seen quickly."""
+    base = Settings(redis_url=redis_url, min_message_ttl=1, log_level="DEBUG")
+    return base.replace(**changes)
+
+
+@pytest.fixture(params=DRIVERS)
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def settings(redis_url: str, driver: str) -> Settings:
+    return make_settings(redis_url, driver=driver)
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator[FeedStore]:
+    feed = make_store(settings)
+    if isinstance(feed, LuaStore):
+        await feed.load_scripts()
+    yield feed
+    await feed.close()
+
+
+@pytest.fixture
+def project() -> str:
+    return "test-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def client_id() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture
+def headers(project: str, client_id: str) -> dict[str, str]:
+    return {"Client-ID": client_id, "X-Project-ID": project}
+
+
+@pytest.fixture
+async def http(settings: Settings) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    async with TestClient(TestServer(create_app(settings))) as client:
+        yield client
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
