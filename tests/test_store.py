@@ -1,0 +1,409 @@
+"""The store contract, run against both drivers (lua and watch).
+
+Everything a reader relies on (DESIGN.md "What users must be able to rely
+on" 1-3) is checked here at the FeedStore level, on a real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from feedsvc.app import make_store
+from feedsvc.config import Settings
+from feedsvc.errors import InvalidClaim
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.keys import QueueKeys, escape_project, registry_key
+from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.scripts import load_script
+
+READER = str(uuid.uuid4())
+WRITER = str(uuid.uuid4())
+
+
+def msg(body: Any, ttl: int | None = None) -> NewMessage:
+    return NewMessage(orjson.dumps(body), ttl)
+
+
+async def post_n(
+    store: FeedStore, project: str, queue: str, n: int, client: str = WRITER, ttl: int = 300
+) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, n, 20):
+        batch = [msg({"n": i}, ttl) for i in range(start, min(n, start + 20))]
+        ids += await store.post_messages(project, queue, client, batch)
+    return ids
+
+
+async def read_all(
+    store: FeedStore,
+    project: str,
+    queue: str,
+    limit: int,
+    marker: int | None = None,
+    client: str = READER,
+    echo: bool = False,
+) -> tuple[list[str], int | None]:
+    """Follow next markers until an empty page; returns ids seen and the last marker."""
+    seen: list[str] = []
+    for _ in range(10_000):
+        page = await store.list_messages(
+            project, queue, ListQuery(client, marker=marker, limit=limit, echo=echo)
+        )
+        if page.next_marker is None:
+            assert page.messages == []
+            return seen, marker
+        assert len(page.messages) <= limit
+        seen += [m.id for m in page.messages]
+        assert page.next_marker > (marker or 0), "a next marker must move forward"
+        marker = page.next_marker
+    raise AssertionError("listing never reached an empty page")
+
+
+async def test_post_then_list_returns_bodies_verbatim(store: FeedStore, project: str) -> None:
+    bodies: list[Any] = [{"a": [1, 2, {"b": None}]}, "text", 3.5, None, [], "ünïcødé ✓"]
+    ids = await store.post_messages(project, "q", WRITER, [msg(b) for b in bodies])
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=20))
+    assert [m.id for m in page.messages] == ids
+    assert [orjson.loads(m.body) for m in page.messages] == bodies
+    assert all(m.ttl in {300, 3600} for m in page.messages)
+    assert page.next_marker == page.messages[-1].seq
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, 10, 19, 20])
+async def test_paging_sees_every_message_once_in_order(
+    store: FeedStore, project: str, limit: int
+) -> None:
+    ids = await post_n(store, project, "q", 45)
+    seen, _ = await read_all(store, project, "q", limit)
+    assert seen == ids
+
+
+async def test_marker_of_first_message_does_not_restart(store: FeedStore, project: str) -> None:
+    ids = await post_n(store, project, "q", 3)
+    first = await store.list_messages(project, "q", ListQuery(READER, limit=1))
+    assert [m.id for m in first.messages] == ids[:1]
+    second = await store.list_messages(
+        project, "q", ListQuery(READER, marker=first.next_marker, limit=1)
+    )
+    assert [m.id for m in second.messages] == ids[1:2]
+
+
+async def test_marker_whose_message_was_deleted(store: FeedStore, project: str) -> None:
+    ids = await post_n(store, project, "q", 6)
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=2))
+    await store.delete_message(project, "q", ids[1], None)
+    await store.delete_message(project, "q", ids[2], None)
+    rest, _ = await read_all(store, project, "q", 2, marker=page.next_marker)
+    assert rest == ids[3:]
+
+
+async def test_marker_zero_and_beyond_the_end(store: FeedStore, project: str) -> None:
+    ids = await post_n(store, project, "q", 3)
+    page = await store.list_messages(project, "q", ListQuery(READER, marker=0, limit=10))
+    assert [m.id for m in page.messages] == ids
+    assert page.next_marker is not None
+    beyond = await store.list_messages(
+        project, "q", ListQuery(READER, marker=page.next_marker + 10**6, limit=10)
+    )
+    assert beyond.messages == [] and beyond.next_marker is None
+
+
+async def test_new_messages_appear_after_an_empty_poll(store: FeedStore, project: str) -> None:
+    ids = await post_n(store, project, "q", 2)
+    seen, marker = await read_all(store, project, "q", 10)
+    assert seen == ids
+    more = await post_n(store, project, "q", 3)
+    seen, _ = await read_all(store, project, "q", 10, marker=marker)
+    assert seen == more
+
+
+async def test_echo_filter_scans_past_a_page_of_own_messages(
+    store: FeedStore, project: str
+) -> None:
+    await post_n(store, project, "q", 30, client=READER)
+    other = await post_n(store, project, "q", 1, client=WRITER)
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+    assert [m.id for m in page.messages] == other
+    mine = await store.list_messages(project, "q", ListQuery(READER, limit=10, echo=True))
+    assert len(mine.messages) == 10
+
+
+async def test_empty_page_has_no_next_marker(store: FeedStore, project: str) -> None:
+    empty = await store.list_messages(project, "nothing-here", ListQuery(READER))
+    assert empty.messages == [] and empty.next_marker is None
+    await post_n(store, project, "q", 5, client=READER)
+    own_only = await store.list_messages(project, "q", ListQuery(READER))
+    assert own_only.messages == [] and own_only.next_marker is None
+
+
+async def test_bounded_scan_gives_a_forward_marker(redis_url: str, driver: str) -> None:
+    settings = Settings(redis_url=redis_url, driver=driver, scan_limit=5)
+    store = make_store(settings)
+    project = "test-" + uuid.uuid4().hex
+    try:
+        await post_n(store, project, "q", 12, client=READER)
+        theirs = await post_n(store, project, "q", 2, client=WRITER)
+        page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+        assert page.messages == [] and page.next_marker is not None
+        seen, _ = await read_all(store, project, "q", 10, marker=page.next_marker)
+        assert seen == theirs
+    finally:
+        await store.close()
+
+
+async def test_expired_messages_are_never_returned(store: FeedStore, project: str) -> None:
+    short = await store.post_messages(project, "q", WRITER, [msg("short", ttl=1)])
+    long = await store.post_messages(project, "q", WRITER, [msg("long", ttl=300)])
+    await asyncio.sleep(1.1)
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+    assert [m.id for m in page.messages] == long
+    assert await store.get_messages(project, "q", short + long) == [
+        m for m in await store.get_messages(project, "q", long)
+    ]
+    stats = await store.queue_stats(project, "q")
+    assert (stats.total, stats.free, stats.claimed) == (1, 1, 0)
+    assert stats.oldest is not None and stats.oldest.id == long[0]
+
+
+async def test_expired_entries_are_collected(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    await post_n(store, project, "q", 5, ttl=1)
+    await asyncio.sleep(1.1)
+    await post_n(store, project, "q", 1)
+    keys = QueueKeys.of(project, "q")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.zcard(keys.index) == 1
+        assert await client.zcard(keys.expiry) == 1
+    finally:
+        await client.aclose()
+
+
+async def test_message_key_expires_in_redis_too(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    [message_id] = await store.post_messages(project, "q", WRITER, [msg("x", ttl=120)])
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        pttl = await client.pttl(QueueKeys.of(project, "q").message(message_id))
+    finally:
+        await client.aclose()
+    assert 110_000 < pttl <= 120_000
+
+
+async def test_ids_are_isolated_by_project_and_queue(store: FeedStore, project: str) -> None:
+    other_project = project + "-other"
+    [message_id] = await store.post_messages(project, "q", WRITER, [msg("secret")])
+    assert await store.get_messages(other_project, "q", [message_id]) == []
+    assert await store.get_messages(project, "q2", [message_id]) == []
+    await store.delete_message(other_project, "q", message_id, None)
+    await store.delete_messages(project, "q2", [message_id])
+    assert [m.id for m in await store.get_messages(project, "q", [message_id])] == [message_id]
+    other = await store.list_messages(other_project, "q", ListQuery(READER))
+    assert other.messages == []
+
+
+async def test_projects_with_key_characters_do_not_collide(store: FeedStore) -> None:
+    # "a}b" and "a%7Db" must stay different projects after escaping.
+    tricky = ["p{x}", "p%7Bx%7D", "p/x", "p:x", "p%2Fx"]
+    suffix = uuid.uuid4().hex
+    for i, name in enumerate(tricky):
+        await store.post_messages(name + suffix, "q", WRITER, [msg(i)])
+    for i, name in enumerate(tricky):
+        page = await store.list_messages(name + suffix, "q", ListQuery(READER, limit=20))
+        assert [orjson.loads(m.body) for m in page.messages] == [i]
+    assert len({escape_project(n + suffix) for n in tricky}) == len(tricky)
+
+
+async def test_dotted_queue_names(store: FeedStore, project: str) -> None:
+    ids = await store.post_messages(project, "a.b.c", WRITER, [msg(1)])
+    await store.create_queue(project, "x.y", {})
+    page = await store.list_messages(project, "a.b.c", ListQuery(READER))
+    assert [m.id for m in page.messages] == ids
+    names = [q.name for q in await store.list_queues(project, None, 10, False)]
+    assert names == ["a.b.c", "x.y"]
+
+
+async def test_queue_listing_pages_by_name(store: FeedStore, project: str) -> None:
+    names = [f"q{i:02d}" for i in range(7)]
+    for name in reversed(names):
+        assert await store.create_queue(project, name, {"n": name})
+    assert not await store.create_queue(project, names[0], {"n": "changed"})
+    seen: list[str] = []
+    marker = None
+    while page := await store.list_queues(project, marker, 3, True):
+        assert all(q.metadata == {"n": q.name} for q in page)
+        seen += [q.name for q in page]
+        marker = page[-1].name
+    assert seen == names
+    assert await store.count_queues(project) == 7
+
+
+async def test_delete_queue_leaves_no_keys(store: FeedStore, project: str, redis_url: str) -> None:
+    await store.create_queue(project, "q", {"a": 1})
+    await post_n(store, project, "q", 30)
+    await post_n(store, project, "other", 2)
+    await store.delete_queue(project, "q")
+    await store.delete_queue(project, "other")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        left = [k async for k in client.scan_iter(match=f"*{escape_project(project)}*")]
+    finally:
+        await client.aclose()
+    assert left == []
+    assert await store.get_queue_metadata(project, "q") is None
+    assert (await store.list_messages(project, "q", ListQuery(READER))).messages == []
+
+
+async def test_recreated_queue_does_not_reuse_markers(store: FeedStore, project: str) -> None:
+    await post_n(store, project, "q", 3)
+    _, marker = await read_all(store, project, "q", 10)
+    await store.delete_queue(project, "q")
+    fresh = await post_n(store, project, "q", 2)
+    seen, _ = await read_all(store, project, "q", 10, marker=marker)
+    assert seen == fresh
+
+
+async def test_delete_by_ids_and_get_by_ids(store: FeedStore, project: str) -> None:
+    ids = await post_n(store, project, "q", 5)
+    await store.delete_messages(project, "q", [ids[0], ids[2], "0" * 24])
+    found = await store.get_messages(project, "q", [ids[4], ids[0], ids[1], ids[1]])
+    assert [m.id for m in found] == [ids[4], ids[1]]
+    stats = await store.queue_stats(project, "q")
+    assert stats.total == 3
+
+
+async def test_delete_with_a_claim_id_of_an_unclaimed_message(
+    store: FeedStore, project: str
+) -> None:
+    [message_id] = await store.post_messages(project, "q", WRITER, [msg(1)])
+    with pytest.raises(InvalidClaim):
+        await store.delete_message(project, "q", message_id, "f" * 24)
+    assert len(await store.get_messages(project, "q", [message_id])) == 1
+    await store.delete_message(project, "q", "a" * 24, "f" * 24)  # absent: fine
+
+
+async def test_queue_stats_counts_and_ends(store: FeedStore, project: str) -> None:
+    empty = await store.queue_stats(project, "missing")
+    assert (empty.total, empty.oldest, empty.newest) == (0, None, None)
+    ids = await post_n(store, project, "q", 4)
+    await store.delete_message(project, "q", ids[0], None)
+    stats = await store.queue_stats(project, "q")
+    assert (stats.total, stats.free, stats.claimed) == (3, 3, 0)
+    assert stats.oldest is not None and stats.oldest.id == ids[1]
+    assert stats.newest is not None and stats.newest.id == ids[3]
+
+
+async def test_concurrent_producers_and_observers(store: FeedStore, project: str) -> None:
+    """Every observer sees every message exactly once, per-producer order kept."""
+    producers, per_producer = 12, 25
+    done = asyncio.Event()
+
+    async def produce(p: int) -> None:
+        for n in range(per_producer):
+            await store.post_messages(project, "hot", str(uuid.uuid4()), [msg({"p": p, "n": n})])
+            if random.random() < 0.3:
+                await asyncio.sleep(0)
+
+    async def observe(limit: int) -> list[tuple[int, int]]:
+        seen: list[tuple[int, int]] = []
+        marker: int | None = None
+        while True:
+            finished = done.is_set()
+            page = await store.list_messages(
+                project, "hot", ListQuery(READER, marker=marker, limit=limit)
+            )
+            for m in page.messages:
+                body = orjson.loads(m.body)
+                seen.append((body["p"], body["n"]))
+            if page.next_marker is not None:
+                marker = page.next_marker
+            elif finished:
+                return seen
+            else:
+                await asyncio.sleep(0.001)
+
+    observers = [asyncio.create_task(observe(limit)) for limit in (1, 3, 10, 20)]
+    await asyncio.gather(*(produce(p) for p in range(producers)))
+    done.set()
+    for seen in await asyncio.gather(*observers):
+        assert len(seen) == producers * per_producer
+        assert len(set(seen)) == len(seen), "a message was repeated"
+        for p in range(producers):
+            assert [n for q, n in seen if q == p] == list(range(per_producer))
+
+
+@pytest.fixture
+async def lua_store(redis_url: str) -> AsyncIterator[LuaStore]:
+    store = make_store(Settings(redis_url=redis_url, driver="lua"))
+    assert isinstance(store, LuaStore)
+    await store.load_scripts()
+    yield store
+    await store.close()
+
+
+async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redis_url: str) -> None:
+    """Re-running the index script for the same ids (a retry) indexes nothing twice.
+
+    (The watch driver has no such retry: an EXEC either ran or wrote nothing.)
+    """
+    store = lua_store
+    [message_id] = await store.post_messages(project, "q", WRITER, [msg(1)])
+    keys = QueueKeys.of(project, "q")
+    script = load_script("post")
+    all_keys = [*keys.fixed(), keys.message(message_id)]
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        seq_before = await client.get(keys.seq)
+        again = await client.evalsha(
+            script.sha, len(all_keys), *all_keys, 1, 3600, 0, message_id, "", ""
+        )
+        assert await client.get(keys.seq) == seq_before
+        assert await client.zcard(keys.index) == 1
+        assert again == [int(seq_before or 0)]
+    finally:
+        await client.aclose()
+
+
+async def test_orphan_body_is_never_listed(store: FeedStore, project: str, redis_url: str) -> None:
+    keys = QueueKeys.of(project, "q")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.hset(keys.message("ab" * 12), mapping={"b": b"1", "u": WRITER})
+        await client.expire(keys.message("ab" * 12), 60)
+    finally:
+        await client.aclose()
+    ids = await post_n(store, project, "q", 1)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == ids
+    assert await store.get_messages(project, "q", ["ab" * 12]) == []
+
+
+async def test_lua_recovers_from_script_flush(
+    lua_store: LuaStore, project: str, redis_url: str
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.script_flush()
+    finally:
+        await client.aclose()
+    ids = await post_n(lua_store, project, "q", 2)
+    page = await lua_store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == ids
+    assert lua_store.counters.noscript_reloads >= 2
+
+
+def test_registry_key_and_queue_keys_share_no_slot_tag() -> None:
+    keys = QueueKeys.of("p", "q")
+    assert all(k.startswith("fs:{p/q}:") for k in keys.fixed())
+    assert keys.message("ab").startswith("fs:{p/q}:")
+    assert registry_key("p") == "fs:p:{p}:queues"
