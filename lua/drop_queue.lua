@@ -1,6 +1,7 @@
 -- Delete a queue, a bounded batch of messages per call so that a huge queue
 -- does not block Redis. Call until it returns 0.
--- KEYS: the 6 fixed keys. ARGV: batch size.
+-- KEYS: the 6 fixed keys. ARGV: batch size, keep ('1' = purge: delete the
+-- messages and claims but keep the queue, its metadata and its counter).
 local batch = tonumber(ARGV[1])
 local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
 if #ids > 0 then
@@ -20,5 +21,10 @@ if #claims > 0 then
   redis.call('ZREM', KEYS[K_CLAIMS], unpack(claims))
   return 1
 end
-redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
+if ARGV[2] == '1' then
+  redis.call('DEL', KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
+else
+  redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED],
+    KEYS[K_CLAIMS])
+end
 return 0

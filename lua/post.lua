@@ -1,11 +1,12 @@
 -- Index messages whose bodies the same pipeline has just written.
 -- KEYS: the 6 fixed keys, then one message key per message.
--- ARGV: now_ms, default_ttl, default_delay, then per message: id, ttl, delay
---       (ttl/delay '' = the queue's default, else the service default).
--- Returns the seq of each message, or {} (nothing indexed) if a body is missing.
+-- ARGV: now_ms, default_ttl, default_delay, request size in bytes, then per
+--       message: id, ttl, delay ('' = the queue's default, else the service's).
+-- Returns the seq of each message; {} (nothing indexed) if a body is missing;
+-- {'toolarge', limit} if the request is over the queue's _max_messages_post_size.
 -- Idempotent: a message already indexed keeps its seq.
 local now = tonumber(ARGV[1])
-local n = (#ARGV - 3) / 3
+local n = (#ARGV - 4) / 3
 -- all or nothing: index no message if any body is missing
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 0 then return {} end
@@ -14,7 +15,8 @@ collect_garbage(ARGV[1])
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
   redis.call('HSET', KEYS[K_META], 'c', ARGV[1])
 end
-local q = redis.call('HMGET', KEYS[K_META], 'dttl', 'ddelay')
+local q = redis.call('HMGET', KEYS[K_META], 'dttl', 'ddelay', 'mps')
+if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
 local default_ttl = tonumber(q[1] or ARGV[2])
 local default_delay = tonumber(q[2] or ARGV[3])
 if redis.call('EXISTS', KEYS[K_SEQ]) == 0 then
@@ -24,9 +26,9 @@ end
 local seqs = {}
 for i = 1, n do
   local key = KEYS[6 + i]
-  local id = ARGV[1 + 3 * i]
-  local ttl = tonumber(ARGV[2 + 3 * i]) or default_ttl
-  local delay = tonumber(ARGV[3 + 3 * i]) or default_delay
+  local id = ARGV[2 + 3 * i]
+  local ttl = tonumber(ARGV[3 + 3 * i]) or default_ttl
+  local delay = tonumber(ARGV[4 + 3 * i]) or default_delay
   local seq = tonumber(redis.call('HGET', key, 's'))
   if seq == nil then
     seq = redis.call('INCR', KEYS[K_SEQ])

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
-from tests.conftest import make_settings
 
 from feedsvc.app import create_app
 from feedsvc.config import Settings
+from tests.conftest import make_settings
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]

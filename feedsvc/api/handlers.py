@@ -17,7 +17,7 @@ from aiohttp import web
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
 from feedsvc.config import Settings
-from feedsvc.errors import BadRequest, MessageNotFound, NotFound, Unavailable
+from feedsvc.errors import BadRequest, ClaimNotFound, MessageNotFound, NotFound, Unavailable
 from feedsvc.storage.base import FeedStore, ListQuery, Message, MessageSummary
 from feedsvc.storage.redis_store import now_ms
 
@@ -58,8 +58,8 @@ def _message_json(queue: str, message: Message, now: int) -> dict[str, Any]:
     }
 
 
-def reserved_defaults(settings: Settings, metadata: dict[str, Any]) -> dict[str, Any]:
-    """The reserved queue settings a GET shows when the queue does not set them."""
+def _with_defaults(settings: Settings, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A queue's metadata as GET shows it: the reserved settings filled in."""
     defaults: dict[str, Any] = {
         "_max_messages_post_size": settings.max_messages_post_size,
         "_default_message_ttl": settings.default_message_ttl,
@@ -68,7 +68,7 @@ def reserved_defaults(settings: Settings, metadata: dict[str, Any]) -> dict[str,
         "_dead_letter_queue_messages_ttl": None,
         "_max_claim_count": None,
     }
-    return {k: v for k, v in defaults.items() if metadata.get(k) is None}
+    return metadata | {k: d for k, d in defaults.items() if metadata.get(k) is None}
 
 
 def _iso(ms: int) -> str:
@@ -158,7 +158,7 @@ async def list_queues(request: web.Request) -> web.Response:
     payload: dict[str, Any] = {
         "queues": [
             {"name": q.name, "href": _queue_href(q.name)}
-            | ({"metadata": q.metadata} if detailed else {})
+            | ({"metadata": _with_defaults(settings, q.metadata or {})} if detailed else {})
             for q in queues
         ],
         "links": [],
@@ -167,6 +167,8 @@ async def list_queues(request: web.Request) -> web.Response:
         params = {"marker": queues[-1].name, "limit": limit}
         if detailed:
             params["detailed"] = "true"
+        if with_count:
+            params["with_count"] = "true"
         payload["links"] = [{"rel": "next", "href": "/v2/queues?" + urlencode(params)}]
     if with_count:
         payload["count"] = await store.count_queues(project)
@@ -176,7 +178,7 @@ async def list_queues(request: web.Request) -> web.Response:
 async def create_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    metadata = v.queue_metadata(await request.read())
+    metadata = v.queue_metadata(await request.read(), _settings(request))
     created = await _store(request).create_queue(project, queue, metadata)
     # Like Zaqar, a PUT on an existing queue changes nothing (use PATCH).
     return web.Response(status=201 if created else 204, headers={"Location": _queue_href(queue)})
@@ -187,7 +189,37 @@ async def get_queue(request: web.Request) -> web.Response:
     queue = v.queue_name(request)
     # Like Zaqar, a queue that does not exist shows the defaults (200).
     metadata = await _store(request).get_queue_metadata(project, queue) or {}
-    return json_response(metadata | reserved_defaults(_settings(request), metadata))
+    return json_response(_with_defaults(_settings(request), metadata))
+
+
+async def patch_queue(request: web.Request) -> web.Response:
+    settings = _settings(request)
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    patch = v.metadata_patch(request, await request.read())
+
+    def change(current: dict[str, Any]) -> dict[str, Any]:
+        return v.checked_metadata(v.apply_patch(current, patch), settings)
+
+    updated = await _store(request).update_queue_metadata(project, queue, change)
+    return json_response(_with_defaults(settings, updated))
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    raw = await request.read()
+    if raw.strip():
+        document = v.json_document(raw)
+        types = document.get("resource_types") if isinstance(document, dict) else None
+        if not isinstance(types, list) or not types:
+            raise BadRequest('Post body must contain key "resource_types".')
+        if not set(types) <= {"messages", "subscriptions"}:
+            raise BadRequest('resource_types may list only "messages" and "subscriptions".')
+        if "messages" not in types:
+            return web.Response(status=204)
+    await _store(request).purge_queue(project, queue)
+    return web.Response(status=204)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
@@ -221,8 +253,9 @@ async def post_messages(request: web.Request) -> web.Response:
     settings = _settings(request)
     project, client = v.caller(request)
     queue = v.queue_name(request)
-    messages = v.new_messages(v.json_document(await request.read()), settings)
-    ids = await _store(request).post_messages(project, queue, client, messages)
+    raw = await request.read()
+    messages = v.new_messages(v.json_document(raw), settings)
+    ids = await _store(request).post_messages(project, queue, client, messages, len(raw))
     base = f"/v2/queues/{queue}/messages"
     body = orjson.dumps({"resources": [f"{base}/{i}" for i in ids]})
     return web.Response(
@@ -307,7 +340,98 @@ async def delete_messages(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     ids = v.id_list(request.query, "ids", settings.max_messages_per_page)
+    pop = request.query.get("pop")
+    if ids is not None and pop is not None:
+        raise BadRequest("pop and ids cannot be given together.")
+    if pop is not None:
+        limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
+        popped = await _store(request).pop_messages(project, queue, limit)
+        now = now_ms()
+        return json_response(
+            {
+                "messages": [
+                    {"id": m.id, "ttl": m.ttl, "age": m.age(now), "body": orjson.Fragment(m.body)}
+                    for m in popped
+                ]
+            }
+        )
     if ids is None:
-        raise BadRequest("Either ids or pop must be given.")
+        raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
     await _store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])
+    return web.Response(status=204)
+
+
+# -- claims ------------------------------------------------------------------
+
+
+def _claim_href(queue: str, claim_id: str) -> str:
+    return f"/v2/queues/{queue}/claims/{claim_id}"
+
+
+async def post_claim(request: web.Request) -> web.Response:
+    settings = _settings(request)
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    limit = v.bounded_int(
+        request.query,
+        "limit",
+        settings.max_messages_per_claim_or_pop // 2 or 1,
+        1,
+        settings.max_messages_per_claim_or_pop,
+    )
+    ttl, grace = v.claim_options(await request.read(), settings)
+    claim = await _store(request).claim_messages(project, queue, ttl, grace, limit)
+    if claim is None:
+        return web.Response(status=204)
+    now = now_ms()
+    body = orjson.dumps({"messages": [_message_json(queue, m, now) for m in claim.messages]})
+    return web.Response(
+        status=201,
+        body=body,
+        content_type="application/json",
+        headers={"Location": _claim_href(queue, claim.id)},
+    )
+
+
+def _claim_id(request: web.Request) -> str:
+    claim_id = request.match_info["claim_id"]
+    if not v.is_id(claim_id):
+        raise ClaimNotFound(claim_id)
+    return claim_id
+
+
+async def get_claim(request: web.Request) -> web.Response:
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    claim = await _store(request).get_claim(project, queue, _claim_id(request))
+    now = now_ms()
+    return json_response(
+        {
+            "age": claim.age(now),
+            "ttl": claim.ttl,
+            "messages": [_message_json(queue, m, now) for m in claim.messages],
+            "href": _claim_href(queue, claim.id),
+        }
+    )
+
+
+async def patch_claim(request: web.Request) -> web.Response:
+    settings = _settings(request)
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    claim_id = _claim_id(request)
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("Request body can not be empty")
+    ttl, grace = v.claim_options(raw, settings)
+    await _store(request).renew_claim(project, queue, claim_id, ttl, grace)
+    return web.Response(status=204)
+
+
+async def delete_claim(request: web.Request) -> web.Response:
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    claim_id = request.match_info["claim_id"]
+    if v.is_id(claim_id):
+        await _store(request).release_claim(project, queue, claim_id)
     return web.Response(status=204)

@@ -16,17 +16,22 @@ Q = "/v2/queues/{queue_name}"
 # rel name -> (href template, allowed methods)
 TEMPLATES: dict[str, tuple[str, list[str]]] = {
     "queues": ("/v2/queues{?marker,limit,detailed,with_count}", ["GET"]),
-    "queue": (Q, ["GET", "PUT", "DELETE"]),
+    "queue": (Q, ["GET", "PUT", "DELETE", "PATCH"]),
     "queue_stats": (Q + "/stats", ["GET"]),
+    "queue_purge": (Q + "/purge", ["POST"]),
     "messages": (
         Q + "/messages{?marker,limit,echo,include_claimed,include_delayed}",
         ["GET"],
     ),
     "post_messages": (Q + "/messages", ["POST"]),
     "messages_get": (Q + "/messages{?ids}", ["GET"]),
-    "messages_delete": (Q + "/messages{?ids}", ["DELETE"]),
+    "messages_delete": (Q + "/messages{?ids,pop}", ["DELETE"]),
     "message_get": (Q + "/messages/{message_id}", ["GET"]),
     "message_delete": (Q + "/messages/{message_id}{?claim_id}", ["DELETE"]),
+    "claim": (Q + "/claims/{claim_id}", ["GET"]),
+    "post_claim": (Q + "/claims{?limit}", ["POST"]),
+    "patch_claim": (Q + "/claims/{claim_id}", ["PATCH"]),
+    "delete_claim": (Q + "/claims/{claim_id}", ["DELETE"]),
     "ping": ("/v2/ping", ["GET", "HEAD"]),
     "health": ("/v2/health", ["GET"]),
 }

@@ -18,17 +18,26 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v2/queues", h.list_queues),
     ("PUT", QUEUE, h.create_queue),
     ("GET", QUEUE, h.get_queue),
+    ("PATCH", QUEUE, h.patch_queue),
     ("DELETE", QUEUE, h.delete_queue),
+    ("POST", QUEUE + "/purge", h.purge_queue),
     ("GET", QUEUE + "/stats", h.get_queue_stats),
     ("POST", QUEUE + "/messages", h.post_messages),
     ("GET", QUEUE + "/messages", h.get_messages),
     ("DELETE", QUEUE + "/messages", h.delete_messages),
     ("GET", QUEUE + "/messages/{message_id}", h.get_message),
     ("DELETE", QUEUE + "/messages/{message_id}", h.delete_message),
+    ("POST", QUEUE + "/claims", h.post_claim),
+    ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
+    ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
+    ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
 ]
 
 
 def add_routes(app: web.Application) -> None:
-    # GET routes answer HEAD too (aiohttp adds it), which /v2/ping needs.
     for method, path, handler in ROUTES:
-        app.router.add_route(method, path, handler)
+        if method == "GET":
+            # GET routes answer HEAD too (HEAD /v2/ping is a health probe)
+            app.router.add_get(path, handler)
+        else:
+            app.router.add_route(method, path, handler)

@@ -16,7 +16,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from feedsvc.config import Settings
-from feedsvc.errors import BadRequest
+from feedsvc.errors import BadRequest, Conflict, UnsupportedMediaType
 from feedsvc.storage.base import NewMessage
 
 QUEUE_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
@@ -118,7 +118,7 @@ def id_list(query: MultiMapping[str], name: str, most: int) -> list[str] | None:
 
     Malformed ids are kept: they match nothing.
     """
-    values = query.getall(name, [])
+    values = [raw for raw in query.getall(name, []) if raw]
     if not values:
         return None
     ids = [part for raw in values for part in raw.split(",") if part]
@@ -173,15 +173,89 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
 
 
 MAX_METADATA_SIZE = 65536
+JSON_PATCH = "application/openstack-messaging-v2.0-json-patch"
 
 
-def queue_metadata(raw: bytes) -> dict[str, Any]:
+def queue_metadata(raw: bytes, settings: Settings) -> dict[str, Any]:
     """The metadata of a queue PUT; an empty body means none."""
     if not raw.strip():
         return {}
-    if len(raw) > MAX_METADATA_SIZE:
-        raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
     document = json_document(raw)
     if not isinstance(document, dict):
         raise BadRequest("Queue metadata must be a JSON object.")
+    return checked_metadata(document, settings)
+
+
+def _reserved_int(metadata: Mapping[str, Any], name: str, low: int, high: int) -> None:
+    value = metadata.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"{name} must be an integer from {low} to {high}.")
+
+
+def checked_metadata(metadata: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Validate size and the reserved settings that feedsvc honours."""
+    if len(orjson.dumps(metadata)) > MAX_METADATA_SIZE:
+        raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
+    ttl_range = (settings.min_message_ttl, settings.max_message_ttl)
+    _reserved_int(metadata, "_default_message_ttl", *ttl_range)
+    _reserved_int(metadata, "_dead_letter_queue_messages_ttl", *ttl_range)
+    _reserved_int(metadata, "_default_message_delay", 0, settings.max_message_delay)
+    _reserved_int(metadata, "_max_messages_post_size", 1, settings.max_messages_post_size)
+    _reserved_int(metadata, "_max_claim_count", 1, 2**31)
+    dlq = metadata.get("_dead_letter_queue")
+    if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
+        raise BadRequest("_dead_letter_queue must be a queue name.")
+    return metadata
+
+
+def metadata_patch(request: web.Request, raw: bytes) -> list[dict[str, Any]]:
+    """A json-patch document of add/remove/replace operations on /metadata/<key>."""
+    if request.content_type != JSON_PATCH:
+        raise UnsupportedMediaType(f"Accepted media type for PATCH: {JSON_PATCH}.")
+    if not raw.strip():
+        raise BadRequest("PATCH body could not be empty for update.")
+    document = json_document(raw)
+    if not isinstance(document, list):
+        raise BadRequest("A json-patch body must be a list of operations.")
+    for op in document:
+        if not isinstance(op, dict) or op.get("op") not in ("add", "remove", "replace"):
+            raise BadRequest("Each operation must be add, remove or replace.")
+        path = op.get("path")
+        if not isinstance(path, str) or not path.startswith("/metadata/") or path == "/metadata/":
+            raise BadRequest(f"Invalid JSON pointer for this resource: {path!r}, e.g /metadata/key")
+        if op["op"] != "remove" and "value" not in op:
+            raise BadRequest(f'Operation "{op["op"]}" requires a member named "value".')
     return document
+
+
+def apply_patch(metadata: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply a validated metadata patch; Conflict on replace/remove of a missing key.
+
+    Reserved keys (leading underscore) may be removed or replaced when unset:
+    python-zaqarclient removes every key it was shown, defaults included.
+    """
+    updated = dict(metadata)
+    for op in patch:
+        key = op["path"][len("/metadata/") :]
+        if op["op"] in ("remove", "replace") and key not in updated and not key.startswith("_"):
+            raise Conflict(f"Can't {op['op']} non-existent object {key}.")
+        if op["op"] == "remove":
+            updated.pop(key, None)
+        else:
+            updated[key] = op["value"]
+    return updated
+
+
+def claim_options(raw: bytes, settings: Settings) -> tuple[int, int]:
+    """(ttl, grace) of a claim POST or PATCH; missing fields take the defaults."""
+    document = json_document(raw) if raw.strip() else {}
+    if not isinstance(document, dict):
+        raise BadRequest("A claim body must be a JSON object.")
+    ttl = _int_field(document, "ttl", settings.min_claim_ttl, settings.max_claim_ttl)
+    grace = _int_field(document, "grace", settings.min_claim_grace, settings.max_claim_grace)
+    return (
+        settings.default_claim_ttl if ttl is None else ttl,
+        settings.default_claim_grace if grace is None else grace,
+    )

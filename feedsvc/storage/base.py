@@ -41,8 +41,29 @@ Invariants, kept by both drivers:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# Reserved queue metadata that storage honours, and the plain field of Q:q
+# that carries each (so scripts need not decode the metadata JSON).
+RESERVED_FIELDS = {
+    "_default_message_ttl": "dttl",
+    "_default_message_delay": "ddelay",
+    "_max_messages_post_size": "mps",
+    "_max_claim_count": "mcc",
+    "_dead_letter_queue": "dlq",
+    "_dead_letter_queue_messages_ttl": "dlqttl",
+}
+
+
+def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
+    """The Q:q fields for the reserved settings that metadata sets."""
+    return {
+        field: str(metadata[name])
+        for name, field in RESERVED_FIELDS.items()
+        if metadata.get(name) is not None
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +135,18 @@ class Claim:
     created_ms: int
     messages: list[Message] = field(default_factory=list)
 
+    def age(self, now_ms: int) -> int:
+        return max(0, (now_ms - self.created_ms) // 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Where a queue sends messages claimed more than max_claims times."""
+
+    max_claims: int
+    queue: str
+    ttl: int | None
+
 
 @dataclass(slots=True)
 class StoreCounters:
@@ -161,9 +194,17 @@ class FeedStore(Protocol):
         ...
 
     async def post_messages(
-        self, project: str, queue: str, client_id: str, messages: list[NewMessage]
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int = 0,
     ) -> list[str]:
-        """Store and index the messages in order; the queue is created if needed."""
+        """Store and index the messages in order; the queue is created if needed.
+
+        PayloadTooLarge if request_size exceeds the queue's _max_messages_post_size.
+        """
         ...
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage: ...
@@ -179,4 +220,43 @@ class FeedStore(Protocol):
         InvalidClaim if claim_id does not hold it. No error if absent."""
         ...
 
-    async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None: ...
+    async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
+        """Delete the messages, claimed or not (as Zaqar's bulk delete does)."""
+        ...
+
+    async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
+        """Atomically remove and return up to limit unclaimed, due messages."""
+        ...
+
+    async def purge_queue(self, project: str, queue: str) -> None:
+        """Delete every message and claim; keep the queue and its metadata."""
+        ...
+
+    async def update_queue_metadata(
+        self,
+        project: str,
+        queue: str,
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Replace the metadata by change(current) atomically; QueueNotFound if missing."""
+        ...
+
+    async def claim_messages(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | None:
+        """Claim up to limit free messages (None: nothing claimable)."""
+        ...
+
+    async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
+        """A live claim and the messages it still holds; ClaimNotFound otherwise."""
+        ...
+
+    async def renew_claim(
+        self, project: str, queue: str, claim_id: str, ttl: int, grace: int
+    ) -> None:
+        """Restart the claim's ttl from now; ClaimNotFound if missing or expired."""
+        ...
+
+    async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
+        """Free the claim's messages; no error if the claim is gone."""
+        ...

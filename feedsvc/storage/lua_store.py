@@ -16,10 +16,22 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed, StorageUnavailable
-from feedsvc.storage.base import ListQuery, Message, MessagePage, NewMessage
+from feedsvc.errors import (
+    InvalidClaim,
+    MessageIsClaimed,
+    PayloadTooLarge,
+    StorageUnavailable,
+)
+from feedsvc.storage.base import (
+    Claim,
+    ListQuery,
+    Message,
+    MessagePage,
+    NewMessage,
+    reserved_fields,
+)
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.redis_store import RedisStore, new_id, now_ms, parse_seq
+from feedsvc.storage.redis_store import RedisStore, new_id, now_ms, parse_seq, text
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 
 DROP_BATCH = 500
@@ -60,6 +72,7 @@ class LuaStore(RedisStore):
             script = load_script("create_queue")
             fixed = keys.fixed()
             args: list[Any] = [now_ms(), orjson.dumps(metadata)]
+            args += [item for pair in reserved_fields(metadata).items() for item in pair]
             pipe.evalsha(script.sha, len(fixed), *fixed, *args)
             _, created = await pipe.execute(raise_on_error=False)
             if isinstance(created, NoScriptError):
@@ -73,18 +86,30 @@ class LuaStore(RedisStore):
         script = load_script("drop_queue")
         async with self._slot():
             await self._redis.zrem(registry_key(project), queue)
-            while await self._eval(script, keys.fixed(), [DROP_BATCH]):
+            while await self._eval(script, keys.fixed(), [DROP_BATCH, "0"]):
+                pass
+
+    async def purge_queue(self, project: str, queue: str) -> None:
+        keys = QueueKeys.of(project, queue)
+        script = load_script("drop_queue")
+        async with self._slot():
+            while await self._eval(script, keys.fixed(), [DROP_BATCH, "1"]):
                 pass
 
     async def post_messages(
-        self, project: str, queue: str, client_id: str, messages: list[NewMessage]
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int = 0,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         script = load_script("post")
         ids = [new_id() for _ in messages]
         settings = self._settings
         all_keys = keys.fixed()
-        args: list[Any] = [now_ms(), settings.default_message_ttl, 0]
+        args: list[Any] = [now_ms(), settings.default_message_ttl, 0, request_size]
         pipe = self._redis.pipeline(transaction=False)
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
@@ -111,6 +136,8 @@ class LuaStore(RedisStore):
                 seqs = await self._reload_and_eval(script, all_keys, args)
             elif isinstance(seqs, Exception):
                 raise seqs
+        if seqs and seqs[0] == b"toolarge":
+            raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids
@@ -167,3 +194,57 @@ class LuaStore(RedisStore):
         all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
         async with self._slot():
             await self._eval(load_script("delete"), all_keys, [now_ms(), "", "0", *unique])
+
+    async def claim_messages(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | None:
+        keys = QueueKeys.of(project, queue)
+        claim_id = new_id()
+        script = load_script("claim")
+        async with self._slot():
+            for _ in range(self._settings.watch_retries):
+                row: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
+                max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
+                all_keys = keys.fixed()
+                if max_claims and dlq:
+                    all_keys += QueueKeys.of(project, dlq).fixed()
+                    await self._redis.zadd(registry_key(project), {dlq: 0})
+                now = now_ms()
+                args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
+                args += [max_claims, dlq_ttl, dlq]
+                out = await self._eval(script, all_keys, args)
+                if out[0] != b"retry":
+                    break
+            else:
+                raise StorageUnavailable("The queue's dead-letter settings kept changing.")
+        if not out[0]:
+            return None
+        messages = [
+            Message(
+                id=text(out[i]),
+                seq=parse_seq(out[i + 1]),
+                body=out[i + 2],
+                ttl=int(out[i + 3]),
+                created_ms=int(out[i + 4]),
+                claim_id=claim_id,
+                claim_count=int(out[i + 5]),
+            )
+            for i in range(1, len(out), 6)
+        ]
+        return Claim(claim_id, ttl, grace, now, messages)
+
+    async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
+        keys = QueueKeys.of(project, queue)
+        args = [now_ms(), limit, self._claim_scan_limit()]
+        async with self._slot():
+            out = await self._eval(load_script("pop"), keys.fixed(), args)
+        return [
+            Message(
+                id=text(out[i]),
+                seq=parse_seq(out[i + 1]),
+                body=out[i + 2],
+                ttl=int(out[i + 3]),
+                created_ms=int(out[i + 4]),
+            )
+            for i in range(0, len(out), 5)
+        ]

@@ -7,25 +7,36 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from feedsvc.config import Settings
-from feedsvc.errors import PoolExhausted, StorageUnavailable
+from feedsvc.errors import (
+    ClaimNotFound,
+    PoolExhausted,
+    QueueNotFound,
+    StorageUnavailable,
+    TooMuchContention,
+)
 from feedsvc.storage.base import (
+    RESERVED_FIELDS,
+    Claim,
     Message,
     MessageSummary,
     QueueInfo,
     QueueStats,
     StoreCounters,
+    reserved_fields,
 )
 from feedsvc.storage.keys import QueueKeys, registry_key
 
@@ -42,6 +53,20 @@ _TRANSIENT_PREFIXES = (
 )
 
 MESSAGE_FIELDS = ("b", "t", "c", "e", "s", "k", "x", "n")
+
+T = TypeVar("T")
+Command = tuple[Any, ...]
+# A plan looks at the replies to the reads and returns the commands to run in
+# MULTI/EXEC (None: write nothing) and the operation's result.
+Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
+
+
+class Conflicted(Exception):
+    """Raised by a transaction plan whose reads show a concurrent writer."""
+
+
+BACKOFF_BASE = 0.0005
+BACKOFF_CAP = 0.05
 
 
 def now_ms() -> int:
@@ -135,6 +160,76 @@ class RedisStore:
             raise
         finally:
             self._gate.release()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AbstractConnection]:
+        pool = self._redis.connection_pool
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        finished = False
+        try:
+            yield conn
+            finished = True
+        finally:
+            if not finished:
+                await conn.disconnect(nowait=True)
+            await pool.release(conn)
+
+    @staticmethod
+    async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
+        """Send commands in one write and read one reply each."""
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        return [await conn.read_response() for _ in commands]
+
+    async def _attempt(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
+
+        A plan raises Conflicted when the reads show another writer got there
+        first (the same as EXEC answering nil).
+        """
+        async with self._connection() as conn:
+            replies = await self._send(conn, ("WATCH", *watch), *reads)
+            try:
+                writes, result = plan(replies[1:])
+            except Conflicted:
+                await self._send(conn, ("UNWATCH",))
+                return False, None
+            if writes is None:
+                await self._send(conn, ("UNWATCH",))
+                return True, result
+            done = await self._send(conn, ("MULTI",), *writes, ("EXEC",))
+            executed = done[-1]
+            if executed is None:
+                return False, None
+            for reply in executed:
+                if isinstance(reply, Exception):
+                    raise reply
+            return True, result
+
+    async def _backoff(self, attempt: int) -> None:
+        """Count a conflict and wait a jittered, growing while; 503 when out of tries."""
+        self.counters.watch_retries += 1
+        if attempt + 1 >= self._settings.watch_retries:
+            self.counters.watch_conflicts_exhausted += 1
+            raise TooMuchContention(
+                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
+            )
+        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+        await asyncio.sleep(random.uniform(0, ceiling))
+
+    async def _optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
+        attempt = 0
+        while True:
+            done, result = await self._attempt(watch, reads, plan)
+            if done:
+                return result  # type: ignore[return-value]
+            await self._backoff(attempt)
+            attempt += 1
+
+    def _claim_scan_limit(self) -> int:
+        """How many index entries a claim or pop may look at to find free messages."""
+        return self._settings.scan_limit * 10
 
     async def ping(self) -> None:
         async with self._slot():
@@ -233,3 +328,145 @@ class RedisStore:
             for message_id, row in zip(wanted, rows, strict=True)
         )
         return [m for m in found if m is not None]
+
+    # -- shared by both drivers: queue metadata and claim upkeep -------------
+    # These are rare, uncontended writes: both drivers run them as WATCH/MULTI
+    # transactions, which are correct against the lua driver's scripts too
+    # (a script touching a watched key aborts the transaction).
+
+    async def update_queue_metadata(
+        self,
+        project: str,
+        queue: str,
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        keys = QueueKeys.of(project, queue)
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, dict[str, Any] | None]:
+            created, raw = replies[0]
+            if created is None:
+                return None, None
+            updated = change(orjson.loads(raw) if raw else {})
+            fields = reserved_fields(updated)
+            writes: list[Command] = [
+                ("HSET", keys.meta, "m", orjson.dumps(updated), *_flat(fields))
+            ]
+            stale = [f for f in RESERVED_FIELDS.values() if f not in fields]
+            if stale:
+                writes.append(("HDEL", keys.meta, *stale))
+            return writes, updated
+
+        async with self._slot():
+            result = await self._optimistic([keys.meta], [("HMGET", keys.meta, "c", "m")], plan)
+        if result is None:
+            raise QueueNotFound(queue)
+        return result
+
+    async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
+        keys = QueueKeys.of(project, queue)
+        now = now_ms()
+        async with self._slot():
+            row: list[Any] = await self._redis.hmget(
+                keys.claim(claim_id), ["t", "g", "c", "x", "ids"]
+            )
+            ttl, grace, created, expires, ids = row
+            if expires is None or int(expires) <= now:
+                raise ClaimNotFound(claim_id)
+            held = text(ids).split() if ids else []
+            pipe = self._redis.pipeline(transaction=False)
+            for message_id in held:
+                pipe.hmget(keys.message(message_id), list(MESSAGE_FIELDS))
+            rows = await pipe.execute() if held else []
+        messages = [
+            m
+            for m in (message_from_fields(i, row, now) for i, row in zip(held, rows, strict=True))
+            if m is not None and m.claim_id == claim_id
+        ]
+        return Claim(claim_id, int(ttl), int(grace), int(created), messages)
+
+    async def _claim_transaction(
+        self,
+        keys: QueueKeys,
+        claim_id: str,
+        plan_for: Callable[[list[str]], Plan[T]],
+    ) -> T:
+        """Run a transaction over a claim and the messages it lists."""
+        attempt = 0
+        while True:
+            raw = await self._redis.hget(keys.claim(claim_id), "ids")
+            held = text(raw).split() if raw else []
+            watch = [keys.claim(claim_id), *(keys.message(i) for i in held)]
+            reads: list[Command] = [("HMGET", keys.claim(claim_id), "x", "ids")]
+            reads += [("HMGET", keys.message(i), "k", "e", "c") for i in held]
+            done, result = await self._attempt(watch, reads, plan_for(held))
+            if done:
+                return result  # type: ignore[return-value]
+            await self._backoff(attempt)
+            attempt += 1
+
+    async def renew_claim(
+        self, project: str, queue: str, claim_id: str, ttl: int, grace: int
+    ) -> None:
+        keys = QueueKeys.of(project, queue)
+        now = now_ms()
+        claim_expires = now + ttl * 1000
+
+        def plan_for(held: list[str]) -> Plan[bool]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
+                expires, ids = replies[0]
+                if expires is None or int(expires) <= now:
+                    return None, False
+                if (text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                writes: list[Command] = []
+                for message_id, (holder, msg_expires, created) in zip(
+                    held, replies[1:], strict=True
+                ):
+                    if holder is None or text(holder) != claim_id or msg_expires is None:
+                        continue
+                    key = keys.message(message_id)
+                    # never shorten a message's life, only extend it
+                    keep = max(int(msg_expires), claim_expires + grace * 1000)
+                    new_ttl = round((keep - int(created)) / 1000)
+                    writes.append(("HSET", key, "x", claim_expires, "e", keep, "t", new_ttl))
+                    writes.append(("PEXPIREAT", key, keep))
+                    writes.append(("ZADD", keys.expiry, keep, message_id))
+                    writes.append(("ZADD", keys.claimed, claim_expires, message_id))
+                claim_key = keys.claim(claim_id)
+                writes.append(("HSET", claim_key, "t", ttl, "g", grace, "x", claim_expires))
+                writes.append(("PEXPIREAT", claim_key, claim_expires))
+                writes.append(("ZADD", keys.claims, claim_expires, claim_id))
+                return writes, True
+
+            return plan
+
+        async with self._slot():
+            renewed = await self._claim_transaction(keys, claim_id, plan_for)
+        if not renewed:
+            raise ClaimNotFound(claim_id)
+
+    async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
+        keys = QueueKeys.of(project, queue)
+
+        def plan_for(held: list[str]) -> Plan[None]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+                _, ids = replies[0]
+                if (text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                writes: list[Command] = []
+                for message_id, (holder, msg_expires, _c) in zip(held, replies[1:], strict=True):
+                    if holder is not None and text(holder) == claim_id and msg_expires:
+                        writes.append(("HSET", keys.message(message_id), "k", "", "x", 0))
+                        writes.append(("ZREM", keys.claimed, message_id))
+                writes.append(("DEL", keys.claim(claim_id)))
+                writes.append(("ZREM", keys.claims, claim_id))
+                return writes, None
+
+            return plan
+
+        async with self._slot():
+            await self._claim_transaction(keys, claim_id, plan_for)
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]

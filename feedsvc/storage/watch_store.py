@@ -16,37 +16,36 @@ closed, never returned with unread replies.
 
 from __future__ import annotations
 
-import asyncio
-import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
-from redis.asyncio.connection import AbstractConnection
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed, TooMuchContention
-from feedsvc.storage.base import ListQuery, Message, MessagePage, NewMessage
+from feedsvc.errors import InvalidClaim, MessageIsClaimed, PayloadTooLarge
+from feedsvc.storage.base import (
+    Claim,
+    ListQuery,
+    Message,
+    MessagePage,
+    NewMessage,
+    reserved_fields,
+)
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import (
     MESSAGE_FIELDS,
+    Command,
+    Conflicted,
+    Plan,
     RedisStore,
     message_from_fields,
     new_id,
     now_ms,
+    parse_seq,
     text,
 )
 
-T = TypeVar("T")
-Command = tuple[Any, ...]
-# A plan looks at the replies to the reads and returns the commands to run in
-# MULTI/EXEC (None: write nothing) and the operation's result.
-Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
-
 GC_BATCH = 100
 DROP_BATCH = 500
-BACKOFF_BASE = 0.0005
-BACKOFF_CAP = 0.05
 
 
 def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
@@ -65,49 +64,6 @@ def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Comman
 class WatchStore(RedisStore):
     name = "watch"
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[AbstractConnection]:
-        pool = self._redis.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        finished = False
-        try:
-            yield conn
-            finished = True
-        finally:
-            if not finished:
-                await conn.disconnect(nowait=True)
-            await pool.release(conn)
-
-    @staticmethod
-    async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
-        """Send commands in one write and read one reply each."""
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        return [await conn.read_response() for _ in commands]
-
-    async def _optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
-        settings = self._settings
-        for attempt in range(settings.watch_retries):
-            async with self._connection() as conn:
-                replies = await self._send(conn, ("WATCH", *watch), *reads)
-                writes, result = plan(replies[1:])
-                if writes is None:
-                    await self._send(conn, ("UNWATCH",))
-                    return result
-                done = await self._send(conn, ("MULTI",), *writes, ("EXEC",))
-                executed = done[-1]
-                if executed is not None:
-                    for reply in executed:
-                        if isinstance(reply, Exception):
-                            raise reply
-                    return result
-            self.counters.watch_retries += 1
-            ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
-            await asyncio.sleep(random.uniform(0, ceiling))
-        self.counters.watch_conflicts_exhausted += 1
-        raise TooMuchContention(
-            f"Gave up after {settings.watch_retries} conflicting attempts; retry."
-        )
-
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = QueueKeys.of(project, queue)
         now = now_ms()
@@ -115,7 +71,8 @@ class WatchStore(RedisStore):
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
             if replies[1]:
                 return None, False
-            return [("HSET", keys.meta, "c", now, "m", orjson.dumps(metadata))], True
+            fields = [item for pair in reserved_fields(metadata).items() for item in pair]
+            return [("HSET", keys.meta, "c", now, "m", orjson.dumps(metadata), *fields)], True
 
         async with self._slot():
             return await self._optimistic(
@@ -125,31 +82,44 @@ class WatchStore(RedisStore):
             )
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        keys = QueueKeys.of(project, queue)
         async with self._slot():
             await self._redis.zrem(registry_key(project), queue)
-            while True:
-                ids: list[Any] = await self._redis.zrange(keys.index, 0, DROP_BATCH - 1)
-                if not ids:
-                    break
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.delete(*(keys.message(text(i)) for i in ids))
-                pipe.zrem(keys.index, *ids)
-                pipe.zrem(keys.expiry, *ids)
-                pipe.zrem(keys.claimed, *ids)
-                await pipe.execute()
-            while True:
-                claims: list[Any] = await self._redis.zrange(keys.claims, 0, DROP_BATCH - 1)
-                if not claims:
-                    break
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.delete(*(keys.claim(text(c)) for c in claims))
-                pipe.zrem(keys.claims, *claims)
-                await pipe.execute()
-            await self._redis.delete(*keys.fixed())
+            await self._drop(QueueKeys.of(project, queue), keep_queue=False)
+
+    async def purge_queue(self, project: str, queue: str) -> None:
+        async with self._slot():
+            await self._drop(QueueKeys.of(project, queue), keep_queue=True)
+
+    async def _drop(self, keys: QueueKeys, keep_queue: bool) -> None:
+        """Delete messages and claims in batches, then the queue's own keys."""
+        while True:
+            ids: list[Any] = await self._redis.zrange(keys.index, 0, DROP_BATCH - 1)
+            if not ids:
+                break
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.delete(*(keys.message(text(i)) for i in ids))
+            pipe.zrem(keys.index, *ids)
+            pipe.zrem(keys.expiry, *ids)
+            pipe.zrem(keys.claimed, *ids)
+            await pipe.execute()
+        while True:
+            claims: list[Any] = await self._redis.zrange(keys.claims, 0, DROP_BATCH - 1)
+            if not claims:
+                break
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.delete(*(keys.claim(text(c)) for c in claims))
+            pipe.zrem(keys.claims, *claims)
+            await pipe.execute()
+        kept = {keys.meta, keys.seq} if keep_queue else set()
+        await self._redis.delete(*(k for k in keys.fixed() if k not in kept))
 
     async def post_messages(
-        self, project: str, queue: str, client_id: str, messages: list[NewMessage]
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int = 0,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         ids = [new_id() for _ in messages]
@@ -157,7 +127,9 @@ class WatchStore(RedisStore):
         now = now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
-            _, last, exists, (dttl, ddelay), dead = replies
+            _, last, exists, (dttl, ddelay, mps), dead = replies
+            if mps is not None and request_size > int(mps):
+                raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
             default_ttl = int(dttl or settings.default_message_ttl)
             default_delay = int(ddelay or 0)
             seq = int(last) if last is not None else now * 1000
@@ -186,7 +158,7 @@ class WatchStore(RedisStore):
             ("ZADD", registry_key(project), 0, queue),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
-            ("HMGET", keys.meta, "dttl", "ddelay"),
+            ("HMGET", keys.meta, "dttl", "ddelay", "mps"),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
         ]
         async with self._slot():
@@ -279,3 +251,186 @@ class WatchStore(RedisStore):
             pipe.zrem(keys.expiry, *unique)
             pipe.zrem(keys.claimed, *unique)
             await pipe.execute()
+
+    async def _free_candidates(self, keys: QueueKeys, now: int, limit: int) -> list[str]:
+        """Up to limit messages from the head that nobody holds (read without WATCH)."""
+        found: list[str] = []
+        offset, scanned, budget = 0, 0, self._claim_scan_limit()
+        while len(found) < limit and scanned < budget:
+            ids: list[Any] = await self._redis.zrange(keys.index, offset, offset + 99)
+            if not ids:
+                break
+            offset += len(ids)
+            pipe = self._redis.pipeline(transaction=False)
+            for raw in ids:
+                pipe.hmget(keys.message(text(raw)), list(FREE_FIELDS))
+            for raw, row in zip(ids, await pipe.execute(), strict=True):
+                scanned += 1
+                if is_free(row, now):
+                    found.append(text(raw))
+                    if len(found) == limit:
+                        break
+        return found
+
+    async def claim_messages(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | None:
+        keys = QueueKeys.of(project, queue)
+        claim_id = new_id()
+        attempt = 0
+        async with self._slot():
+            while True:
+                now = now_ms()
+                meta: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
+                candidates = await self._free_candidates(keys, now, limit)
+                if not candidates:
+                    return None
+                dlq = QueueKeys.of(project, text(meta[1])) if meta[0] and meta[1] else None
+                if dlq is not None:
+                    await self._redis.zadd(registry_key(project), {text(meta[1]): 0})
+                plan = self._claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
+                watch = [keys.meta, *(keys.message(i) for i in candidates)]
+                reads: list[Command] = [("HMGET", keys.meta, "mcc", "dlq", "dlqttl")]
+                reads += [("HMGET", keys.message(i), *CLAIM_FIELDS) for i in candidates]
+                if dlq is not None:
+                    watch.append(dlq.seq)
+                    reads += [("GET", dlq.seq), ("EXISTS", dlq.meta)]
+                done, result = await self._attempt(watch, reads, plan)
+                if done:
+                    return result
+                await self._backoff(attempt)
+                attempt += 1
+
+    def _claim_plan(
+        self,
+        keys: QueueKeys,
+        claim_id: str,
+        now: int,
+        ttl: int,
+        grace: int,
+        candidates: list[str],
+        meta: list[Any],
+        dlq: QueueKeys | None,
+    ) -> Plan[Claim | None]:
+        claim_expires = now + ttl * 1000
+        keep_until = claim_expires + grace * 1000
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, Claim | None]:
+            if replies[0] != meta:
+                raise Conflicted
+            rows = replies[1 : 1 + len(candidates)]
+            writes: list[Command] = []
+            claimed: list[Message] = []
+            dseq = 0
+            if dlq is not None:
+                last, dlq_exists = replies[-2], replies[-1]
+                dseq = int(last) if last is not None else now * 1000
+                if not dlq_exists:
+                    writes.append(("HSET", dlq.meta, "c", now, "m", "{}"))
+            for message_id, row in zip(candidates, rows, strict=True):
+                body, ttl_s, created, expires, _due, _k, _x, count, author, seq = row
+                if not is_free([*row[3:7], seq], now):
+                    raise Conflicted
+                key = keys.message(message_id)
+                n = int(count or 0)
+                if dlq is not None and n >= int(meta[0]):
+                    dttl = int(meta[2]) if meta[2] else int(ttl_s)
+                    dexp = now + dttl * 1000
+                    dseq += 1
+                    dkey = dlq.message(message_id)
+                    writes.append(
+                        ("HSET", dkey, "b", body, "u", author or b"", "s", dseq, "t", dttl,
+                         "c", now, "e", dexp, "d", 0, "k", "", "x", 0, "n", n)
+                    )  # fmt: skip
+                    writes.append(("PEXPIREAT", dkey, dexp))
+                    writes.append(("ZADD", dlq.index, dseq, message_id))
+                    writes.append(("ZADD", dlq.expiry, dexp, message_id))
+                    writes += _forget(keys, message_id)
+                    continue
+                keep = max(int(expires), keep_until)
+                new_ttl = round((keep - int(created)) / 1000)
+                writes.append(
+                    ("HSET", key, "k", claim_id, "x", claim_expires, "n", n + 1,
+                     "e", keep, "t", new_ttl)
+                )  # fmt: skip
+                writes.append(("PEXPIREAT", key, keep))
+                writes.append(("ZADD", keys.expiry, keep, message_id))
+                writes.append(("ZADD", keys.claimed, claim_expires, message_id))
+                claimed.append(
+                    Message(
+                        message_id, parse_seq(seq), body, new_ttl, int(created), claim_id, n + 1
+                    )
+                )
+            if dlq is not None and dseq:
+                writes.append(("SET", dlq.seq, dseq))
+            if not claimed:
+                return writes or None, None
+            ckey = keys.claim(claim_id)
+            ids = " ".join(m.id for m in claimed)
+            writes.append(
+                ("HSET", ckey, "t", ttl, "g", grace, "c", now, "x", claim_expires, "ids", ids)
+            )
+            writes.append(("PEXPIREAT", ckey, claim_expires))
+            writes.append(("ZADD", keys.claims, claim_expires, claim_id))
+            return writes, Claim(claim_id, ttl, grace, now, claimed)
+
+        return plan
+
+    async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
+        keys = QueueKeys.of(project, queue)
+        attempt = 0
+        async with self._slot():
+            while True:
+                now = now_ms()
+                candidates = await self._free_candidates(keys, now, limit)
+                if not candidates:
+                    return []
+
+                def plan(
+                    replies: list[Any], now: int = now, candidates: list[str] = candidates
+                ) -> tuple[list[Command] | None, list[Message]]:
+                    writes: list[Command] = []
+                    popped: list[Message] = []
+                    for message_id, row in zip(candidates, replies, strict=True):
+                        body, ttl_s, created, _e, _d, _k, _x, _n, _u, seq = row
+                        if not is_free([*row[3:7], seq], now):
+                            raise Conflicted
+                        writes += _forget(keys, message_id)
+                        popped.append(
+                            Message(message_id, parse_seq(seq), body, int(ttl_s), int(created))
+                        )
+                    return writes, popped
+
+                watch = [keys.message(i) for i in candidates]
+                reads: list[Command] = [
+                    ("HMGET", keys.message(i), *CLAIM_FIELDS) for i in candidates
+                ]
+                done, result = await self._attempt(watch, reads, plan)
+                if done:
+                    return result or []
+                await self._backoff(attempt)
+                attempt += 1
+
+
+# Fields read to decide whether a message is free: e, d, k, x, s.
+FREE_FIELDS = ("e", "d", "k", "x", "s")
+CLAIM_FIELDS = ("b", "t", "c", "e", "d", "k", "x", "n", "u", "s")
+
+
+def is_free(row: Sequence[Any], now: int) -> bool:
+    """Indexed, alive, due and held by no live claim (row = FREE_FIELDS)."""
+    expires, due, holder, claim_expires, seq = row
+    if seq is None or expires is None or int(expires) <= now:
+        return False
+    if int(due or 0) > now:
+        return False
+    return not (holder and int(claim_expires or 0) > now)
+
+
+def _forget(keys: QueueKeys, message_id: str) -> list[Command]:
+    return [
+        ("DEL", keys.message(message_id)),
+        ("ZREM", keys.index, message_id),
+        ("ZREM", keys.expiry, message_id),
+        ("ZREM", keys.claimed, message_id),
+    ]

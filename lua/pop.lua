@@ -1,0 +1,36 @@
+-- Remove and return up to `limit` messages nobody has claimed, atomically.
+-- KEYS: the 6 fixed keys. ARGV: now_ms, limit, scan_limit.
+-- Returns per message: id, seq, body, ttl, created_ms.
+local now = tonumber(ARGV[1])
+local limit, scan_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+collect_garbage(ARGV[1])
+local out = {}
+local taken = 0
+local scanned, offset = 0, 0
+while taken < limit and scanned < scan_limit do
+  local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
+  if #entries == 0 then break end
+  offset = offset + #entries / 2
+  for j = 1, #entries, 2 do
+    local id, seq = entries[j], entries[j + 1]
+    scanned = scanned + 1
+    local key = message_key(id)
+    local m = redis.call('HMGET', key, 'b', 't', 'c', 'e', 'd', 'k', 'x')
+    if m[1] and (tonumber(m[4]) or 0) > now and (tonumber(m[5]) or 0) <= now
+        and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now) then
+      redis.call('DEL', key)
+      redis.call('ZREM', KEYS[K_IDX], id)
+      redis.call('ZREM', KEYS[K_EXP], id)
+      redis.call('ZREM', KEYS[K_CLAIMED], id)
+      offset = offset - 1
+      out[#out + 1] = id
+      out[#out + 1] = seq
+      out[#out + 1] = m[1]
+      out[#out + 1] = m[2]
+      out[#out + 1] = m[3]
+      taken = taken + 1
+      if taken == limit then break end
+    end
+  end
+end
+return out
