@@ -1,0 +1,260 @@
+"""Claims, pop, delay, dead-lettering and queue settings: the store contract
+for both drivers (DESIGN.md rule 5: claims are exclusive)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.keys import QueueKeys
+
+READER = str(uuid.uuid4())
+WRITER = str(uuid.uuid4())
+
+
+async def post(
+    store: FeedStore, project: str, n: int, ttl: int = 300, delay: int | None = None
+) -> list[str]:
+    batch = [NewMessage(orjson.dumps(i), ttl, delay) for i in range(n)]
+    return await store.post_messages(project, "q", WRITER, batch)
+
+
+async def claim_ids(store: FeedStore, project: str, limit: int, ttl: int = 300) -> list[str]:
+    claim = await store.claim_messages(project, "q", ttl, 60, limit)
+    return [] if claim is None else [m.id for m in claim.messages]
+
+
+async def pttl(redis_url: str, key: str) -> int:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        return int(await client.pttl(key))
+    finally:
+        await client.aclose()
+
+
+async def test_claims_never_share_a_message(store: FeedStore, project: str) -> None:
+    a, b, c, d = await post(store, project, 4)
+    first = await store.claim_messages(project, "q", 300, 60, 1)
+    assert first is not None and [m.id for m in first.messages] == [a]
+    assert all(m.claim_id == first.id for m in first.messages)
+    assert await claim_ids(store, project, 1) == [b]
+    await store.release_claim(project, "q", first.id)
+    # a is free again but b is not: no "claimed messages form a prefix" shortcut
+    assert await claim_ids(store, project, 20) == [a, c, d]
+    assert await store.claim_messages(project, "q", 300, 60, 20) is None
+
+
+async def test_concurrent_claimers_each_message_once(store: FeedStore, project: str) -> None:
+    ids: list[str] = []
+    for _ in range(3):
+        ids += await post(store, project, 20)
+
+    async def claimer() -> list[str]:
+        mine: list[str] = []
+        while got := await claim_ids(store, project, 3):
+            mine += got
+        return mine
+
+    results = await asyncio.gather(*(claimer() for _ in range(12)))
+    everything = [i for r in results for i in r]
+    assert sorted(everything) == sorted(ids)
+    assert len(set(everything)) == len(everything)
+
+
+async def test_concurrent_pops_never_return_a_message_twice(store: FeedStore, project: str) -> None:
+    ids = await post(store, project, 20)
+    held = await claim_ids(store, project, 5)
+
+    async def popper() -> list[str]:
+        mine: list[str] = []
+        while got := await store.pop_messages(project, "q", 3):
+            mine += [m.id for m in got]
+        return mine
+
+    results = await asyncio.gather(*(popper() for _ in range(8)))
+    popped = [i for r in results for i in r]
+    assert len(set(popped)) == len(popped)
+    assert sorted(popped) == sorted(set(ids) - set(held))
+    assert [m.id for m in await store.get_messages(project, "q", ids)] == held
+
+
+async def test_claim_extends_message_life_in_redis(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    [message_id] = await post(store, project, 1, ttl=60)
+    claim = await store.claim_messages(project, "q", 600, 120, 5)
+    assert claim is not None
+    key = QueueKeys.of(project, "q").message(message_id)
+    assert 715_000 < await pttl(redis_url, key) <= 720_000
+    [message] = await store.get_messages(project, "q", [message_id])
+    assert message.ttl == 720 and message.claim_id == claim.id
+    # renewing with a shorter ttl never shortens the message's life
+    await store.renew_claim(project, "q", claim.id, 60, 60)
+    assert 715_000 < await pttl(redis_url, key) <= 720_000
+    renewed = await store.get_claim(project, "q", claim.id)
+    assert renewed.ttl == 60 and [m.id for m in renewed.messages] == [message_id]
+
+
+async def test_renew_extends_when_needed(store: FeedStore, project: str, redis_url: str) -> None:
+    [message_id] = await post(store, project, 1, ttl=100)
+    claim = await store.claim_messages(project, "q", 60, 60, 5)
+    assert claim is not None
+    key = QueueKeys.of(project, "q").message(message_id)
+    assert 115_000 < await pttl(redis_url, key) <= 120_000
+    await store.renew_claim(project, "q", claim.id, 3000, 100)
+    assert 3_095_000 < await pttl(redis_url, key) <= 3_100_000
+
+
+async def test_expired_messages_are_never_claimed_or_revived(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    [dead] = await post(store, project, 1, ttl=1)
+    await asyncio.sleep(1.1)
+    assert await store.claim_messages(project, "q", 300, 60, 10) is None
+    assert await store.pop_messages(project, "q", 10) == []
+    assert await pttl(redis_url, QueueKeys.of(project, "q").message(dead)) == -2
+
+
+async def test_claimed_messages_are_hidden_from_listing(store: FeedStore, project: str) -> None:
+    a, b = await post(store, project, 2)
+    claim = await store.claim_messages(project, "q", 300, 60, 1)
+    assert claim is not None
+    visible = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in visible.messages] == [b]
+    both = await store.list_messages(project, "q", ListQuery(READER, include_claimed=True))
+    assert [(m.id, m.claim_id) for m in both.messages] == [(a, claim.id), (b, None)]
+    after = await store.list_messages(
+        project, "q", ListQuery(READER, marker=0, include_claimed=True)
+    )
+    assert [m.id for m in after.messages] == [a, b]
+    stats = await store.queue_stats(project, "q")
+    assert (stats.total, stats.claimed, stats.free) == (2, 1, 1)
+
+
+async def test_delete_respects_claims(store: FeedStore, project: str) -> None:
+    a, b = await post(store, project, 2)
+    claim = await store.claim_messages(project, "q", 300, 60, 1)
+    assert claim is not None
+    with pytest.raises(MessageIsClaimed):
+        await store.delete_message(project, "q", a, None)
+    with pytest.raises(InvalidClaim):
+        await store.delete_message(project, "q", a, "0" * 24)
+    with pytest.raises(InvalidClaim):
+        await store.delete_message(project, "q", b, claim.id)
+    await store.delete_message(project, "q", a, claim.id)
+    assert await store.get_messages(project, "q", [a]) == []
+    assert (await store.get_claim(project, "q", claim.id)).messages == []
+    stats = await store.queue_stats(project, "q")
+    assert (stats.total, stats.claimed) == (1, 0)
+
+
+async def test_release_and_missing_claims(store: FeedStore, project: str) -> None:
+    ids = await post(store, project, 3)
+    claim = await store.claim_messages(project, "q", 300, 60, 10)
+    assert claim is not None and len(claim.messages) == 3
+    await store.release_claim(project, "q", claim.id)
+    await store.release_claim(project, "q", claim.id)
+    with pytest.raises(ClaimNotFound):
+        await store.get_claim(project, "q", claim.id)
+    with pytest.raises(ClaimNotFound):
+        await store.renew_claim(project, "q", claim.id, 300, 60)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == ids
+    assert (await store.queue_stats(project, "q")).claimed == 0
+
+
+async def test_claims_are_isolated_by_project(store: FeedStore, project: str) -> None:
+    await post(store, project, 1)
+    claim = await store.claim_messages(project, "q", 300, 60, 1)
+    assert claim is not None
+    other = project + "-other"
+    with pytest.raises(ClaimNotFound):
+        await store.get_claim(other, "q", claim.id)
+    await store.release_claim(other, "q", claim.id)
+    assert len((await store.get_claim(project, "q", claim.id)).messages) == 1
+
+
+async def test_delayed_messages_wait_until_due(store: FeedStore, project: str) -> None:
+    [late] = await post(store, project, 1, delay=1)
+    [now] = await post(store, project, 1)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == [now]
+    shown = await store.list_messages(project, "q", ListQuery(READER, include_delayed=True))
+    assert [m.id for m in shown.messages] == [late, now]
+    assert await claim_ids(store, project, 10) == [now]
+    await asyncio.sleep(1.1)
+    assert await claim_ids(store, project, 10) == [late]
+
+
+async def test_queue_settings_are_honoured(store: FeedStore, project: str) -> None:
+    metadata: dict[str, Any] = {"_default_message_ttl": 120, "_default_message_delay": 1}
+    await store.create_queue(project, "q", metadata)
+    [message_id] = await store.post_messages(project, "q", WRITER, [NewMessage(b"1")])
+    assert (await store.list_messages(project, "q", ListQuery(READER))).messages == []
+    [message] = await store.get_messages(project, "q", [message_id])
+    assert message.ttl == 120
+
+    def no_delay(current: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in current.items() if k != "_default_message_delay"}
+
+    updated = await store.update_queue_metadata(project, "q", no_delay)
+    assert updated == {"_default_message_ttl": 120}
+    await store.post_messages(project, "q", WRITER, [NewMessage(b"2")])
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [orjson.loads(m.body) for m in page.messages] == [2]
+    with pytest.raises(QueueNotFound):
+        await store.update_queue_metadata(project, "missing", no_delay)
+
+
+async def test_post_size_limit_of_a_queue(store: FeedStore, project: str) -> None:
+    from feedsvc.errors import PayloadTooLarge
+
+    await store.create_queue(project, "q", {"_max_messages_post_size": 100})
+    await store.post_messages(project, "q", WRITER, [NewMessage(b"1")], request_size=100)
+    with pytest.raises(PayloadTooLarge):
+        await store.post_messages(project, "q", WRITER, [NewMessage(b"2")], request_size=101)
+    assert (await store.queue_stats(project, "q")).total == 1
+
+
+async def test_dead_lettering_after_max_claims(store: FeedStore, project: str) -> None:
+    await store.create_queue(
+        project,
+        "q",
+        {
+            "_max_claim_count": 2,
+            "_dead_letter_queue": "dlq",
+            "_dead_letter_queue_messages_ttl": 500,
+        },
+    )
+    [message_id] = await post(store, project, 1)
+    for _ in range(2):
+        claim = await store.claim_messages(project, "q", 300, 60, 5)
+        assert claim is not None and [m.id for m in claim.messages] == [message_id]
+        await store.release_claim(project, "q", claim.id)
+    assert await store.claim_messages(project, "q", 300, 60, 5) is None
+    assert await store.get_messages(project, "q", [message_id]) == []
+    dead = await store.list_messages(project, "dlq", ListQuery(READER))
+    assert [(m.id, m.body, m.ttl) for m in dead.messages] == [(message_id, b"0", 500)]
+    names = [q.name for q in await store.list_queues(project, None, 10, False)]
+    assert names == ["dlq", "q"]
+
+
+async def test_purge_keeps_the_queue(store: FeedStore, project: str) -> None:
+    await store.create_queue(project, "q", {"keep": True})
+    await post(store, project, 5)
+    await store.claim_messages(project, "q", 300, 60, 2)
+    await store.purge_queue(project, "q")
+    stats = await store.queue_stats(project, "q")
+    assert (stats.total, stats.claimed) == (0, 0)
+    assert await store.get_queue_metadata(project, "q") == {"keep": True}
+    assert await store.claim_messages(project, "q", 300, 60, 5) is None
+    fresh = await post(store, project, 1)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == fresh
