@@ -94,7 +94,7 @@ def wait_listening(log: Path, proc: subprocess.Popen[bytes], count: int) -> str:
     while time.monotonic() < deadline:
         text = log.read_text()
         if text.count("listening on") >= count:
-            found = re.findall(r"embedded Redis at redis://127\.0\.0\.1:(\d+)", text)
+            found: list[str] = re.findall(r"embedded Redis at redis://127\.0\.0\.1:(\d+)", text)
             return found[-1]
         assert proc.poll() is None, text
         time.sleep(0.05)

@@ -1,0 +1,43 @@
+"""The wheel carries the Lua scripts and py.typed, and an installed copy finds them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+
+def test_wheel_ships_lua_scripts_that_an_installed_copy_finds(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(REPO_ROOT)],
+        check=True,
+        timeout=120,
+    )  # fmt: skip
+    [wheel] = list((tmp_path / "dist").glob("feedsvc-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    expected = sorted(p.name for p in (REPO_ROOT / "lua").glob("*.lua"))
+    assert sorted(n.split("/")[-1] for n in names if n.startswith("feedsvc/lua/")) == expected
+    assert "feedsvc/py.typed" in names
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = (
+        "from feedsvc.storage.scripts import lua_dir, load_script, script_names;"
+        "print(lua_dir()); print(','.join(script_names())); load_script('post')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+        check=True,
+    )
+    folder, scripts = result.stdout.split()
+    assert Path(folder).is_relative_to(site)
+    assert scripts.split(",") == sorted(n[:-4] for n in expected if not n.startswith("_"))
