@@ -19,7 +19,11 @@ import pytest
 from feedsvc.config import ENV_PREFIX, Settings, parse_settings
 from feedsvc.redis_server import pick_free_port
 
-HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "cli", "Content-Type": "application/json"}
+HEADERS = {
+    "Client-ID": str(uuid.uuid4()),
+    "X-Project-ID": "cli",
+    "Content-Type": "application/json",
+}
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -28,6 +32,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
         env={**os.environ, **(env or {})},
     )
 
@@ -49,7 +54,9 @@ def test_help_documents_every_setting() -> None:
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),
     ],
 )
-def test_bad_setting_is_one_line_and_exit_2(args: list[str], env: dict[str, str], needle: str) -> None:
+def test_bad_setting_is_one_line_and_exit_2(
+    args: list[str], env: dict[str, str], needle: str
+) -> None:
     result = run_cli("serve", *args, env=env)
     assert result.returncode == 2
     assert needle in result.stderr
@@ -81,8 +88,7 @@ def start_serve(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port)]
-            + ["--data-dir", str(data_dir)],
+            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port), "--data-dir", data_dir],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
