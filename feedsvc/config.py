@@ -56,6 +56,11 @@ class Settings:
         "seconds to wait for a Redis connection to open (then 503)",
         minimum=0.001,
     )
+    coalesce: bool = _opt(
+        True,
+        "share pipelines between concurrent requests (auto-pipelining); "
+        "--no-coalesce sends each request's commands on their own",
+    )
     watch_retries: int = _opt(
         50, "watch driver: attempts per write before answering 503", minimum=1
     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from feedsvc.errors import (
@@ -31,7 +30,7 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.redis_store import RedisStore, new_id, now_ms, parse_seq, text
+from feedsvc.storage.redis_store import Command, RedisStore, new_id, now_ms, parse_seq, text
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 
 DROP_BATCH = 500
@@ -50,51 +49,48 @@ class LuaStore(RedisStore):
             for name in script_names():
                 await self._redis.script_load(load_script(name).source)
 
-    async def _eval(
-        self, script: LuaScript, keys: list[str], args: list[Any], client: Redis | None = None
-    ) -> Any:
-        redis = client or self._redis
-        try:
-            return await redis.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await self._reload_and_eval(script, keys, args)
+    async def _script(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
+        [reply] = await self._call([("EVALSHA", script.sha, len(keys), *keys, *args)])
+        return await self._script_reply(script, keys, args, reply)
 
-    async def _reload_and_eval(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
-        self.counters.noscript_reloads += 1
-        await self._redis.script_load(script.source)
-        return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+    async def _script_reply(
+        self, script: LuaScript, keys: list[str], args: list[Any], reply: Any
+    ) -> Any:
+        """A script's reply; on NOSCRIPT load the script and run that one call again."""
+        if isinstance(reply, NoScriptError):
+            self.counters.noscript_reloads += 1
+            async with self._slot():
+                await self._redis.script_load(script.source)
+                return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        if isinstance(reply, Exception):
+            async with self._errors():
+                raise reply
+        return reply
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = QueueKeys.of(project, queue)
-        async with self._slot():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.zadd(registry_key(project), {queue: 0})
-            script = load_script("create_queue")
-            fixed = keys.fixed()
-            args: list[Any] = [now_ms(), orjson.dumps(metadata)]
-            args += [item for pair in reserved_fields(metadata).items() for item in pair]
-            pipe.evalsha(script.sha, len(fixed), *fixed, *args)
-            _, created = await pipe.execute(raise_on_error=False)
-            if isinstance(created, NoScriptError):
-                created = await self._reload_and_eval(script, fixed, args)
-            elif isinstance(created, Exception):
-                raise created
-        return bool(created)
+        script = load_script("create_queue")
+        fixed = keys.fixed()
+        args: list[Any] = [now_ms(), orjson.dumps(metadata)]
+        args += [item for pair in reserved_fields(metadata).items() for item in pair]
+        replies = await self._call(
+            [
+                ("ZADD", registry_key(project), 0, queue),
+                ("EVALSHA", script.sha, len(fixed), *fixed, *args),
+            ]
+        )
+        return bool(await self._script_reply(script, fixed, args, replies[-1]))
 
     async def delete_queue(self, project: str, queue: str) -> None:
         keys = QueueKeys.of(project, queue)
-        script = load_script("drop_queue")
-        async with self._slot():
-            await self._redis.zrem(registry_key(project), queue)
-            while await self._eval(script, keys.fixed(), [DROP_BATCH, "0"]):
-                pass
+        await self._call_checked([("ZREM", registry_key(project), queue)])
+        while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "0"]):
+            pass
 
     async def purge_queue(self, project: str, queue: str) -> None:
         keys = QueueKeys.of(project, queue)
-        script = load_script("drop_queue")
-        async with self._slot():
-            while await self._eval(script, keys.fixed(), [DROP_BATCH, "1"]):
-                pass
+        while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "1"]):
+            pass
 
     async def post_messages(
         self,
@@ -110,32 +106,28 @@ class LuaStore(RedisStore):
         settings = self._settings
         all_keys = keys.fixed()
         args: list[Any] = [now_ms(), settings.default_message_ttl, 0, request_size]
-        pipe = self._redis.pipeline(transaction=False)
+        commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
-            pipe.hset(key, mapping={"b": message.body, "u": client_id})
+            commands.append(("HSET", key, "b", message.body, "u", client_id))
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = message.ttl or settings.max_message_ttl
-            pipe.expire(key, orphan_ttl + settings.max_message_delay)
+            commands.append(("EXPIRE", key, orphan_ttl + settings.max_message_delay))
             all_keys.append(key)
             args += [
                 message_id,
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
             ]
-        pipe.zadd(registry_key(project), {queue: 0})
-        pipe.evalsha(script.sha, len(all_keys), *all_keys, *args)
-        async with self._slot():
-            results = await pipe.execute(raise_on_error=False)
-            seqs = results[-1]
-            for result in results[:-1]:
-                if isinstance(result, Exception):
-                    raise result
-            if isinstance(seqs, NoScriptError):
-                seqs = await self._reload_and_eval(script, all_keys, args)
-            elif isinstance(seqs, Exception):
-                raise seqs
+        commands.append(("ZADD", registry_key(project), 0, queue))
+        commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
+        replies = await self._call(commands)
+        async with self._errors():
+            for reply in replies[:-1]:
+                if isinstance(reply, Exception):
+                    raise reply
+        seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"toolarge":
             raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):
@@ -154,8 +146,7 @@ class LuaStore(RedisStore):
             _flag(query.include_delayed),
             self._settings.scan_limit,
         ]
-        async with self._slot():
-            out = await self._eval(load_script("list"), keys.fixed(), args)
+        out = await self._script(load_script("list"), keys.fixed(), args)
         messages = [
             Message(
                 id=out[i].decode(),
@@ -177,8 +168,7 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         all_keys = [*keys.fixed(), keys.message(message_id)]
         args = [now_ms(), claim_id or "", "1", message_id]
-        async with self._slot():
-            outcome = await self._eval(load_script("delete"), all_keys, args)
+        outcome = await self._script(load_script("delete"), all_keys, args)
         if outcome == b"claimed":
             raise MessageIsClaimed(
                 f"Message {message_id} is claimed; give its claim_id to delete it."
@@ -192,8 +182,7 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         unique = list(dict.fromkeys(ids))
         all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
-        async with self._slot():
-            await self._eval(load_script("delete"), all_keys, [now_ms(), "", "0", *unique])
+        await self._script(load_script("delete"), all_keys, [now_ms(), "", "0", *unique])
 
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -201,22 +190,21 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         claim_id = new_id()
         script = load_script("claim")
-        async with self._slot():
-            for _ in range(self._settings.watch_retries):
-                row: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
-                max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
-                all_keys = keys.fixed()
-                if max_claims and dlq:
-                    all_keys += QueueKeys.of(project, dlq).fixed()
-                    await self._redis.zadd(registry_key(project), {dlq: 0})
-                now = now_ms()
-                args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
-                args += [max_claims, dlq_ttl, dlq]
-                out = await self._eval(script, all_keys, args)
-                if out[0] != b"retry":
-                    break
-            else:
-                raise StorageUnavailable("The queue's dead-letter settings kept changing.")
+        for _ in range(self._settings.watch_retries):
+            [row] = await self._call_checked([("HMGET", keys.meta, "mcc", "dlq", "dlqttl")])
+            max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
+            all_keys = keys.fixed()
+            if max_claims and dlq:
+                all_keys += QueueKeys.of(project, dlq).fixed()
+                await self._call_checked([("ZADD", registry_key(project), 0, dlq)])
+            now = now_ms()
+            args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
+            args += [max_claims, dlq_ttl, dlq]
+            out = await self._script(script, all_keys, args)
+            if out[0] != b"retry":
+                break
+        else:
+            raise StorageUnavailable("The queue's dead-letter settings kept changing.")
         if not out[0]:
             return None
         messages = [
@@ -236,8 +224,7 @@ class LuaStore(RedisStore):
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
         args = [now_ms(), limit, self._claim_scan_limit()]
-        async with self._slot():
-            out = await self._eval(load_script("pop"), keys.fixed(), args)
+        out = await self._script(load_script("pop"), keys.fixed(), args)
         return [
             Message(
                 id=text(out[i]),

@@ -38,6 +38,7 @@ from feedsvc.storage.base import (
     StoreCounters,
     reserved_fields,
 )
+from feedsvc.storage.coalescer import Coalescer
 from feedsvc.storage.keys import QueueKeys, registry_key
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
@@ -140,16 +141,12 @@ class RedisStore:
         # FIFO-fair wait for a connection: redis-py's blocking pool is not
         # fair, and its plain pool fails at once when empty.
         self._gate = asyncio.Semaphore(settings.pool_size)
+        self._coalescer = Coalescer(redis, self._gate) if settings.coalesce else None
         self.counters = StoreCounters()
 
     @asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """Hold one of pool_size slots; translate Redis trouble to 503s."""
-        try:
-            async with asyncio.timeout(self._settings.pool_timeout):
-                await self._gate.acquire()
-        except TimeoutError:
-            raise PoolExhausted("No Redis connection became free in time.") from None
+    async def _errors(self) -> AsyncIterator[None]:
+        """Translate Redis trouble into 503s."""
         try:
             yield
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
@@ -158,8 +155,49 @@ class RedisStore:
             if str(exc).startswith(_TRANSIENT_PREFIXES):
                 raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
             raise
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold one of pool_size connection slots; translate Redis trouble to 503s."""
+        try:
+            async with asyncio.timeout(self._settings.pool_timeout):
+                await self._gate.acquire()
+        except TimeoutError:
+            raise PoolExhausted("No Redis connection became free in time.") from None
+        try:
+            async with self._errors():
+                yield
         finally:
             self._gate.release()
+
+    async def _call(self, commands: Sequence[Command]) -> list[Any]:
+        """Run commands in one round trip (shared with concurrent callers when
+        coalescing); replies in order, error replies as exception values."""
+        if self._coalescer is not None:
+            settings = self._settings
+            try:
+                async with (
+                    self._errors(),
+                    asyncio.timeout(settings.pool_timeout + settings.redis_timeout),
+                ):
+                    return await self._coalescer.execute(commands)
+            except TimeoutError:
+                raise PoolExhausted("Redis did not answer in time.") from None
+        async with self._slot():
+            pipe = self._redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+
+    async def _call_checked(self, commands: Sequence[Command]) -> list[Any]:
+        """Like _call, but an error reply raises (translated like any other)."""
+        replies = await self._call(commands)
+        async with self._errors():
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[AbstractConnection]:
@@ -236,6 +274,8 @@ class RedisStore:
             await self._redis.ping()
 
     async def close(self) -> None:
+        if self._coalescer is not None:
+            await self._coalescer.close()
         await self._redis.aclose(close_connection_pool=True)
 
     async def get_queue_metadata(self, project: str, queue: str) -> dict[str, Any] | None:
@@ -318,11 +358,9 @@ class RedisStore:
         if not wanted:
             return []
         now = now_ms()
-        async with self._slot():
-            pipe = self._redis.pipeline(transaction=False)
-            for message_id in wanted:
-                pipe.hmget(keys.message(message_id), list(MESSAGE_FIELDS))
-            rows = await pipe.execute()
+        rows = await self._call_checked(
+            [("HMGET", keys.message(i), *MESSAGE_FIELDS) for i in wanted]
+        )
         found = (
             message_from_fields(message_id, row, now)
             for message_id, row in zip(wanted, rows, strict=True)
