@@ -103,7 +103,7 @@ async def test_cancelled_callers_break_nothing(client: aioredis.Redis) -> None:
     assert await coalescer.execute([("PING",)]) == [True]
     await coalescer.close()
     pool = client.connection_pool
-    assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]
+    assert len(pool._in_use_connections) == 0
 
 
 async def test_connection_failure_fails_the_batch_then_recovers(tmp_path: Path) -> None:
