@@ -62,5 +62,5 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_storage_context(settings))
-    add_routes(app)
+    add_routes(app, settings.bench_routes)
     return app

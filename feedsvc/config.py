@@ -97,6 +97,11 @@ class Settings:
         minimum=1,
     )
     access_log: bool = _opt(False, "log every request (costs throughput)")
+    bench_routes: bool = _opt(
+        False,
+        "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
+        "benchmarks compare against in the same process and event loop",
+    )
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     def __post_init__(self) -> None:

@@ -1,75 +1,115 @@
 """Round trips to Redis per request, counted on the connection itself.
 
-Every write to Redis goes through ``send_packed_command``; a round trip is
-one such write followed by its replies. In steady state (connection open,
-scripts cached) a lua-driver POST and a GET page cost one each.
+A small TCP proxy in front of the test Redis counts what the service sends.
+In steady state (connection open, scripts cached) a lua-driver POST and a
+GET page cost one round trip each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from redis.asyncio.connection import AbstractConnection
 
 from feedsvc.app import create_app
+from feedsvc.redis_server import RedisServer
 from tests.conftest import make_settings
 
 
+class CountingProxy:
+    """A TCP proxy in front of Redis that counts what the client sends.
+
+    Requests in these tests are sent one at a time, so each chunk the client
+    writes is one round trip (a pipeline is one write on loopback).
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.writes = 0
+        self.server: asyncio.Server | None = None
+        self.streams: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.streams += [writer, up_writer]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    if count:
+                        self.writes += 1
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            for stream in self.streams:
+                stream.close()
+            await self.server.wait_closed()
+
+
 @pytest.fixture
-def writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    count = [0]
-    original = AbstractConnection.send_packed_command
-
-    async def counting(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
-        count[0] += 1
-        await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
-    yield count
+async def proxy(redis_server: RedisServer) -> AsyncIterator[CountingProxy]:
+    counting = CountingProxy(redis_server.port)
+    yield counting
+    await counting.stop()
 
 
 async def measure(
     client: TestClient[web.Request, web.Application],
-    writes: list[int],
+    proxy: CountingProxy,
     method: str,
     path: str,
     headers: dict[str, str],
     **kwargs: Any,
 ) -> int:
-    before = writes[0]
+    before = proxy.writes
     response = await client.request(method, path, headers=headers, **kwargs)
     assert response.status < 300, await response.text()
     await response.read()
-    return writes[0] - before
+    await asyncio.sleep(0.01)  # let the proxy's counter see every chunk
+    return proxy.writes - before
 
 
 @pytest.mark.parametrize("batch", [1, 10])
 async def test_lua_post_and_list_cost_one_round_trip_each(
-    redis_url: str, headers: dict[str, str], writes: list[int], batch: int
+    proxy: CountingProxy, headers: dict[str, str], batch: int
 ) -> None:
-    app = create_app(make_settings(redis_url, driver="lua"))
+    app = create_app(make_settings(await proxy.start(), driver="lua"))
     body = {"messages": [{"body": {"n": i}, "ttl": 300} for i in range(batch)]}
     path = "/v2/queues/rt/messages"
     async with TestClient(TestServer(app)) as client:
         # warm up: open the connection, cache the scripts
-        await measure(client, writes, "POST", path, headers, json=body)
-        await measure(client, writes, "GET", path + "?echo=true", headers)
+        await measure(client, proxy, "POST", path, headers, json=body)
+        await measure(client, proxy, "GET", path + "?echo=true", headers)
 
-        assert await measure(client, writes, "POST", path, headers, json=body) == 1
-        assert await measure(client, writes, "GET", path + "?echo=true&limit=10", headers) == 1
+        assert await measure(client, proxy, "POST", path, headers, json=body) == 1
+        assert await measure(client, proxy, "GET", path + "?echo=true&limit=10", headers) == 1
 
 
 async def test_watch_post_costs_two_round_trips_without_conflict(
-    redis_url: str, headers: dict[str, str], writes: list[int]
+    proxy: CountingProxy, headers: dict[str, str]
 ) -> None:
     """WATCH + reads in one write, MULTI..EXEC in a second: the protocol's minimum."""
-    app = create_app(make_settings(redis_url, driver="watch"))
+    app = create_app(make_settings(await proxy.start(), driver="watch"))
     body = {"messages": [{"body": 1}]}
     path = "/v2/queues/rt/messages"
     async with TestClient(TestServer(app)) as client:
-        await measure(client, writes, "POST", path, headers, json=body)
-        assert await measure(client, writes, "POST", path, headers, json=body) == 2
+        await measure(client, proxy, "POST", path, headers, json=body)
+        assert await measure(client, proxy, "POST", path, headers, json=body) == 2

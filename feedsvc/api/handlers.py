@@ -140,6 +140,11 @@ async def get_health(request: web.Request) -> web.Response:
     return json_response(payload, status=200 if reachable else 503)
 
 
+async def bench_hello(request: web.Request) -> web.Response:
+    """The benchmarks' baseline: aiohttp + orjson, no Redis (--bench-routes)."""
+    return json_response({"hello": "world"})
+
+
 # -- queues ------------------------------------------------------------------
 
 

@@ -34,10 +34,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
 ]
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, bench_routes: bool = False) -> None:
     for method, path, handler in ROUTES:
         if method == "GET":
             # GET routes answer HEAD too (HEAD /v2/ping is a health probe)
             app.router.add_get(path, handler)
         else:
             app.router.add_route(method, path, handler)
+    if bench_routes:
+        app.router.add_get("/bench/hello", h.bench_hello)

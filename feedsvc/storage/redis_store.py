@@ -141,7 +141,9 @@ class RedisStore:
         # FIFO-fair wait for a connection: redis-py's blocking pool is not
         # fair, and its plain pool fails at once when empty.
         self._gate = asyncio.Semaphore(settings.pool_size)
-        self._coalescer = Coalescer(redis, self._gate) if settings.coalesce else None
+        self._coalescer = (
+            Coalescer(redis.connection_pool, settings.redis_timeout) if settings.coalesce else None
+        )
         self.counters = StoreCounters()
 
     @asynccontextmanager
@@ -172,17 +174,17 @@ class RedisStore:
 
     async def _call(self, commands: Sequence[Command]) -> list[Any]:
         """Run commands in one round trip (shared with concurrent callers when
-        coalescing); replies in order, error replies as exception values."""
+        coalescing); replies in order, error replies as exception values.
+
+        The coalesced wait needs no timer of its own: every batch is bounded by
+        the connect and socket timeouts, and all waiting callers share the one
+        next batch, so a caller waits at most about two batches.
+        """
         if self._coalescer is not None:
-            settings = self._settings
             try:
-                async with (
-                    self._errors(),
-                    asyncio.timeout(settings.pool_timeout + settings.redis_timeout),
-                ):
-                    return await self._coalescer.execute(commands)
-            except TimeoutError:
-                raise PoolExhausted("Redis did not answer in time.") from None
+                return await self._coalescer.execute(commands)
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
         async with self._slot():
             pipe = self._redis.pipeline(transaction=False)
             for command in commands:
