@@ -25,6 +25,7 @@ STORE = web.AppKey("store", FeedStore)
 SETTINGS = web.AppKey("settings", Settings)
 
 API_VERSION = "2"
+DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
 UPDATED = "2014-09-24T04:06:47Z"
 MEDIA_TYPES = [{"base": "application/json", "type": "application/vnd.openstack.messaging-v2+json"}]
 
@@ -380,7 +381,7 @@ async def post_claim(request: web.Request) -> web.Response:
     limit = v.bounded_int(
         request.query,
         "limit",
-        settings.max_messages_per_claim_or_pop // 2 or 1,
+        min(DEFAULT_CLAIM_LIMIT, settings.max_messages_per_claim_or_pop),
         1,
         settings.max_messages_per_claim_or_pop,
     )

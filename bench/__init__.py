@@ -1,0 +1,1 @@
+"""The speed suite (see run.py); not part of the tests."""

@@ -1,0 +1,496 @@
+"""The speed suite: start Redis and feedsvc, drive them with wrk, print ratios.
+
+Every number is a ratio measured side by side in one run: each target is
+measured right after the hello-JSON baseline (``GET /bench/hello``, same
+process, same event loop, no Redis), several times, and the median of the
+pairwise ratios is reported. Absolute req/s on a shared 2-core machine are
+noise; ratios are what to read.
+
+    python -m bench                      # every part
+    python -m bench post get             # some parts
+    python -m bench --duration 3 --rounds 1 post
+
+Parts: post, get, loop, pool, batch, coalesce, drivers, rtt (needs root:
+network namespace + tc netem). Needs ``wrk`` on PATH (Debian: apt install wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from feedsvc.redis_server import RedisServer, pick_free_port
+
+HERE = Path(__file__).resolve().parent
+WRK_DIR = HERE / "wrk"
+PRODUCER = "3381af92-2b9e-11e3-b191-71861300734c"
+READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
+NETNS = "feedsvc-bench"
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    requests: int
+
+
+@dataclass
+class Row:
+    name: str
+    values: dict[str, str] = field(default_factory=dict)
+
+
+def _ms(text: str) -> float:
+    number = float(re.sub(r"[a-z]+$", "", text))
+    if text.endswith("us"):
+        return number / 1000
+    if text.endswith("ms"):
+        return number
+    if text.endswith("s"):
+        return number * 1000
+    return number
+
+
+def wrk(
+    url: str,
+    script: str | None,
+    connections: int,
+    duration: float,
+    threads: int = 1,
+    env: dict[str, str] | None = None,
+) -> WrkResult:
+    args = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{round(duration)}s",
+        "--latency",
+        "--timeout",
+        "10s",
+    ]
+    if script:
+        args += ["-s", str(WRK_DIR / script)]
+    out = subprocess.run(
+        [*args, url],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+        timeout=duration + 60,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = 0
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors += int(m.group(1))
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
+        errors += sum(int(g) for g in m.groups())
+    return WrkResult(rps, p50, p99, errors, requests)
+
+
+class Service:
+    """A feedsvc serve process (with /bench/hello) against a given Redis."""
+
+    def __init__(self, redis_url: str, log: Path, *flags: str, netns: str | None = None) -> None:
+        self.port = pick_free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [
+            sys.executable,
+            "-m",
+            "feedsvc",
+            "serve",
+            "--port",
+            str(self.port),
+            "--redis-url",
+            redis_url,
+            "--bench-routes",
+            "--log-level",
+            "WARNING",
+            *flags,
+        ]
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(log.read_text())
+            time.sleep(0.05)
+        raise RuntimeError("feedsvc did not start:\n" + log.read_text())
+
+    def request(self, method: str, path: str, body: object = None, client: str = PRODUCER) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Client-ID": client, "X-Project-ID": "bench", "Content-Type": "application/json"}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return bytes(response.read())
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@contextlib.contextmanager
+def service(redis_url: str, workdir: Path, *flags: str) -> Iterator[Service]:
+    svc = Service(redis_url, workdir / "feedsvc.log", *flags)
+    try:
+        svc.request("PUT", "/v2/queues/bget")
+        svc.request(
+            "POST",
+            "/v2/queues/bget/messages",
+            {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
+        )
+        yield svc
+    finally:
+        svc.stop()
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.duration: float = args.duration
+        self.rounds: int = args.rounds
+        self.connections: int = args.connections
+        self.workdir = Path(tempfile.mkdtemp(prefix="feedsvc-bench-"))
+        self.redis = RedisServer(self.workdir / "redis", appendonly=False)
+        self.rows: list[Row] = []
+
+    def paired(
+        self, svc: Service, script: str | None, path: str, connections: int | None = None
+    ) -> tuple[WrkResult, WrkResult, float]:
+        """Median over rounds of target/hello, measured back to back."""
+        c = connections or self.connections
+        ratios, hellos, targets = [], [], []
+        for _ in range(self.rounds):
+            hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
+            target = wrk(svc.url + path, script, c, self.duration)
+            hellos.append(hello)
+            targets.append(target)
+            ratios.append(target.rps / hello.rps)
+        mid = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
+        return hellos[mid], targets[mid], statistics.median(ratios)
+
+    def add(self, name: str, **values: object) -> None:
+        row = Row(
+            name, {k: (f"{v:.2f}" if isinstance(v, float) else str(v)) for k, v in values.items()}
+        )
+        self.rows.append(row)
+        print(f"{name:<34}" + "  ".join(f"{k}={v}" for k, v in row.values.items()), flush=True)
+
+    # -- parts ---------------------------------------------------------------
+
+    def part_post(self) -> None:
+        with service(self.redis.url, self.workdir) as svc:
+            hello, post, ratio = self.paired(svc, "post.lua", "/v2/queues/bpost/messages")
+            self.add(
+                "POST 1 message (lua)",
+                rps=post.rps,
+                hello_rps=hello.rps,
+                ratio=ratio,
+                p50_ms=post.p50_ms,
+                p99_ms=post.p99_ms,
+                errors=post.errors,
+            )
+
+    def part_get(self) -> None:
+        with service(self.redis.url, self.workdir) as svc:
+            path = "/v2/queues/bget/messages?limit=10"
+            hello, get, ratio = self.paired(svc, "get.lua", path)
+            self.add(
+                "GET 10-message page (lua)",
+                rps=get.rps,
+                hello_rps=hello.rps,
+                ratio=ratio,
+                p50_ms=get.p50_ms,
+                p99_ms=get.p99_ms,
+                errors=get.errors,
+            )
+
+    def part_loop(self) -> None:
+        results = {}
+        for loop in ("uvloop", "asyncio"):
+            with service(self.redis.url, self.workdir, "--loop", loop) as svc:
+                results[loop] = [
+                    wrk(
+                        svc.url + "/v2/queues/bpost/messages",
+                        "post.lua",
+                        self.connections,
+                        self.duration,
+                    ).rps
+                    for _ in range(self.rounds)
+                ]
+        uv, aio = statistics.median(results["uvloop"]), statistics.median(results["asyncio"])
+        self.add("POST: uvloop vs asyncio", uvloop_rps=uv, asyncio_rps=aio, ratio=uv / aio)
+
+    def part_pool(self) -> None:
+        # the watch driver takes pool connections for every POST (the lua
+        # driver's POSTs share the coalescer's connection): the pool test
+        with service(self.redis.url, self.workdir, "--pool-size", "32", "--driver", "watch") as svc:
+            path = "/v2/queues/bpool/messages"
+            small = wrk(svc.url + path, "post_spread.lua", 100, self.duration, threads=2)
+            large = wrk(svc.url + path, "post_spread.lua", 5000, self.duration, threads=2)
+            self.add(
+                "5000 vs 100 clients, pool 32",
+                rps_100=small.rps,
+                rps_5000=large.rps,
+                p50_100_ms=small.p50_ms,
+                p99_100_ms=small.p99_ms,
+                p50_5000_ms=large.p50_ms,
+                p99_5000_ms=large.p99_ms,
+                p99_ratio=large.p99_ms / small.p99_ms,
+                tail_100=small.p99_ms / small.p50_ms,
+                tail_5000=large.p99_ms / large.p50_ms,
+                errors_100=small.errors,
+                errors_5000=large.errors,
+            )
+
+    def part_batch(self) -> None:
+        with service(self.redis.url, self.workdir, "--max-messages-per-post", "1000") as svc:
+            for size in (1, 10, 100, 1000):
+                result = wrk(
+                    svc.url + "/v2/queues/bbatch/messages",
+                    "post_batch.lua",
+                    self.connections,
+                    self.duration,
+                    env={"BATCH": str(size)},
+                )
+                self.add(
+                    f"POST batches of {size}",
+                    rps=result.rps,
+                    msgs_per_s=result.rps * size,
+                    p99_ms=result.p99_ms,
+                    errors=result.errors,
+                )
+
+    def part_coalesce(self) -> None:
+        for flag in ("--coalesce", "--no-coalesce"):
+            with service(self.redis.url, self.workdir, flag) as svc:
+                _, post, ratio = self.paired(svc, "post.lua", "/v2/queues/bco/messages")
+                self.add(f"POST {flag}", rps=post.rps, ratio=ratio, p99_ms=post.p99_ms)
+
+    def part_drivers(self, redis_url: str | None = None, label: str = "") -> None:
+        url = redis_url or self.redis.url
+        rps = {}
+        for driver in ("lua", "watch"):
+            with service(url, self.workdir, "--driver", driver) as svc:
+                result = wrk(
+                    svc.url + "/v2/queues/bhot/messages",
+                    "post.lua",
+                    self.connections,
+                    self.duration,
+                )
+                rps[driver] = result
+                self.add(
+                    f"POST hot queue {driver}{label}",
+                    rps=result.rps,
+                    p50_ms=result.p50_ms,
+                    p99_ms=result.p99_ms,
+                    errors=result.errors,
+                )
+        self.add(
+            f"lua/watch{label}",
+            rps_ratio=rps["lua"].rps / rps["watch"].rps,
+            p99_ratio=rps["watch"].p99_ms / rps["lua"].p99_ms,
+        )
+
+    def part_rtt(self) -> None:
+        """Redis behind 0.25 ms of round-trip time (tc netem in a network namespace)."""
+        with service(self.redis.url, self.workdir) as svc:
+            near = wrk(svc.url + "/v2/queues/brtt/messages", "post.lua", 1, self.duration)
+            self.add(
+                "POST, 1 client, local Redis (lua)",
+                rps=near.rps,
+                p50_ms=near.p50_ms,
+                p99_ms=near.p99_ms,
+            )
+        with remote_redis(self.workdir) as url:
+            with service(url, self.workdir) as svc:
+                one = wrk(svc.url + "/v2/queues/brtt/messages", "post.lua", 1, self.duration)
+                self.add(
+                    "POST, 1 client, RTT 0.25 ms (lua)",
+                    rps=one.rps,
+                    p50_ms=one.p50_ms,
+                    p99_ms=one.p99_ms,
+                )
+            self.part_drivers(url, label=" (RTT 0.25 ms)")
+
+    def run(self, parts: Sequence[str]) -> None:
+        self.redis.start()
+        try:
+            for part in parts:
+                getattr(self, f"part_{part}")()
+        finally:
+            self.redis.stop()
+        out = HERE / "results" / "latest.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps([{"name": r.name, **r.values} for r in self.rows], indent=1))
+        print(f"\nwrote {out}")
+
+
+@contextlib.contextmanager
+def remote_redis(workdir: Path) -> Iterator[str]:
+    """Redis behind 0.125 ms each way: tc netem on a veth pair into a network
+    namespace when the kernel has netem, else bench/delay_proxy.py."""
+    if os.geteuid() == 0 and _has_netem():
+        with _netns_redis(workdir) as url:
+            yield url
+        return
+    server = RedisServer(workdir / "far-redis", appendonly=False)
+    server.start()
+    port = pick_free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "bench.delay_proxy", str(port), str(server.port), "125"],
+        cwd=HERE.parent,
+    )
+    try:
+        _wait_port("127.0.0.1", port)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+        server.stop()
+
+
+def _wait_port(host: str, port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {host}:{port}")
+
+
+def _has_netem() -> bool:
+    if not shutil.which("tc"):
+        return False
+    subprocess.run(
+        ["ip", "link", "add", "fsbt0", "type", "veth", "peer", "name", "fsbt1"],
+        capture_output=True,
+        check=False,
+    )
+    ok = (
+        subprocess.run(
+            ["tc", "qdisc", "add", "dev", "fsbt0", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    subprocess.run(["ip", "link", "del", "fsbt0"], capture_output=True, check=False)
+    return ok
+
+
+@contextlib.contextmanager
+def _netns_redis(workdir: Path) -> Iterator[str]:
+    sh = ["ip", "netns"]
+    subprocess.run([*sh, "del", NETNS], capture_output=True, check=False)
+    subprocess.run(["ip", "link", "del", "fsb0"], capture_output=True, check=False)
+    steps = [
+        [*sh, "add", NETNS],
+        ["ip", "link", "add", "fsb0", "type", "veth", "peer", "name", "fsb1"],
+        ["ip", "link", "set", "fsb1", "netns", NETNS],
+        ["ip", "addr", "add", "10.231.0.1/24", "dev", "fsb0"],
+        ["ip", "link", "set", "fsb0", "up"],
+        [*sh, "exec", NETNS, "ip", "addr", "add", "10.231.0.2/24", "dev", "fsb1"],
+        [*sh, "exec", NETNS, "ip", "link", "set", "fsb1", "up"],
+        [*sh, "exec", NETNS, "ip", "link", "set", "lo", "up"],
+        ["tc", "qdisc", "add", "dev", "fsb0", "root", "netem", "delay", "125us"],
+        [
+            *sh,
+            "exec",
+            NETNS,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "fsb1",
+            "root",
+            "netem",
+            "delay",
+            "125us",
+        ],
+    ]
+    proc = None
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        data = workdir / "remote-redis"
+        data.mkdir(exist_ok=True)
+        proc = subprocess.Popen(
+            [
+                *sh,
+                "exec",
+                NETNS,
+                shutil.which("redis-server") or "redis-server",
+                "--bind",
+                "10.231.0.2",
+                "--port",
+                "6400",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--dir",
+                str(data),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port("10.231.0.2", 6400)
+        yield "redis://10.231.0.2:6400/0"
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        subprocess.run([*sh, "del", NETNS], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", "fsb0"], capture_output=True, check=False)
+
+
+PARTS = ["post", "get", "loop", "pool", "batch", "coalesce", "drivers", "rtt"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("parts", nargs="*", metavar="part", help=", ".join(PARTS))
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3, help="hello/target pairs per ratio")
+    parser.add_argument("--connections", type=int, default=64, help="wrk connections")
+    args = parser.parse_args(argv)
+    if not shutil.which("wrk"):
+        print("bench: wrk is not on PATH (Debian: apt install wrk)", file=sys.stderr)
+        return 2
+    unknown = set(args.parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    Suite(args).run(args.parts or PARTS)
+    return 0

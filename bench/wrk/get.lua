@@ -1,0 +1,4 @@
+-- GET a page of 10 messages posted by another client (so echo does not hide them)
+wrk.method = "GET"
+wrk.headers["Client-ID"] = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
+wrk.headers["X-Project-ID"] = "bench"

@@ -1,0 +1,6 @@
+-- POST one small message (the Zaqar write-up's request)
+wrk.method = "POST"
+wrk.body = '{"messages":[{"ttl":300,"body":{"event":"x"}}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Client-ID"] = "3381af92-2b9e-11e3-b191-71861300734c"
+wrk.headers["X-Project-ID"] = "bench"
