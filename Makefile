@@ -31,8 +31,8 @@ test: $(VENV)/.installed-test
 check: lint types pytest
 
 lint:
-	$(BIN)/ruff check feedsvc tests
-	$(BIN)/ruff format --check feedsvc tests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 types:
 	$(BIN)/mypy
