@@ -62,7 +62,7 @@ async def serve(settings: Settings) -> None:
             host,
             port,
             settings.driver,
-            settings.loop,
+            type(asyncio.get_running_loop()).__module__,
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
