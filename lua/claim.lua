@@ -5,8 +5,8 @@
 --       ('' = none), dead-letter ttl ('' = keep the message's ttl),
 --       dead-letter queue name ('' = none; must equal the queue's setting).
 -- Returns {'retry'} when the queue's dead-letter settings changed since the
--- caller read them; else {claim_id or '', then per claimed message:
---   id, seq, body, ttl, created_ms, claim count}.
+-- caller read them; else {claim_id or '', number of messages dead-lettered,
+--   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
 -- Every candidate is checked on its own: its claim, delay and expiry (no
 -- "claimed messages form a prefix" shortcut).
 local now = tonumber(ARGV[1])
@@ -23,7 +23,8 @@ end
 collect_garbage(ARGV[1])
 local claim_expires = now + ttl * 1000
 local keep_until = claim_expires + grace * 1000
-local out = {''}
+local out = {'', 0}
+local moved = 0
 local claimed_ids = {}
 local scanned, offset = 0, 0
 while #claimed_ids < limit and scanned < scan_limit do
@@ -62,6 +63,7 @@ while #claimed_ids < limit and scanned < scan_limit do
         redis.call('ZREM', KEYS[K_EXP], id)
         redis.call('ZREM', KEYS[K_CLAIMED], id)
         offset = offset - 1
+        moved = moved + 1
       else
         local new_expires = math.max(expires, keep_until)
         local created = tonumber(m[3])
@@ -91,4 +93,5 @@ if #claimed_ids > 0 then
   redis.call('ZADD', KEYS[K_CLAIMS], int(claim_expires), claim_id)
   out[1] = claim_id
 end
+out[2] = moved
 return out

@@ -6,6 +6,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from feedsvc.api import handlers as h
+from feedsvc.api import openapi
 
 QUEUE = "/v2/queues/{queue}"
 
@@ -15,6 +16,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v2/", h.get_home),
     ("GET", "/v2/ping", h.ping),
     ("GET", "/v2/health", h.get_health),
+    ("GET", "/v2/openapi.json", openapi.get_openapi),
     ("GET", "/v2/queues", h.list_queues),
     ("PUT", QUEUE, h.create_queue),
     ("GET", QUEUE, h.get_queue),

@@ -196,7 +196,6 @@ class LuaStore(RedisStore):
             all_keys = keys.fixed()
             if max_claims and dlq:
                 all_keys += QueueKeys.of(project, dlq).fixed()
-                await self._call_checked([("ZADD", registry_key(project), 0, dlq)])
             now = now_ms()
             args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
             args += [max_claims, dlq_ttl, dlq]
@@ -205,6 +204,10 @@ class LuaStore(RedisStore):
                 break
         else:
             raise StorageUnavailable("The queue's dead-letter settings kept changing.")
+        if int(out[1]):
+            # the dead-letter queue got messages: list it (cross-slot, so not
+            # in the script; it holds messages either way)
+            await self._call_checked([("ZADD", registry_key(project), 0, dlq)])
         if not out[0]:
             return None
         messages = [
@@ -217,7 +220,7 @@ class LuaStore(RedisStore):
                 claim_id=claim_id,
                 claim_count=int(out[i + 5]),
             )
-            for i in range(1, len(out), 6)
+            for i in range(2, len(out), 6)
         ]
         return Claim(claim_id, ttl, grace, now, messages)
 

@@ -291,25 +291,29 @@ class RedisStore:
     async def list_queues(
         self, project: str, marker: str | None, limit: int, detailed: bool
     ) -> list[QueueInfo]:
+        """A page of the project's queues by name, skipping registry entries
+        whose queue is gone (deleted meanwhile), so a page is short only at the end."""
+        out: list[QueueInfo] = []
         start = "-" if marker is None else f"({marker}"
         async with self._slot():
-            names: list[Any] = await self._redis.zrangebylex(
-                registry_key(project), start, "+", 0, limit
-            )
-            if not names:
-                return []
-            pipe = self._redis.pipeline(transaction=False)
-            for raw in names:
-                pipe.hget(QueueKeys.of(project, text(raw)).meta, "c")
-                pipe.hget(QueueKeys.of(project, text(raw)).meta, "m")
-            found = await pipe.execute()
-        out = []
-        for i, raw in enumerate(names):
-            created, meta = found[2 * i], found[2 * i + 1]
-            if created is None:  # deleted after the registry was read
-                continue
-            metadata = orjson.loads(meta) if (detailed and meta) else {}
-            out.append(QueueInfo(text(raw), metadata if detailed else None))
+            while len(out) < limit:
+                want = limit - len(out)
+                names: list[Any] = await self._redis.zrangebylex(
+                    registry_key(project), start, "+", 0, want
+                )
+                if not names:
+                    break
+                pipe = self._redis.pipeline(transaction=False)
+                for raw in names:
+                    pipe.hmget(QueueKeys.of(project, text(raw)).meta, ["c", "m"])
+                for raw, (created, meta) in zip(names, await pipe.execute(), strict=True):
+                    if created is None:
+                        continue
+                    metadata = (orjson.loads(meta) if meta else {}) if detailed else None
+                    out.append(QueueInfo(text(raw), metadata))
+                if len(names) < want:
+                    break
+                start = f"({text(names[-1])}"
         return out
 
     async def count_queues(self, project: str) -> int:

@@ -252,11 +252,18 @@ class WatchStore(RedisStore):
             pipe.zrem(keys.claimed, *unique)
             await pipe.execute()
 
-    async def _free_candidates(self, keys: QueueKeys, now: int, limit: int) -> list[str]:
-        """Up to limit messages from the head that nobody holds (read without WATCH)."""
+    async def _free_candidates(
+        self, keys: QueueKeys, now: int, limit: int, max_claims: int | None = None
+    ) -> list[str]:
+        """Up to limit messages from the head that nobody holds (read without WATCH).
+
+        With max_claims, messages claimed that often (to be dead-lettered) are
+        included too but do not count towards limit.
+        """
         found: list[str] = []
+        counted = 0
         offset, scanned, budget = 0, 0, self._claim_scan_limit()
-        while len(found) < limit and scanned < budget:
+        while counted < limit and scanned < budget:
             ids: list[Any] = await self._redis.zrange(keys.index, offset, offset + 99)
             if not ids:
                 break
@@ -268,7 +275,9 @@ class WatchStore(RedisStore):
                 scanned += 1
                 if is_free(row, now):
                     found.append(text(raw))
-                    if len(found) == limit:
+                    if max_claims is None or int(row[5] or 0) < max_claims:
+                        counted += 1
+                    if counted == limit:
                         break
         return found
 
@@ -282,12 +291,11 @@ class WatchStore(RedisStore):
             while True:
                 now = now_ms()
                 meta: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
-                candidates = await self._free_candidates(keys, now, limit)
+                dlq = QueueKeys.of(project, text(meta[1])) if meta[0] and meta[1] else None
+                max_claims = int(meta[0]) if dlq is not None else None
+                candidates = await self._free_candidates(keys, now, limit, max_claims)
                 if not candidates:
                     return None
-                dlq = QueueKeys.of(project, text(meta[1])) if meta[0] and meta[1] else None
-                if dlq is not None:
-                    await self._redis.zadd(registry_key(project), {text(meta[1]): 0})
                 plan = self._claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
                 watch = [keys.meta, *(keys.message(i) for i in candidates)]
                 reads: list[Command] = [("HMGET", keys.meta, "mcc", "dlq", "dlqttl")]
@@ -296,8 +304,11 @@ class WatchStore(RedisStore):
                     watch.append(dlq.seq)
                     reads += [("GET", dlq.seq), ("EXISTS", dlq.meta)]
                 done, result = await self._attempt(watch, reads, plan)
-                if done:
-                    return result
+                if done and result is not None:
+                    claim, moved = result
+                    if moved:
+                        await self._redis.zadd(registry_key(project), {text(meta[1]): 0})
+                    return claim
                 await self._backoff(attempt)
                 attempt += 1
 
@@ -311,22 +322,22 @@ class WatchStore(RedisStore):
         candidates: list[str],
         meta: list[Any],
         dlq: QueueKeys | None,
-    ) -> Plan[Claim | None]:
+    ) -> Plan[tuple[Claim | None, int]]:
+        """The claim transaction; its result is (the claim, messages dead-lettered)."""
         claim_expires = now + ttl * 1000
         keep_until = claim_expires + grace * 1000
 
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, Claim | None]:
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, tuple[Claim | None, int]]:
             if replies[0] != meta:
                 raise Conflicted
             rows = replies[1 : 1 + len(candidates)]
             writes: list[Command] = []
             claimed: list[Message] = []
-            dseq = 0
+            dseq = first_dseq = 0
+            dlq_exists = True
             if dlq is not None:
                 last, dlq_exists = replies[-2], replies[-1]
-                dseq = int(last) if last is not None else now * 1000
-                if not dlq_exists:
-                    writes.append(("HSET", dlq.meta, "c", now, "m", "{}"))
+                dseq = first_dseq = int(last) if last is not None else now * 1000
             for message_id, row in zip(candidates, rows, strict=True):
                 body, ttl_s, created, expires, _due, _k, _x, count, author, seq = row
                 if not is_free([*row[3:7], seq], now):
@@ -361,10 +372,13 @@ class WatchStore(RedisStore):
                         message_id, parse_seq(seq), body, new_ttl, int(created), claim_id, n + 1
                     )
                 )
-            if dlq is not None and dseq:
+            moved = dseq - first_dseq
+            if dlq is not None and moved:
                 writes.append(("SET", dlq.seq, dseq))
+                if not dlq_exists:
+                    writes.append(("HSET", dlq.meta, "c", now, "m", "{}"))
             if not claimed:
-                return writes or None, None
+                return writes or None, (None, moved)
             ckey = keys.claim(claim_id)
             ids = " ".join(m.id for m in claimed)
             writes.append(
@@ -372,7 +386,7 @@ class WatchStore(RedisStore):
             )
             writes.append(("PEXPIREAT", ckey, claim_expires))
             writes.append(("ZADD", keys.claims, claim_expires, claim_id))
-            return writes, Claim(claim_id, ttl, grace, now, claimed)
+            return writes, (Claim(claim_id, ttl, grace, now, claimed), moved)
 
         return plan
 
@@ -413,13 +427,13 @@ class WatchStore(RedisStore):
 
 
 # Fields read to decide whether a message is free: e, d, k, x, s.
-FREE_FIELDS = ("e", "d", "k", "x", "s")
+FREE_FIELDS = ("e", "d", "k", "x", "s", "n")
 CLAIM_FIELDS = ("b", "t", "c", "e", "d", "k", "x", "n", "u", "s")
 
 
 def is_free(row: Sequence[Any], now: int) -> bool:
-    """Indexed, alive, due and held by no live claim (row = FREE_FIELDS)."""
-    expires, due, holder, claim_expires, seq = row
+    """Indexed, alive, due and held by no live claim (row = FREE_FIELDS[:5])."""
+    expires, due, holder, claim_expires, seq = row[:5]
     if seq is None or expires is None or int(expires) <= now:
         return False
     if int(due or 0) > now:

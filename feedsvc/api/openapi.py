@@ -1,0 +1,832 @@
+"""The OpenAPI 3.1 description of the HTTP API, served at ``GET /v2/openapi.json``.
+
+The document is built from the running service's :class:`~feedsvc.config.Settings`,
+so every bound it states (page sizes, ttls, delays, post size, messages per
+post) is the one the service enforces; with no flags these are the Settings
+defaults, i.e. Zaqar's. Headers, names and ids are described with the same
+patterns ``feedsvc.api.validation`` checks.
+
+``tests/test_openapi.py`` keeps it true: every route of
+``feedsvc.api.routes.ROUTES`` is described here and nothing else is, and the
+live service is fuzzed against this document (no 5xx, every response as
+described).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from feedsvc import __version__
+from feedsvc.api import validation as v
+from feedsvc.api.handlers import SETTINGS
+from feedsvc.config import Settings
+
+OPENAPI_VERSION = "3.1.0"
+JSON = "application/json"
+# Zaqar's default claim limit, capped by the configured maximum (handlers.post_claim).
+ZAQAR_DEFAULT_CLAIM_LIMIT = 10
+
+Schema = dict[str, Any]
+
+
+def _ref(kind: str, name: str) -> Schema:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _schema(name: str) -> Schema:
+    return _ref("schemas", name)
+
+
+def _obj(properties: dict[str, Schema], required: list[str] | None = None) -> Schema:
+    """A JSON object with exactly these properties."""
+    schema: Schema = {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _int(low: int | None = None, high: int | None = None, default: int | None = None) -> Schema:
+    schema: Schema = {"type": "integer"}
+    if low is not None:
+        schema["minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+def _json_body(schema: Schema, description: str) -> Schema:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _query(name: str, schema: Schema, description: str) -> Schema:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": description,
+    }
+
+
+def _flag(name: str, description: str) -> Schema:
+    return _query(
+        name,
+        {"type": "boolean", "default": False},
+        description + " Also accepted: 1/0, yes/no, on/off, y/n, t/f, in any case.",
+    )
+
+
+def _schemas(s: Settings) -> dict[str, Schema]:
+    any_json: Schema = {"description": "Any JSON value, returned exactly as posted."}
+    metadata_path: Schema = {"type": "string", "pattern": "^/metadata/.+"}
+    message_id: Schema = {"type": "string", "pattern": v.ID.pattern}
+    link = _obj(
+        {"rel": {"type": "string", "enum": ["next"]}, "href": {"type": "string"}},
+        ["rel", "href"],
+    )
+    message = _obj(
+        {
+            "id": message_id,
+            "href": {
+                "type": "string",
+                "description": "Relative; carries ?claim_id= while a live claim holds it.",
+            },
+            "ttl": _int(1),
+            "age": _int(0),
+            "body": any_json,
+        },
+        ["id", "href", "ttl", "age", "body"],
+    )
+    summary = _obj(
+        {
+            "id": message_id,
+            "href": {"type": "string"},
+            "age": _int(0),
+            "created": {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"},
+        },
+        ["id", "href", "age", "created"],
+    )
+    return {
+        "Error": _obj(
+            {
+                "title": {"type": "string", "minLength": 1},
+                "description": {"type": "string", "minLength": 1},
+            },
+            ["title", "description"],
+        ),
+        "Link": link,
+        "Message": message,
+        "MessageList": _obj(
+            {
+                "messages": {"type": "array", "items": _schema("Message")},
+                "links": {
+                    "type": "array",
+                    "items": _schema("Link"),
+                    "maxItems": 1,
+                    "description": "The next page (absent when listing by ids). An empty "
+                    "page carries no link: poll again with the last marker.",
+                },
+            },
+            ["messages"],
+        ),
+        "PoppedMessages": _obj(
+            {
+                "messages": {
+                    "type": "array",
+                    "maxItems": s.max_messages_per_claim_or_pop,
+                    "items": _obj(
+                        {"id": message_id, "ttl": _int(1), "age": _int(0), "body": any_json},
+                        ["id", "ttl", "age", "body"],
+                    ),
+                }
+            },
+            ["messages"],
+        ),
+        "NewMessage": {
+            "type": "object",
+            "properties": {
+                "body": any_json,
+                "ttl": _int(s.min_message_ttl, s.max_message_ttl, s.default_message_ttl),
+                "delay": _int(0, s.max_message_delay, 0),
+            },
+            "required": ["body"],
+            "description": "ttl defaults to the queue's _default_message_ttl, else "
+            f"{s.default_message_ttl} s; delay to the queue's _default_message_delay, else 0.",
+        },
+        "NewMessages": {
+            "type": "object",
+            "properties": {
+                "messages": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": s.max_messages_per_post,
+                    "items": _schema("NewMessage"),
+                }
+            },
+            "required": ["messages"],
+        },
+        "Resources": _obj(
+            {
+                "resources": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "string"},
+                    "description": "The href of each new message, in the order posted.",
+                }
+            },
+            ["resources"],
+        ),
+        "QueueMetadata": {
+            "type": "object",
+            "description": "User metadata plus the reserved settings (leading underscore); "
+            f"at most {v.MAX_METADATA_SIZE} bytes of JSON.",
+            "properties": {
+                "_max_messages_post_size": _int(1, s.max_messages_post_size),
+                "_default_message_ttl": _int(s.min_message_ttl, s.max_message_ttl),
+                "_default_message_delay": _int(0, s.max_message_delay),
+                "_dead_letter_queue": {
+                    "type": ["string", "null"],
+                    "pattern": v.QUEUE_NAME.pattern,
+                },
+                "_dead_letter_queue_messages_ttl": {
+                    "type": ["integer", "null"],
+                    "minimum": s.min_message_ttl,
+                    "maximum": s.max_message_ttl,
+                },
+                "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+            },
+        },
+        "QueueMetadataShown": {
+            "allOf": [_schema("QueueMetadata")],
+            "required": [
+                "_max_messages_post_size",
+                "_default_message_ttl",
+                "_default_message_delay",
+                "_dead_letter_queue",
+                "_dead_letter_queue_messages_ttl",
+                "_max_claim_count",
+            ],
+        },
+        "QueueList": _obj(
+            {
+                "queues": {
+                    "type": "array",
+                    "maxItems": s.max_queues_per_page,
+                    "items": _obj(
+                        {
+                            "name": {"type": "string", "pattern": v.QUEUE_NAME.pattern},
+                            "href": {"type": "string"},
+                            "metadata": _schema("QueueMetadataShown"),
+                        },
+                        ["name", "href"],
+                    ),
+                },
+                "links": {"type": "array", "maxItems": 1, "items": _schema("Link")},
+                "count": _int(0),
+            },
+            ["queues", "links"],
+        ),
+        "QueueStats": _obj(
+            {
+                "messages": _obj(
+                    {
+                        "claimed": _int(0),
+                        "free": _int(0),
+                        "total": _int(0),
+                        "oldest": summary,
+                        "newest": summary,
+                    },
+                    ["claimed", "free", "total"],
+                )
+            },
+            ["messages"],
+        ),
+        "JsonPatch": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "op": {"type": "string", "enum": ["add", "replace"]},
+                            "path": metadata_path,
+                            "value": any_json,
+                        },
+                        "required": ["op", "path", "value"],
+                    },
+                    {
+                        "type": "object",
+                        "properties": {
+                            "op": {"type": "string", "enum": ["remove"]},
+                            "path": metadata_path,
+                        },
+                        "required": ["op", "path"],
+                    },
+                ]
+            },
+            "description": "add and replace need a value; replace or remove of a missing "
+            "user key is 409.",
+        },
+        "Purge": {
+            "type": "object",
+            "properties": {
+                "resource_types": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "string", "enum": ["messages", "subscriptions"]},
+                }
+            },
+            "required": ["resource_types"],
+        },
+        "ClaimOptions": {
+            "type": "object",
+            "properties": {
+                "ttl": _int(s.min_claim_ttl, s.max_claim_ttl, s.default_claim_ttl),
+                "grace": _int(s.min_claim_grace, s.max_claim_grace, s.default_claim_grace),
+            },
+        },
+        "ClaimedMessages": _obj(
+            {
+                "messages": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": s.max_messages_per_claim_or_pop,
+                    "items": _schema("Message"),
+                }
+            },
+            ["messages"],
+        ),
+        "Claim": _obj(
+            {
+                "age": _int(0),
+                "ttl": _int(1),
+                "messages": {"type": "array", "items": _schema("Message")},
+                "href": {"type": "string"},
+            },
+            ["age", "ttl", "messages", "href"],
+        ),
+        "Health": _obj(
+            {
+                "storage_reachable": {"type": "boolean"},
+                "driver": {"type": "string", "enum": ["lua", "watch"]},
+                "watch_retries": _int(0),
+                "watch_conflicts_exhausted": _int(0),
+                "noscript_reloads": _int(0),
+            },
+            [
+                "storage_reachable",
+                "driver",
+                "watch_retries",
+                "watch_conflicts_exhausted",
+                "noscript_reloads",
+            ],
+        ),
+        "Versions": _obj(
+            {
+                "versions": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "id": {"type": "string"},
+                            "status": {"type": "string"},
+                            "updated": {"type": "string"},
+                            "media-types": {
+                                "type": "array",
+                                "items": _obj(
+                                    {"base": {"type": "string"}, "type": {"type": "string"}},
+                                    ["base", "type"],
+                                ),
+                            },
+                            "links": {"type": "array", "items": _schema("VersionLink")},
+                        },
+                        ["id", "status", "updated", "media-types", "links"],
+                    ),
+                }
+            },
+            ["versions"],
+        ),
+        "VersionLink": _obj(
+            {"href": {"type": "string"}, "rel": {"type": "string"}},
+            ["href", "rel"],
+        ),
+        "HomeDocument": {
+            "type": "object",
+            "properties": {"resources": {"type": "object"}},
+            "required": ["resources"],
+        },
+    }
+
+
+REQUEST_ID_HEADER: Schema = {
+    "description": "Unique id of this request (also in the service log).",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^req-"},
+}
+RETRY_AFTER_HEADER: Schema = {
+    "description": "Seconds to wait before trying again.",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+RETRY_AFTER = {"Retry-After": RETRY_AFTER_HEADER}
+LOCATION = {"Location": {"required": True, "schema": {"type": "string"}}}
+
+
+def _response(
+    description: str,
+    schema: Schema | None = None,
+    media_type: str = JSON,
+    headers: dict[str, Schema] | None = None,
+) -> Schema:
+    response: Schema = {
+        "description": description,
+        "headers": {"X-Openstack-Request-Id": REQUEST_ID_HEADER, **(headers or {})},
+    }
+    if schema is not None:
+        response["content"] = {media_type: {"schema": schema}}
+    return response
+
+
+def _responses() -> dict[str, Schema]:
+    def error(description: str, headers: dict[str, Schema] | None = None) -> Schema:
+        return _response(description, _schema("Error"), headers=headers)
+
+    return {
+        "BadRequest": error(
+            "Malformed or out-of-range input: a missing or malformed Client-ID or "
+            "X-Project-ID header, a bad queue name, parameter or body."
+        ),
+        "Forbidden": error("The message is claimed and no claim_id was given."),
+        "NotFound": error("No such resource (in this project and queue)."),
+        "Conflict": error("The json-patch replaces or removes a key that does not exist."),
+        "PayloadTooLarge": error("The request body is larger than the post size limit."),
+        "UnsupportedMediaType": error("The body is not of the media type this route takes."),
+        "Unavailable": error(
+            "Redis is unreachable, timed out, or too contended: try again later.",
+            headers=RETRY_AFTER,
+        ),
+    }
+
+
+def _parameters(s: Settings) -> dict[str, Schema]:
+    return {
+        "ClientId": {
+            "name": "Client-ID",
+            "in": "header",
+            "required": True,
+            "description": "The client's UUID (with or without dashes); a client does not "
+            "see its own messages in listings unless echo=true.",
+            "schema": {"type": "string", "format": "uuid"},
+        },
+        "ProjectId": {
+            "name": "X-Project-ID",
+            "in": "header",
+            "required": True,
+            "description": "The project (tenant) every queue, message and claim belongs to; "
+            f"1 to {v.MAX_PROJECT_LENGTH} printable characters.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": v.MAX_PROJECT_LENGTH},
+        },
+        "Queue": {
+            "name": "queue",
+            "in": "path",
+            "required": True,
+            "description": "Queue name: ASCII letters, digits, '_', '.' and '-', 1 to 64.",
+            "schema": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 64,
+                "pattern": v.QUEUE_NAME.pattern,
+            },
+        },
+        "MessageId": {
+            "name": "message_id",
+            "in": "path",
+            "required": True,
+            "description": "A message id (24 lowercase hex digits); any other value is 404.",
+            "schema": {"type": "string", "pattern": v.ID.pattern},
+        },
+        "ClaimId": {
+            "name": "claim_id",
+            "in": "path",
+            "required": True,
+            "description": "A claim id (24 lowercase hex digits); any other value is 404.",
+            "schema": {"type": "string", "pattern": v.ID.pattern},
+        },
+        "MessageLimit": _query(
+            "limit",
+            _int(1, s.max_messages_per_page, s.default_messages_per_page),
+            "Messages per page.",
+        ),
+        "MessageMarker": _query(
+            "marker",
+            {"type": "string", "pattern": "^[0-9]{1,19}$"},
+            "Opaque position from a `next` link: the page starts after it. A marker this "
+            "service did not give out is 400.",
+        ),
+        "Ids": {
+            "name": "ids",
+            "in": "query",
+            "required": False,
+            "style": "form",
+            "explode": False,
+            "description": f"Up to {s.max_messages_per_page} message ids, comma-separated.",
+            "schema": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": s.max_messages_per_page,
+                "items": {"type": "string", "pattern": v.ID.pattern},
+            },
+        },
+    }
+
+
+def _common(*extra: str) -> list[Schema]:
+    return [_ref("parameters", "ClientId"), _ref("parameters", "ProjectId")] + [
+        _ref("parameters", name) for name in extra
+    ]
+
+
+def _errors(*statuses: str) -> dict[str, Schema]:
+    names = {
+        "400": "BadRequest",
+        "403": "Forbidden",
+        "404": "NotFound",
+        "409": "Conflict",
+        "413": "PayloadTooLarge",
+        "415": "UnsupportedMediaType",
+        "503": "Unavailable",
+    }
+    return {status: _ref("responses", names[status]) for status in ("400", *statuses, "503")}
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    responses: dict[str, Schema],
+    parameters: list[Schema] | None = None,
+    body: Schema | None = None,
+) -> Schema:
+    operation: Schema = {
+        "operationId": operation_id,
+        "summary": summary,
+        "parameters": _common() if parameters is None else parameters,
+        "responses": responses,
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+def _paths(s: Settings) -> dict[str, Schema]:
+    queue = "/v2/queues/{queue}"
+    no_content = _response("Done.")
+    claim_limit = min(ZAQAR_DEFAULT_CLAIM_LIMIT, s.max_messages_per_claim_or_pop)
+    home = _operation(
+        "getHome",
+        "The JSON-home document of the v2 API",
+        {
+            "200": _response(
+                "The home document.",
+                _schema("HomeDocument"),
+                "application/json-home",
+                headers={"Cache-Control": {"schema": {"type": "string"}}},
+            ),
+            "400": _ref("responses", "BadRequest"),
+        },
+    )
+    return {
+        "/": {
+            "get": _operation(
+                "getVersions",
+                "The API versions (no headers needed)",
+                {"300": _response("The versions.", _schema("Versions"))},
+                parameters=[],
+            )
+        },
+        "/v2": {"get": home},
+        "/v2/": {"get": {**home, "operationId": "getHomeSlash"}},
+        "/v2/openapi.json": {
+            "get": _operation(
+                "getOpenapi",
+                "This document (no headers needed)",
+                {
+                    "200": _response(
+                        "The OpenAPI description of this service, with its configured limits.",
+                        {"type": "object", "required": ["openapi", "info", "paths"]},
+                    )
+                },
+                parameters=[],
+            )
+        },
+        "/v2/ping": {
+            "get": _operation(
+                "ping",
+                "Is Redis reachable? (HEAD works too)",
+                {
+                    "204": _response("Redis answered."),
+                    "400": _ref("responses", "BadRequest"),
+                    "503": _response("Redis is unreachable (no body).", headers=RETRY_AFTER),
+                },
+            )
+        },
+        "/v2/health": {
+            "get": _operation(
+                "getHealth",
+                "Storage reachability and driver counters",
+                {
+                    "200": _response("Redis is reachable.", _schema("Health")),
+                    "400": _ref("responses", "BadRequest"),
+                    "503": _response(
+                        "Redis is unreachable.",
+                        _schema("Health"),
+                        headers=RETRY_AFTER,
+                    ),
+                },
+            )
+        },
+        "/v2/queues": {
+            "get": _operation(
+                "listQueues",
+                "The project's queues, by name",
+                {
+                    "200": _response("A page of queues.", _schema("QueueList")),
+                    **_errors(),
+                },
+                parameters=[
+                    *_common(),
+                    _query(
+                        "marker",
+                        {"type": "string", "pattern": v.QUEUE_NAME.pattern},
+                        "List the queues after this name.",
+                    ),
+                    _query(
+                        "limit",
+                        _int(1, s.max_queues_per_page, s.default_queues_per_page),
+                        "Queues per page.",
+                    ),
+                    _flag("detailed", "Include each queue's metadata."),
+                    _flag("with_count", "Include the number of queues of the project."),
+                ],
+            )
+        },
+        queue: {
+            "put": _operation(
+                "createQueue",
+                "Create a queue (an existing queue is left as it is)",
+                {
+                    "201": _response("Created.", headers=LOCATION),
+                    "204": _response("It already existed.", headers=LOCATION),
+                    **_errors(),
+                },
+                parameters=_common("Queue"),
+                body={
+                    "required": False,
+                    "description": "Optional metadata.",
+                    "content": {JSON: {"schema": _schema("QueueMetadata")}},
+                },
+            ),
+            "get": _operation(
+                "getQueue",
+                "The queue's metadata (the defaults when it does not exist)",
+                {"200": _response("Metadata.", _schema("QueueMetadataShown")), **_errors()},
+                parameters=_common("Queue"),
+            ),
+            "patch": _operation(
+                "updateQueue",
+                "Change the queue's metadata with a json-patch",
+                {
+                    "200": _response("The new metadata.", _schema("QueueMetadataShown")),
+                    **_errors("404", "409", "415"),
+                },
+                parameters=_common("Queue"),
+                body={
+                    "required": True,
+                    "content": {v.JSON_PATCH: {"schema": _schema("JsonPatch")}},
+                },
+            ),
+            "delete": _operation(
+                "deleteQueue",
+                "Delete the queue with its messages and claims",
+                {"204": no_content, **_errors()},
+                parameters=_common("Queue"),
+            ),
+        },
+        queue + "/purge": {
+            "post": _operation(
+                "purgeQueue",
+                "Delete every message and claim; keep the queue",
+                {"204": no_content, **_errors()},
+                parameters=_common("Queue"),
+                body={
+                    "required": False,
+                    "description": "Without a body, messages are purged.",
+                    "content": {JSON: {"schema": _schema("Purge")}},
+                },
+            )
+        },
+        queue + "/stats": {
+            "get": _operation(
+                "getQueueStats",
+                "Live message counts",
+                {"200": _response("Counts.", _schema("QueueStats")), **_errors()},
+                parameters=_common("Queue"),
+            )
+        },
+        queue + "/messages": {
+            "post": _operation(
+                "postMessages",
+                "Post messages (the queue is created on first post)",
+                {
+                    "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
+                    **_errors("413"),
+                },
+                parameters=_common("Queue"),
+                body={
+                    "required": True,
+                    "description": f"At most {s.max_messages_post_size} bytes "
+                    "(refused with 413 while it streams in).",
+                    "content": {JSON: {"schema": _schema("NewMessages")}},
+                },
+            ),
+            "get": _operation(
+                "listMessages",
+                "A page of messages after a marker, or the messages named by ids",
+                {
+                    "200": _response("Messages.", _schema("MessageList")),
+                    **_errors("404"),
+                },
+                parameters=[
+                    *_common("Queue", "MessageMarker", "MessageLimit"),
+                    _flag("echo", "Include this client's own messages."),
+                    _flag("include_claimed", "Include claimed messages."),
+                    _flag("include_delayed", "Include messages whose delay has not passed."),
+                    _ref("parameters", "Ids"),
+                ],
+            ),
+            "delete": _operation(
+                "deleteMessages",
+                "Delete the messages named by ids, or pop some",
+                {
+                    "200": _response("The popped messages.", _schema("PoppedMessages")),
+                    "204": no_content,
+                    **_errors(),
+                },
+                parameters=[
+                    *_common("Queue", "Ids"),
+                    _query(
+                        "pop",
+                        _int(1, s.max_messages_per_claim_or_pop),
+                        "Remove and return up to this many free messages, atomically.",
+                    ),
+                ],
+            ),
+        },
+        queue + "/messages/{message_id}": {
+            "get": _operation(
+                "getMessage",
+                "One message",
+                {"200": _response("The message.", _schema("Message")), **_errors("404")},
+                parameters=_common("Queue", "MessageId"),
+            ),
+            "delete": _operation(
+                "deleteMessage",
+                "Delete one message (a claimed one needs its claim_id)",
+                {"204": no_content, **_errors("403")},
+                parameters=[
+                    *_common("Queue", "MessageId"),
+                    _query(
+                        "claim_id",
+                        {"type": "string"},
+                        "The claim that holds the message; a claim that does not hold it is 400.",
+                    ),
+                ],
+            ),
+        },
+        queue + "/claims": {
+            "post": _operation(
+                "claimMessages",
+                "Claim free messages",
+                {
+                    "201": _response("Claimed.", _schema("ClaimedMessages"), headers=LOCATION),
+                    "204": _response("Nothing to claim."),
+                    **_errors(),
+                },
+                parameters=[
+                    *_common("Queue"),
+                    _query(
+                        "limit",
+                        _int(1, s.max_messages_per_claim_or_pop, claim_limit),
+                        "Most messages to claim.",
+                    ),
+                ],
+                body={
+                    "required": False,
+                    "content": {JSON: {"schema": _schema("ClaimOptions")}},
+                },
+            )
+        },
+        queue + "/claims/{claim_id}": {
+            "get": _operation(
+                "getClaim",
+                "A live claim and the messages it holds",
+                {"200": _response("The claim.", _schema("Claim")), **_errors("404")},
+                parameters=_common("Queue", "ClaimId"),
+            ),
+            "patch": _operation(
+                "renewClaim",
+                "Restart the claim's ttl from now",
+                {"204": no_content, **_errors("404")},
+                parameters=_common("Queue", "ClaimId"),
+                body={
+                    "required": True,
+                    "content": {JSON: {"schema": _schema("ClaimOptions")}},
+                },
+            ),
+            "delete": _operation(
+                "releaseClaim",
+                "Release the claim's messages",
+                {"204": no_content, **_errors()},
+                parameters=_common("Queue", "ClaimId"),
+            ),
+        },
+    }
+
+
+def openapi_document(settings: Settings) -> dict[str, Any]:
+    """The OpenAPI description of the service as configured by ``settings``."""
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "feedsvc",
+            "version": __version__,
+            "description": "A Zaqar-v2-compatible message feed on Redis. Every /v2 route "
+            "except this document needs the Client-ID and X-Project-ID headers. Errors "
+            "are JSON {title, description}; every 503 carries Retry-After.",
+        },
+        "paths": _paths(settings),
+        "components": {
+            "schemas": _schemas(settings),
+            "parameters": _parameters(settings),
+            "responses": _responses(),
+        },
+    }
+
+
+@cache
+def _encoded(settings: Settings) -> bytes:
+    return orjson.dumps(openapi_document(settings))
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    """GET /v2/openapi.json: no headers needed."""
+    return web.Response(body=_encoded(request.app[SETTINGS]), content_type=JSON)
