@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from feedsvc.api.handlers import SETTINGS, STORE
+from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
 from feedsvc.config import Settings
@@ -57,10 +58,11 @@ def create_app(settings: Settings) -> web.Application:
     # Zaqar's post-size limit applies to the whole request body; aiohttp
     # refuses a larger body while reading it, before buffering it whole.
     app = web.Application(
-        middlewares=[error_middleware],
+        middlewares=[metrics_middleware, error_middleware],
         client_max_size=settings.max_messages_post_size,
     )
     app[SETTINGS] = settings
+    setup_metrics(app)
     app.cleanup_ctx.append(_storage_context(settings))
     add_routes(app, settings.bench_routes)
     return app

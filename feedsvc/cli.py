@@ -49,6 +49,7 @@ async def serve(settings: Settings) -> None:
     runner = web.AppRunner(
         app,
         access_log=logging.getLogger("feedsvc.access") if settings.access_log else None,
+        access_log_format=ACCESS_FORMAT,
         handle_signals=False,
     )
     await runner.setup()
@@ -95,6 +96,27 @@ def run_serve(settings: Settings) -> int:
     return 0
 
 
+ACCESS_FORMAT = '%a "%r" %s %b %Tf %{X-Openstack-Request-Id}o'
+
+
+def configure_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler()
+    if settings.log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"levelname": "level", "asctime": "time", "name": "logger"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -102,8 +124,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings)
     return run_serve(settings)

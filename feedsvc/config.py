@@ -102,6 +102,9 @@ class Settings:
         "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
         "benchmarks compare against in the same process and event loop",
     )
+    log_format: str = _opt(
+        "text", "log lines as plain text or as JSON objects", choices=("text", "json")
+    )
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     def __post_init__(self) -> None:

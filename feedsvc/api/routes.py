@@ -6,7 +6,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from feedsvc.api import handlers as h
-from feedsvc.api import openapi
+from feedsvc.api import metrics, openapi
 
 QUEUE = "/v2/queues/{queue}"
 
@@ -43,5 +43,7 @@ def add_routes(app: web.Application, bench_routes: bool = False) -> None:
             app.router.add_get(path, handler)
         else:
             app.router.add_route(method, path, handler)
+    # operations: not part of the Zaqar API, no headers needed
+    app.router.add_get("/metrics", metrics.get_metrics)
     if bench_routes:
         app.router.add_get("/bench/hello", h.bench_hello)

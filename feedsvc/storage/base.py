@@ -155,6 +155,8 @@ class StoreCounters:
     watch_retries: int = 0
     watch_conflicts_exhausted: int = 0
     noscript_reloads: int = 0
+    redis_calls: int = 0
+    redis_seconds: float = 0.0
 
 
 class FeedStore(Protocol):
@@ -168,6 +170,10 @@ class FeedStore(Protocol):
     counters: StoreCounters
 
     async def ping(self) -> None: ...
+
+    def stats(self) -> dict[str, float]:
+        """Point-in-time numbers for /metrics: counters, pool and batch state."""
+        ...
 
     async def close(self) -> None: ...
 

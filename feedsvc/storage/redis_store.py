@@ -166,11 +166,14 @@ class RedisStore:
                 await self._gate.acquire()
         except TimeoutError:
             raise PoolExhausted("No Redis connection became free in time.") from None
+        started = time.perf_counter()
         try:
             async with self._errors():
                 yield
         finally:
             self._gate.release()
+            self.counters.redis_calls += 1
+            self.counters.redis_seconds += time.perf_counter() - started
 
     async def _call(self, commands: Sequence[Command]) -> list[Any]:
         """Run commands in one round trip (shared with concurrent callers when
@@ -181,16 +184,40 @@ class RedisStore:
         next batch, so a caller waits at most about two batches.
         """
         if self._coalescer is not None:
+            started = time.perf_counter()
             try:
                 return await self._coalescer.execute(commands)
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                 raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
+            finally:
+                self.counters.redis_calls += 1
+                self.counters.redis_seconds += time.perf_counter() - started
         async with self._slot():
             pipe = self._redis.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
+
+    def stats(self) -> dict[str, float]:
+        counters = self.counters
+        waiters = getattr(self._gate, "_waiters", None) or ()
+        out = {
+            "watch_retries": counters.watch_retries,
+            "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
+            "noscript_reloads": counters.noscript_reloads,
+            "redis_calls": counters.redis_calls,
+            "redis_seconds": counters.redis_seconds,
+            "pool_size": self._settings.pool_size,
+            "pool_in_use": self._settings.pool_size - self._gate._value,
+            "pool_waiting": len(waiters),
+            "coalesced_batches": 0,
+            "coalesced_calls": 0,
+        }
+        if self._coalescer is not None:
+            out["coalesced_batches"] = self._coalescer.batches
+            out["coalesced_calls"] = self._coalescer.calls
+        return out
 
     async def _call_checked(self, commands: Sequence[Command]) -> list[Any]:
         """Like _call, but an error reply raises (translated like any other)."""

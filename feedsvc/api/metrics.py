@@ -1,0 +1,95 @@
+"""Prometheus metrics: ``GET /metrics``.
+
+HTTP requests are timed by a middleware (a histogram per method, route and
+status, whose ``_count`` is the request count); the store's own numbers
+(Redis calls and their time, WATCH retries and conflicts, NOSCRIPT reloads,
+pool use, coalesced batches) are read at scrape time. Each app has its own
+registry, so several apps in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from feedsvc.storage.base import FeedStore
+
+REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
+REQUESTS = web.AppKey("metrics_requests", Histogram)
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class StoreCollector(Collector):
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        from feedsvc.api.handlers import STORE
+
+        store: FeedStore | None = self._app.get(STORE)
+        if store is None:
+            return
+        stats = store.stats()
+        counters = [
+            ("watch_retries", "WATCH transactions repeated after a conflict"),
+            ("watch_conflicts_exhausted", "writes answered 503 after too many conflicts"),
+            ("noscript_reloads", "scripts loaded again after NOSCRIPT"),
+            (
+                "redis_calls",
+                "Redis operations: coalesced calls and operations on a pool connection",
+            ),
+            ("redis_seconds", "time spent waiting for Redis, seconds"),
+            ("coalesced_batches", "pipelines sent by the coalescer"),
+            ("coalesced_calls", "calls carried by those pipelines"),
+        ]
+        for name, text in counters:
+            yield CounterMetricFamily(f"feedsvc_{name}", text, value=stats[name])
+        for name, text in [
+            ("pool_size", "Redis connection slots"),
+            ("pool_in_use", "slots in use"),
+            ("pool_waiting", "requests waiting for a slot"),
+        ]:
+            yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
+
+
+def setup_metrics(app: web.Application) -> None:
+    registry = CollectorRegistry()
+    app[REGISTRY] = registry
+    app[REQUESTS] = Histogram(
+        "feedsvc_http_request_duration_seconds",
+        "HTTP requests by method, route and status",
+        ["method", "route", "status"],
+        buckets=_BUCKETS,
+        registry=registry,
+    )
+    registry.register(StoreCollector(app))
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        request.app[REQUESTS].labels(request.method, route, str(status)).observe(
+            time.perf_counter() - started
+        )
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    response = web.Response(body=body)
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response

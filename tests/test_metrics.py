@@ -1,0 +1,106 @@
+"""/metrics (Prometheus) and structured logs with the request id."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from feedsvc.redis_server import pick_free_port
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format."""
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(value)
+    raise AssertionError(f"no sample {name} {labels} in:\n{text}")
+
+
+async def test_metrics_count_requests_and_redis_calls(
+    http: TestClient[web.Request, web.Application], headers: dict[str, str]
+) -> None:
+    body = {"messages": [{"body": 1}]}
+    for _ in range(3):
+        assert (await http.post("/v2/queues/m/messages", json=body, headers=headers)).status == 201
+    assert (await http.get("/v2/queues/m/messages", headers=headers)).status == 200
+    assert (await http.get("/v2/queues/m/messages?limit=0", headers=headers)).status == 400
+    response = await http.get("/metrics")
+    assert response.status == 200
+    assert response.content_type == "text/plain"
+    text = await response.text()
+    route = "/v2/queues/{queue}/messages"
+    name = "feedsvc_http_request_duration_seconds_count"
+    assert sample(text, name, method="POST", route=route, status="201") == 3
+    assert sample(text, name, method="GET", route=route, status="200") == 1
+    assert sample(text, name, method="GET", route=route, status="400") == 1
+    assert sample(text, "feedsvc_redis_calls_total") >= 4
+    assert sample(text, "feedsvc_redis_seconds_total") > 0
+    assert sample(text, "feedsvc_pool_size") == 32
+    assert sample(text, "feedsvc_pool_in_use") == 0
+    assert sample(text, "feedsvc_pool_waiting") == 0
+    assert sample(text, "feedsvc_watch_retries_total") >= 0
+    assert sample(text, "feedsvc_coalesced_calls_total") >= sample(
+        text, "feedsvc_coalesced_batches_total"
+    )
+
+
+async def test_unmatched_routes_are_one_label(
+    http: TestClient[web.Request, web.Application],
+) -> None:
+    for path in ("/nope/1", "/nope/2"):
+        assert (await http.get(path)).status == 404
+    text = await (await http.get("/metrics")).text()
+    name = "feedsvc_http_request_duration_seconds_count"
+    assert sample(text, name, route="unmatched", status="404") == 2
+
+
+def test_json_logs_carry_the_request_id(redis_url: str, tmp_path: Path) -> None:
+    port = pick_free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port), "--redis-url",
+             redis_url, "--log-format", "json", "--access-log"],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("FEEDSVC_")},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/queues/logs/messages",
+            headers={"Client-ID": str(uuid.uuid4()), "X-Project-ID": "logs"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            request_id = response.headers["X-Openstack-Request-Id"]
+        assert request_id
+        deadline = time.monotonic() + 10
+        while request_id not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    access = [r for r in records if request_id in r["message"]]
+    assert len(access) == 1 and access[0]["logger"] == "feedsvc.access"
+    assert '"GET /v2/queues/logs/messages HTTP/1.1" 200' in access[0]["message"]
