@@ -64,6 +64,12 @@ class Settings:
     watch_retries: int = _opt(
         50, "watch driver: attempts per write before answering 503", minimum=1
     )
+    idempotency_window: int = _opt(
+        3600,
+        "seconds during which a POST repeated with the same Idempotency-Key (and "
+        "Client-ID) returns the first post's result instead of posting again",
+        minimum=1,
+    )
     max_messages_post_size: int = _opt(262144, "largest POST body in bytes", minimum=1)
     min_message_ttl: int = _opt(60, "smallest message ttl in seconds", minimum=1)
     max_message_ttl: int = _opt(1209600, "largest message ttl in seconds", minimum=1)

@@ -5,6 +5,7 @@
 local K_META, K_SEQ, K_IDX, K_EXP, K_CLAIMED, K_CLAIMS = 1, 2, 3, 4, 5, 6
 local PREFIX = string.sub(KEYS[K_META], 1, -3)
 local GC_BATCH = 100
+local IDEMPOTENCY = PREFIX .. ':idem'
 
 -- Numbers handed to redis.call must be formatted by hand: Lua's own
 -- conversion would print a 16-digit seq in exponent notation.

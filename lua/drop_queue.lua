@@ -25,6 +25,6 @@ if ARGV[2] == '1' then
   redis.call('DEL', KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
 else
   redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED],
-    KEYS[K_CLAIMS])
+    KEYS[K_CLAIMS], IDEMPOTENCY)
 end
 return 0

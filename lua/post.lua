@@ -1,15 +1,38 @@
 -- Index messages whose bodies the same pipeline has just written.
 -- KEYS: the 6 fixed keys, then one message key per message.
--- ARGV: now_ms, default_ttl, default_delay, request size in bytes, then per
+-- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
+--       idempotency token ('' = none), idempotency window in ms, then per
 --       message: id, ttl, delay ('' = the queue's default, else the service's).
 -- Returns the seq of each message; {} (nothing indexed) if a body is missing;
--- {'toolarge', limit} if the request is over the queue's _max_messages_post_size.
+-- {'toolarge', limit} if the request is over the queue's _max_messages_post_size;
+-- {'replay', id...} if the idempotency token was used within its window: the
+-- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
 local now = tonumber(ARGV[1])
-local n = (#ARGV - 4) / 3
+local n = (#ARGV - 6) / 3
+local token = ARGV[5]
 -- all or nothing: index no message if any body is missing
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 0 then return {} end
+end
+if token ~= '' then
+  local seen = redis.call('HGET', IDEMPOTENCY, token)
+  if seen then
+    local expires, ids = string.match(seen, '^(%d+) (.*)$')
+    if tonumber(expires) > now then
+      redis.call('DEL', unpack(KEYS, 7, 6 + n))
+      local out = {'replay'}
+      for id in string.gmatch(ids, '%S+') do out[#out + 1] = id end
+      return out
+    end
+  end
+  -- forget a few expired tokens so the hash stays bounded
+  local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
+  for j = 1, #sample, 2 do
+    if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then
+      redis.call('HDEL', IDEMPOTENCY, sample[j])
+    end
+  end
 end
 collect_garbage(ARGV[1])
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
@@ -26,9 +49,9 @@ end
 local seqs = {}
 for i = 1, n do
   local key = KEYS[6 + i]
-  local id = ARGV[2 + 3 * i]
-  local ttl = tonumber(ARGV[3 + 3 * i]) or default_ttl
-  local delay = tonumber(ARGV[4 + 3 * i]) or default_delay
+  local id = ARGV[4 + 3 * i]
+  local ttl = tonumber(ARGV[5 + 3 * i]) or default_ttl
+  local delay = tonumber(ARGV[6 + 3 * i]) or default_delay
   local seq = tonumber(redis.call('HGET', key, 's'))
   if seq == nil then
     seq = redis.call('INCR', KEYS[K_SEQ])
@@ -42,5 +65,10 @@ for i = 1, n do
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)
   end
   seqs[i] = seq
+end
+if token ~= '' then
+  local ids = {}
+  for i = 1, n do ids[i] = ARGV[4 + 3 * i] end
+  redis.call('HSET', IDEMPOTENCY, token, int(now + tonumber(ARGV[6])) .. ' ' .. table.concat(ids, ' '))
 end
 return seqs

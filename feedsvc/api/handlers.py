@@ -259,9 +259,12 @@ async def post_messages(request: web.Request) -> web.Response:
     settings = _settings(request)
     project, client = v.caller(request)
     queue = v.queue_name(request)
+    idempotency_key = v.idempotency_key(request)
     raw = await request.read()
     messages = v.new_messages(v.json_document(raw), settings)
-    ids = await _store(request).post_messages(project, queue, client, messages, len(raw))
+    ids = await _store(request).post_messages(
+        project, queue, client, messages, len(raw), idempotency_key
+    )
     base = f"/v2/queues/{queue}/messages"
     body = orjson.dumps({"resources": [f"{base}/{i}" for i in ids]})
     return web.Response(

@@ -56,6 +56,16 @@ def caller(request: web.Request) -> tuple[str, str]:
     return project_id(request), client
 
 
+def idempotency_key(request: web.Request) -> str | None:
+    """The optional Idempotency-Key header (1..255 printable characters)."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= 255 or not key.isprintable():
+        raise BadRequest("Idempotency-Key must be 1 to 255 printable characters.")
+    return key
+
+
 def queue_name(request: web.Request) -> str:
     name = request.match_info["queue"]
     if not QUEUE_NAME.match(name):

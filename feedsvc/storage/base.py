@@ -206,10 +206,14 @@ class FeedStore(Protocol):
         client_id: str,
         messages: list[NewMessage],
         request_size: int = 0,
+        idempotency_key: str | None = None,
     ) -> list[str]:
         """Store and index the messages in order; the queue is created if needed.
 
         PayloadTooLarge if request_size exceeds the queue's _max_messages_post_size.
+        With an idempotency key this client already used on this queue within
+        the idempotency window, nothing is written and the first post's ids
+        are returned.
         """
         ...
 

@@ -22,6 +22,7 @@ NAMESPACE = "fs"
 
 MESSAGE_INFIX = ":m:"
 CLAIM_INFIX = ":c:"
+IDEMPOTENCY_SUFFIX = ":idem"
 
 
 def escape_project(project: str) -> str:
@@ -69,7 +70,8 @@ class QueueKeys:
 
     @property
     def idempotency(self) -> str:
-        return self.prefix + ":idem"
+        """Hash: sha1(client id, Idempotency-Key) -> "<expires ms> <id> <id> ..."."""
+        return self.prefix + IDEMPOTENCY_SUFFIX
 
     def message(self, message_id: str) -> str:
         return self.prefix + MESSAGE_INFIX + message_id

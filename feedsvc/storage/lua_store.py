@@ -30,7 +30,15 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.redis_store import Command, RedisStore, new_id, now_ms, parse_seq, text
+from feedsvc.storage.redis_store import (
+    Command,
+    RedisStore,
+    idempotency_token,
+    new_id,
+    now_ms,
+    parse_seq,
+    text,
+)
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 
 DROP_BATCH = 500
@@ -99,13 +107,16 @@ class LuaStore(RedisStore):
         client_id: str,
         messages: list[NewMessage],
         request_size: int = 0,
+        idempotency_key: str | None = None,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         script = load_script("post")
         ids = [new_id() for _ in messages]
         settings = self._settings
         all_keys = keys.fixed()
-        args: list[Any] = [now_ms(), settings.default_message_ttl, 0, request_size]
+        token = "" if idempotency_key is None else idempotency_token(client_id, idempotency_key)
+        args: list[Any] = [now_ms(), settings.default_message_ttl, 0, request_size, token]
+        args.append(settings.idempotency_window * 1000)
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
@@ -128,6 +139,8 @@ class LuaStore(RedisStore):
                 if isinstance(reply, Exception):
                     raise reply
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
+        if seqs and seqs[0] == b"replay":
+            return [text(i) for i in seqs[1:]]
         if seqs and seqs[0] == b"toolarge":
             raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):

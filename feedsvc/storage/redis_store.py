@@ -6,6 +6,7 @@ Lua and WATCH): queue metadata, queue listing, stats, messages by id.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import time
@@ -77,6 +78,11 @@ def now_ms() -> int:
 def new_id() -> str:
     """A message or claim id: 96 random bits as 24 lowercase hex digits."""
     return os.urandom(12).hex()
+
+
+def idempotency_token(client_id: str, key: str) -> str:
+    """The field under which a client's Idempotency-Key is remembered."""
+    return hashlib.sha1(f"{client_id}\n{key}".encode()).hexdigest()
 
 
 def text(raw: Any) -> str:

@@ -37,6 +37,7 @@ from feedsvc.storage.redis_store import (
     Conflicted,
     Plan,
     RedisStore,
+    idempotency_token,
     message_from_fields,
     new_id,
     now_ms,
@@ -110,8 +111,9 @@ class WatchStore(RedisStore):
             pipe.delete(*(keys.claim(text(c)) for c in claims))
             pipe.zrem(keys.claims, *claims)
             await pipe.execute()
-        kept = {keys.meta, keys.seq} if keep_queue else set()
-        await self._redis.delete(*(k for k in keys.fixed() if k not in kept))
+        kept = {keys.meta, keys.seq, keys.idempotency} if keep_queue else set()
+        everything = [*keys.fixed(), keys.idempotency]
+        await self._redis.delete(*(k for k in everything if k not in kept))
 
     async def post_messages(
         self,
@@ -120,14 +122,30 @@ class WatchStore(RedisStore):
         client_id: str,
         messages: list[NewMessage],
         request_size: int = 0,
+        idempotency_key: str | None = None,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         ids = [new_id() for _ in messages]
         settings = self._settings
         now = now_ms()
+        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
-            _, last, exists, (dttl, ddelay, mps), dead = replies
+            _, last, exists, (dttl, ddelay, mps), dead = replies[:5]
+            forget: list[Any] = []
+            if token is not None:
+                seen, sample = replies[5], replies[6]
+                if seen is not None:
+                    until, *first_ids = text(seen).split()
+                    if int(until) > now:
+                        return None, first_ids
+                # RESP2 answers a flat list, RESP3 a list of pairs
+                pairs = (
+                    sample
+                    if sample and isinstance(sample[0], list)
+                    else list(zip(sample[::2], sample[1::2], strict=True))
+                )
+                forget = [field for field, value in pairs if int(text(value).split()[0]) <= now]
             if mps is not None and request_size > int(mps):
                 raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
             default_ttl = int(dttl or settings.default_message_ttl)
@@ -152,6 +170,11 @@ class WatchStore(RedisStore):
                 writes.append(("ZADD", keys.index, seq, message_id))
                 writes.append(("ZADD", keys.expiry, expires, message_id))
             writes.append(("SET", keys.seq, seq))
+            if token is not None:
+                record = f"{now + settings.idempotency_window * 1000} {' '.join(ids)}"
+                writes.append(("HSET", keys.idempotency, token, record))
+                if forget:
+                    writes.append(("HDEL", keys.idempotency, *forget))
             return writes, ids
 
         reads: list[Command] = [
@@ -161,8 +184,13 @@ class WatchStore(RedisStore):
             ("HMGET", keys.meta, "dttl", "ddelay", "mps"),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
         ]
+        watch = [keys.seq, keys.meta]
+        if token is not None:
+            reads.append(("HGET", keys.idempotency, token))
+            reads.append(("HRANDFIELD", keys.idempotency, 5, "WITHVALUES"))
+            watch.append(keys.idempotency)
         async with self._slot():
-            return await self._optimistic([keys.seq, keys.meta], reads, plan)
+            return await self._optimistic(watch, reads, plan)
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = QueueKeys.of(project, queue)
