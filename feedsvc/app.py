@@ -16,6 +16,7 @@ from feedsvc.api.handlers import SETTINGS, STORE
 from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
+from feedsvc.api.validation import AUTH_TOKENS
 from feedsvc.config import Settings
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore
@@ -62,6 +63,7 @@ def create_app(settings: Settings) -> web.Application:
         client_max_size=settings.max_messages_post_size,
     )
     app[SETTINGS] = settings
+    app[AUTH_TOKENS] = settings.auth_tokens()
     setup_metrics(app)
     app.cleanup_ctx.append(_storage_context(settings))
     add_routes(app, settings.bench_routes)

@@ -102,6 +102,12 @@ class Settings:
         "before answering with a forward 'next' link",
         minimum=1,
     )
+    auth_token: str | None = _opt(
+        None,
+        "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...]: when set, queue "
+        "routes need 'Authorization: Bearer TOKEN' (else 401) and the project is "
+        "the token's, not X-Project-ID's",
+    )
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(
         False,
@@ -127,6 +133,7 @@ class Settings:
                 raise ValueError(
                     f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
                 )
+        self.auth_tokens()  # fails early on a malformed list
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
             ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
@@ -145,6 +152,18 @@ class Settings:
                     f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
                     f", got {lo}, {mid}, {hi}"
                 )
+
+    def auth_tokens(self) -> dict[str, str]:
+        """token -> project, from auth_token (empty: authentication off)."""
+        if not self.auth_token:
+            return {}
+        tokens: dict[str, str] = {}
+        for pair in self.auth_token.split(","):
+            token, sep, project = pair.strip().partition("=")
+            if not sep or not token or not project or len(project) > 256:
+                raise ValueError("--auth-token must be TOKEN=PROJECT[,TOKEN=PROJECT...]")
+            tokens[token] = project
+        return tokens
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -106,7 +106,7 @@ async def get_versions(request: web.Request) -> web.Response:
 
 
 async def get_home(request: web.Request) -> web.Response:
-    v.caller(request)
+    v.caller(request, authenticate=False)
     return web.Response(
         body=HOME_DOCUMENT,
         content_type="application/json-home",
@@ -115,7 +115,7 @@ async def get_home(request: web.Request) -> web.Response:
 
 
 async def ping(request: web.Request) -> web.Response:
-    v.caller(request)
+    v.caller(request, authenticate=False)
     try:
         await _store(request).ping()
     except Unavailable:
@@ -124,7 +124,7 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def get_health(request: web.Request) -> web.Response:
-    v.caller(request)
+    v.caller(request, authenticate=False)
     store = _store(request)
     try:
         await store.ping()

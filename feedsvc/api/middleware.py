@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from feedsvc.errors import FeedError, Unavailable
+from feedsvc.errors import FeedError, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.api")
 
@@ -40,6 +40,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = await handler(request)
     except FeedError as exc:
         answer = error_response(exc.status, exc.title, exc.description, request_id)
+        if isinstance(exc, Unauthorized):
+            answer.headers["WWW-Authenticate"] = "Bearer"
         if isinstance(exc, Unavailable):
             answer.headers["Retry-After"] = str(exc.retry_after)
             log.warning("%s %s -> 503 (%s) [%s]", request.method, request.path, exc, request_id)

@@ -16,7 +16,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from feedsvc.config import Settings
-from feedsvc.errors import BadRequest, Conflict, UnsupportedMediaType
+from feedsvc.errors import BadRequest, Conflict, Unauthorized, UnsupportedMediaType
 from feedsvc.storage.base import NewMessage
 
 QUEUE_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
@@ -50,9 +50,23 @@ def client_id(request: web.Request) -> str:
         raise BadRequest("Malformed hexadecimal UUID in Client-ID.") from None
 
 
-def caller(request: web.Request) -> tuple[str, str]:
-    """(project, client id) of a /v2 request; Client-ID is checked first, as Zaqar does."""
+AUTH_TOKENS = web.AppKey("auth_tokens", dict)
+
+
+def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
+    """(project, client id) of a /v2 request; Client-ID is checked first, as Zaqar does.
+
+    With --auth-token the project is the bearer token's (401 without a known
+    token); routes that show no data (ping, home, health) pass authenticate=False.
+    """
     client = client_id(request)
+    tokens: dict[str, str] = request.app[AUTH_TOKENS]
+    if tokens and authenticate:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        project = tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if project is None:
+            raise Unauthorized("A valid 'Authorization: Bearer <token>' header is required.")
+        return project, client
     return project_id(request), client
 
 
