@@ -153,3 +153,13 @@ def test_serve_with_embedded_redis_keeps_data_across_restarts(tmp_path: Path) ->
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def test_readme_configuration_table_lists_every_setting() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    missing = [
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f"`--{f.name.replace('_', '-')}`" not in readme
+    ]
+    assert missing == []
