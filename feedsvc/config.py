@@ -134,6 +134,12 @@ class Settings:
                     f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
                 )
         self.auth_tokens()  # fails early on a malformed list
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ValueError(
+                f"--redis-url must start with redis://, rediss:// or unix://, got {self.redis_url!r}"
+            )
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
             ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),

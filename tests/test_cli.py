@@ -52,6 +52,8 @@ def test_help_documents_every_setting() -> None:
         (["--driver", "etcd"], {}, "--driver must be one of lua, watch"),
         ([], {"FEEDSVC_PORT": "http"}, "FEEDSVC_PORT: invalid value"),
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),
+        (["--redis-url", "localhost:6379"], {}, "--redis-url must start with redis://"),
+        (["--auth-token", "secret"], {}, "--auth-token must be TOKEN=PROJECT"),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(
