@@ -138,7 +138,8 @@ class Settings:
             ("redis://", "rediss://", "unix://")
         ):
             raise ValueError(
-                f"--redis-url must start with redis://, rediss:// or unix://, got {self.redis_url!r}"
+                "--redis-url must start with redis://, rediss:// or unix://, "
+                f"got {self.redis_url!r}"
             )
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
