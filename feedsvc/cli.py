@@ -7,7 +7,9 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -51,6 +53,9 @@ async def serve(settings: Settings) -> None:
         access_log=logging.getLogger("feedsvc.access") if settings.access_log else None,
         access_log_format=ACCESS_FORMAT,
         handle_signals=False,
+        keepalive_timeout=settings.keepalive_timeout,
+        # after an early answer (413, 408) do not wait long for the rest of a body
+        lingering_time=1.0,
     )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, backlog=2048)
@@ -69,11 +74,39 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    sweeper = asyncio.create_task(drop_silent_connections(runner, settings.client_timeout))
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
+        sweeper.cancel()
         await runner.cleanup()
+
+
+async def drop_silent_connections(runner: web.AppRunner, head_timeout: float) -> None:
+    """Close connections that have not sent a whole request head in time.
+
+    aiohttp bounds idle keep-alive connections (--keepalive-timeout) but not
+    a client that connects and then sends nothing, or half a request line:
+    without this, such clients would hold sockets forever. Slow bodies are
+    bounded where they are read (408).
+    """
+    first_seen: dict[Any, float] = {}  # handlers have __slots__: no weak references
+    while True:
+        await asyncio.sleep(min(1.0, head_timeout / 2))
+        server = runner.server
+        if server is None:
+            continue
+        now = time.monotonic()
+        waiting: dict[Any, float] = {}
+        for handler in server.connections:
+            if handler._request_count:  # it has sent a request head
+                continue
+            started = waiting[handler] = first_seen.get(handler, now)
+            if now - started >= head_timeout and handler.transport is not None:
+                log.debug("closing a connection that sent no request in time")
+                handler.transport.close()
+        first_seen = waiting
 
 
 def run_serve(settings: Settings) -> int:

@@ -44,7 +44,11 @@ class Settings:
         choices=("lua", "watch"),
     )
     loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
-    pool_size: int = _opt(32, "Redis connections per process", minimum=1)
+    pool_size: int = _opt(
+        32,
+        "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",
+        minimum=2,
+    )
     pool_timeout: float = _opt(
         2.0,
         "seconds a request may wait for a free Redis connection (then 503)",
@@ -107,6 +111,15 @@ class Settings:
         "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...]: when set, queue "
         "routes need 'Authorization: Bearer TOKEN' (else 401) and the project is "
         "the token's, not X-Project-ID's",
+    )
+    client_timeout: float = _opt(
+        10.0,
+        "seconds a client may take to send a request's headers, and its body "
+        "(then the connection is closed, or 408)",
+        minimum=0.1,
+    )
+    keepalive_timeout: float = _opt(
+        75.0, "seconds an idle keep-alive connection is kept open", minimum=0.1
     )
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(

@@ -17,6 +17,7 @@ status from ``FeedError.status``. Nothing else catches them.
     │   ├── MessageNotFound
     │   └── ClaimNotFound
     ├── MethodNotAllowed           405
+    ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
     ├── PayloadTooLarge            413
     ├── UnsupportedMediaType       415
@@ -88,6 +89,11 @@ class ClaimNotFound(NotFound):
 class MethodNotAllowed(FeedError):
     status = 405
     title = "Method not allowed"
+
+
+class RequestTimeout(FeedError):
+    status = 408
+    title = "Request timeout"
 
 
 class Conflict(FeedError):

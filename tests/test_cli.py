@@ -48,7 +48,7 @@ def test_help_documents_every_setting() -> None:
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
-        (["--pool-size", "0"], {}, "--pool-size must be >= 1"),
+        (["--pool-size", "1"], {}, "--pool-size must be >= 2"),
         (["--driver", "etcd"], {}, "--driver must be one of lua, watch"),
         ([], {"FEEDSVC_PORT": "http"}, "FEEDSVC_PORT: invalid value"),
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),

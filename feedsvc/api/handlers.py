@@ -7,6 +7,7 @@ into responses with ``orjson.Fragment``, never decoded.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 from urllib.parse import urlencode
@@ -17,7 +18,14 @@ from aiohttp import web
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
 from feedsvc.config import Settings
-from feedsvc.errors import BadRequest, ClaimNotFound, MessageNotFound, NotFound, Unavailable
+from feedsvc.errors import (
+    BadRequest,
+    ClaimNotFound,
+    MessageNotFound,
+    NotFound,
+    RequestTimeout,
+    Unavailable,
+)
 from feedsvc.storage.base import FeedStore, ListQuery, Message, MessageSummary
 from feedsvc.storage.redis_store import now_ms
 
@@ -32,6 +40,15 @@ MEDIA_TYPES = [{"base": "application/json", "type": "application/vnd.openstack.m
 
 def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body, which must arrive within --client-timeout (else 408)."""
+    try:
+        async with asyncio.timeout(request.app[SETTINGS].client_timeout):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout("The request body did not arrive in time.") from None
 
 
 def _store(request: web.Request) -> FeedStore:
@@ -138,7 +155,10 @@ async def get_health(request: web.Request) -> web.Response:
         "watch_conflicts_exhausted": store.counters.watch_conflicts_exhausted,
         "noscript_reloads": store.counters.noscript_reloads,
     }
-    return json_response(payload, status=200 if reachable else 503)
+    response = json_response(payload, status=200 if reachable else 503)
+    if not reachable:
+        response.headers["Retry-After"] = "1"
+    return response
 
 
 async def bench_hello(request: web.Request) -> web.Response:
@@ -184,7 +204,7 @@ async def list_queues(request: web.Request) -> web.Response:
 async def create_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    metadata = v.queue_metadata(await request.read(), _settings(request))
+    metadata = v.queue_metadata(await read_body(request), _settings(request))
     created = await _store(request).create_queue(project, queue, metadata)
     # Like Zaqar, a PUT on an existing queue changes nothing (use PATCH).
     return web.Response(status=201 if created else 204, headers={"Location": _queue_href(queue)})
@@ -202,7 +222,7 @@ async def patch_queue(request: web.Request) -> web.Response:
     settings = _settings(request)
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    patch = v.metadata_patch(request, await request.read())
+    patch = v.metadata_patch(request, await read_body(request))
 
     def change(current: dict[str, Any]) -> dict[str, Any]:
         return v.checked_metadata(v.apply_patch(current, patch), settings)
@@ -214,7 +234,7 @@ async def patch_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    raw = await request.read()
+    raw = await read_body(request)
     if raw.strip():
         document = v.json_document(raw)
         types = document.get("resource_types") if isinstance(document, dict) else None
@@ -260,7 +280,7 @@ async def post_messages(request: web.Request) -> web.Response:
     project, client = v.caller(request)
     queue = v.queue_name(request)
     idempotency_key = v.idempotency_key(request)
-    raw = await request.read()
+    raw = await read_body(request)
     messages = v.new_messages(v.json_document(raw), settings)
     ids = await _store(request).post_messages(
         project, queue, client, messages, len(raw), idempotency_key
@@ -388,7 +408,7 @@ async def post_claim(request: web.Request) -> web.Response:
         1,
         settings.max_messages_per_claim_or_pop,
     )
-    ttl, grace = v.claim_options(await request.read(), settings)
+    ttl, grace = v.claim_options(await read_body(request), settings)
     claim = await _store(request).claim_messages(project, queue, ttl, grace, limit)
     if claim is None:
         return web.Response(status=204)
@@ -429,7 +449,7 @@ async def patch_claim(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     claim_id = _claim_id(request)
-    raw = await request.read()
+    raw = await read_body(request)
     if not raw.strip():
         raise BadRequest("Request body can not be empty")
     ttl, grace = v.claim_options(raw, settings)

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from feedsvc.errors import FeedError, Unauthorized, Unavailable
+from feedsvc.errors import FeedError, RequestTimeout, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.api")
 
@@ -42,6 +42,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         answer = error_response(exc.status, exc.title, exc.description, request_id)
         if isinstance(exc, Unauthorized):
             answer.headers["WWW-Authenticate"] = "Bearer"
+        if isinstance(exc, RequestTimeout):
+            answer.force_close()
         if isinstance(exc, Unavailable):
             answer.headers["Retry-After"] = str(exc.retry_after)
             log.warning("%s %s -> 503 (%s) [%s]", request.method, request.path, exc, request_id)
@@ -57,6 +59,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             if name in exc.headers:
                 answer.headers[name] = exc.headers[name]
         return answer
+    except ConnectionResetError:
+        # the client went away while we read its request: nobody to answer
+        log.debug("%s %s: client disconnected [%s]", request.method, request.path, request_id)
+        return web.Response(status=499, reason="Client Closed Request")
     except Exception:
         log.exception("unhandled error in %s %s [%s]", request.method, request.path, request_id)
         return error_response(

@@ -66,10 +66,17 @@ class LuaStore(RedisStore):
     ) -> Any:
         """A script's reply; on NOSCRIPT load the script and run that one call again."""
         if isinstance(reply, NoScriptError):
-            self.counters.noscript_reloads += 1
+            # Load and run again; a SCRIPT FLUSH can strike between the two,
+            # so try a few times, then answer 503 rather than fail.
             async with self._slot():
-                await self._redis.script_load(script.source)
-                return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+                for _ in range(3):
+                    self.counters.noscript_reloads += 1
+                    await self._redis.script_load(script.source)
+                    try:
+                        return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+                    except NoScriptError:
+                        continue
+            raise StorageUnavailable("Redis keeps losing its script cache; retry.")
         if isinstance(reply, Exception):
             async with self._errors():
                 raise reply

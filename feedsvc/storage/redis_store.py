@@ -101,6 +101,11 @@ def parse_seq(raw: bytes | str | int) -> int:
         return int(float(raw))
 
 
+def pool_slots(settings: Settings) -> int:
+    """Connections the pool may open: --pool-size, less the coalescer's own."""
+    return settings.pool_size - 1 if settings.coalesce else settings.pool_size
+
+
 def connect(settings: Settings, url: str) -> Redis:
     """One client (and pool) per process.
 
@@ -110,7 +115,7 @@ def connect(settings: Settings, url: str) -> Redis:
     """
     pool = ConnectionPool.from_url(
         url,
-        max_connections=settings.pool_size,
+        max_connections=pool_slots(settings),
         socket_timeout=settings.redis_timeout,
         socket_connect_timeout=settings.redis_connect_timeout,
         retry=Retry(NoBackoff(), 0),
@@ -146,7 +151,7 @@ class RedisStore:
         self._settings = settings
         # FIFO-fair wait for a connection: redis-py's blocking pool is not
         # fair, and its plain pool fails at once when empty.
-        self._gate = asyncio.Semaphore(settings.pool_size)
+        self._gate = asyncio.Semaphore(pool_slots(settings))
         self._coalescer = (
             Coalescer(redis.connection_pool, settings.redis_timeout) if settings.coalesce else None
         )
@@ -215,7 +220,7 @@ class RedisStore:
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
-            "pool_in_use": self._settings.pool_size - self._gate._value,
+            "pool_in_use": pool_slots(self._settings) - self._gate._value,
             "pool_waiting": len(waiters),
             "coalesced_batches": 0,
             "coalesced_calls": 0,
