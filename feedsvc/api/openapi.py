@@ -436,6 +436,22 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             f"1 to {v.MAX_PROJECT_LENGTH} printable characters.",
             "schema": {"type": "string", "minLength": 1, "maxLength": v.MAX_PROJECT_LENGTH},
         },
+        "ProjectIdFromToken": {
+            "name": "X-Project-ID",
+            "in": "header",
+            "required": False,
+            "description": "Ignored here: with --auth-token the project is the bearer token's.",
+            "schema": {"type": "string"},
+        },
+        "IdempotencyKey": {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": "Repeating a POST with the same key (and Client-ID) within "
+            f"{s.idempotency_window} s returns the first post's ids and posts nothing; "
+            "1 to 255 printable characters.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+        },
         "Queue": {
             "name": "queue",
             "in": "path",
@@ -690,7 +706,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                     "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
                     **_errors("413"),
                 },
-                parameters=_common("Queue"),
+                parameters=_common("Queue", "IdempotencyKey"),
                 body={
                     "required": True,
                     "description": f"At most {s.max_messages_post_size} bytes "
@@ -802,16 +818,50 @@ def _paths(s: Settings) -> dict[str, Schema]:
     }
 
 
+# Routes that show no stored data: never behind --auth-token.
+UNAUTHENTICATED = {"/", "/v2", "/v2/", "/v2/ping", "/v2/health", "/v2/openapi.json"}
+
+
+def _require_tokens(document: dict[str, Any]) -> None:
+    """With --auth-token: the data routes need a bearer token (else 401), and the
+    project is the token's, so X-Project-ID is not needed there."""
+    components = document["components"]
+    components["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token given to --auth-token; it names the project.",
+        }
+    }
+    components["responses"]["Unauthorized"] = _response(
+        "No known bearer token.",
+        _schema("Error"),
+        headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    )
+    project = _ref("parameters", "ProjectId")
+    for path, item in document["paths"].items():
+        if path in UNAUTHENTICATED:
+            continue
+        for operation in item.values():
+            operation["security"] = [{"bearer": []}]
+            operation["responses"]["401"] = _ref("responses", "Unauthorized")
+            operation["parameters"] = [
+                _ref("parameters", "ProjectIdFromToken") if p == project else p
+                for p in operation["parameters"]
+            ]
+
+
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI description of the service as configured by ``settings``."""
-    return {
+    document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "feedsvc",
             "version": __version__,
             "description": "A Zaqar-v2-compatible message feed on Redis. Every /v2 route "
-            "except this document needs the Client-ID and X-Project-ID headers. Errors "
-            "are JSON {title, description}; every 503 carries Retry-After.",
+            "except this document needs the Client-ID and X-Project-ID headers (with "
+            "--auth-token, a bearer token instead of X-Project-ID on the data routes). "
+            "Errors are JSON {title, description}; every 503 carries Retry-After.",
         },
         "paths": _paths(settings),
         "components": {
@@ -820,6 +870,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "responses": _responses(),
         },
     }
+    if settings.auth_tokens():
+        _require_tokens(document)
+    return document
 
 
 @cache

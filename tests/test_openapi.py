@@ -1,0 +1,499 @@
+"""The OpenAPI description (GET /v2/openapi.json) and the HTTP edge of the service.
+
+* The document lists exactly the routes of ``feedsvc.api.routes.ROUTES``,
+  states the bounds the settings enforce, and is valid OpenAPI.
+* schemathesis fuzzes a live ``feedsvc serve`` of each driver with requests
+  made from the document (valid and invalid ones): no 5xx, and every answer
+  is one the document describes (status, content type, headers, body).
+* Bodies over the size limit are refused while they stream in; clients that
+  stall are disconnected; too many or too large headers are a 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import hypothesis
+import pytest
+import requests
+import schemathesis
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import HealthCheck, Phase, given
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from feedsvc.api import validation as v
+from feedsvc.api.openapi import UNAUTHENTICATED, openapi_document
+from feedsvc.api.routes import ROUTES
+from feedsvc.app import create_app
+from feedsvc.config import Settings
+from feedsvc.redis_server import RedisServer
+from tests.conftest import DRIVERS, make_settings
+from tests.test_faults import LiveService, report
+
+Client = TestClient[web.Request, web.Application]
+METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+# Examples per operation and generation mode (valid and invalid data). The
+# default keeps the fuzzing well under a minute for both drivers; raise it
+# locally with FUZZ_EXAMPLES=200.
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+# A client that stops sending must be disconnected (or answered) within this.
+SLOW_CLIENT_BOUND = 15.0
+
+schemathesis.serializer.alias(v.JSON_PATCH, "application/json")
+
+
+@schemathesis.deserializer("application/json-home")
+def _json_home(ctx: Any, response: Any) -> Any:
+    return json.loads(response.content)
+
+
+def headers() -> dict[str, str]:
+    return {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "openapi-" + uuid.uuid4().hex}
+
+
+def described(document: dict[str, Any]) -> set[tuple[str, str]]:
+    return {
+        (method.upper(), path)
+        for path, item in document["paths"].items()
+        for method in item
+        if method in METHODS
+    }
+
+
+def operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            yield method.upper(), path, operation
+
+
+def resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        target: Any = document
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def parameter(document: dict[str, Any], operation: dict[str, Any], name: str) -> dict[str, Any]:
+    for raw in operation["parameters"]:
+        param = resolve(document, raw)
+        if param["name"] == name:
+            return param
+    raise AssertionError(f"no parameter {name} in {operation['operationId']}")
+
+
+# -- the document ---------------------------------------------------------------------
+
+
+def test_every_route_is_described_and_nothing_else() -> None:
+    document = openapi_document(Settings())
+    routes = {(method, path) for method, path, _ in ROUTES}
+    assert described(document) == routes, (
+        f"not described: {sorted(routes - described(document))}; "
+        f"described but not routed: {sorted(described(document) - routes)}"
+    )
+
+
+def test_document_is_valid_openapi() -> None:
+    schema = schemathesis.openapi.from_dict(openapi_document(Settings()))
+    schema.validate()
+    assert len(list(schema.get_all_operations())) == len(ROUTES)
+
+
+def test_required_headers_and_errors_are_described() -> None:
+    document = openapi_document(Settings())
+    error = document["components"]["schemas"]["Error"]
+    assert error["required"] == ["title", "description"]
+    assert set(error["properties"]) == {"title", "description"}
+    unavailable = document["components"]["responses"]["Unavailable"]
+    assert unavailable["headers"]["Retry-After"]["required"] is True
+    no_headers = {"/", "/v2/openapi.json"}
+    for method, path, operation in operations(document):
+        names = {
+            resolve(document, p)["name"]: resolve(document, p) for p in operation["parameters"]
+        }
+        if path in no_headers:
+            assert "Client-ID" not in names and "X-Project-ID" not in names, path
+            continue
+        assert names["Client-ID"]["required"] is True, (method, path)
+        assert names["Client-ID"]["in"] == "header"
+        assert names["X-Project-ID"]["schema"]["maxLength"] == v.MAX_PROJECT_LENGTH
+        assert "400" in operation["responses"], (method, path)
+        assert "503" in operation["responses"] or path in {"/v2", "/v2/"}, (method, path)
+        for name, param in names.items():
+            if param["in"] == "path":
+                assert f"{{{name}}}" in path
+        for status, raw in operation["responses"].items():
+            response = resolve(document, raw)
+            if int(status) >= 400 and path not in ("/v2/ping", "/v2/health"):
+                assert response["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/Error"
+                }, (method, path, status)
+
+
+def test_bounds_come_from_the_settings() -> None:
+    defaults = Settings()
+    for settings in (
+        defaults,
+        defaults.replace(
+            max_messages_per_page=7,
+            default_messages_per_page=5,
+            max_message_ttl=600,
+            default_message_ttl=300,
+        ),
+    ):
+        document = openapi_document(settings)
+        paths = document["paths"]
+        listing = paths["/v2/queues/{queue}/messages"]["get"]
+        limit = parameter(document, listing, "limit")["schema"]
+        assert (limit["minimum"], limit["maximum"], limit["default"]) == (
+            1,
+            settings.max_messages_per_page,
+            settings.default_messages_per_page,
+        )
+        queues_limit = parameter(document, paths["/v2/queues"]["get"], "limit")["schema"]
+        assert queues_limit["maximum"] == settings.max_queues_per_page
+        new = document["components"]["schemas"]["NewMessage"]["properties"]
+        assert (new["ttl"]["minimum"], new["ttl"]["maximum"], new["ttl"]["default"]) == (
+            settings.min_message_ttl,
+            settings.max_message_ttl,
+            settings.default_message_ttl,
+        )
+        assert new["delay"]["maximum"] == settings.max_message_delay
+        post = document["components"]["schemas"]["NewMessages"]["properties"]["messages"]
+        assert post["maxItems"] == settings.max_messages_per_post
+        claim = document["components"]["schemas"]["ClaimOptions"]["properties"]
+        assert (claim["ttl"]["minimum"], claim["ttl"]["maximum"]) == (
+            settings.min_claim_ttl,
+            settings.max_claim_ttl,
+        )
+        assert (claim["grace"]["minimum"], claim["grace"]["maximum"]) == (
+            settings.min_claim_grace,
+            settings.max_claim_grace,
+        )
+        pop = parameter(document, paths["/v2/queues/{queue}/messages"]["delete"], "pop")
+        assert pop["schema"]["maximum"] == settings.max_messages_per_claim_or_pop
+        queue = parameter(document, listing, "queue")["schema"]
+        assert queue["pattern"] == v.QUEUE_NAME.pattern
+        body = paths["/v2/queues/{queue}/messages"]["post"]["requestBody"]["description"]
+        assert str(settings.max_messages_post_size) in body
+
+
+def test_optional_headers_and_bearer_tokens_are_described() -> None:
+    document = openapi_document(Settings())
+    post = document["paths"]["/v2/queues/{queue}/messages"]["post"]
+    key = parameter(document, post, "Idempotency-Key")
+    assert key["required"] is False and key["schema"]["maxLength"] == 255
+    assert "securitySchemes" not in document["components"]
+
+    document = openapi_document(Settings(auth_token="secret=tenant"))
+    schemathesis.openapi.from_dict(document).validate()
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for method, path, operation in operations(document):
+        if path in UNAUTHENTICATED:
+            assert "security" not in operation, (method, path)
+            continue
+        assert operation["security"] == [{"bearer": []}], (method, path)
+        assert "401" in operation["responses"], (method, path)
+        assert parameter(document, operation, "X-Project-ID")["required"] is False
+        assert parameter(document, operation, "Client-ID")["required"] is True
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_served_without_headers(driver: str, redis_url: str) -> None:
+    settings = make_settings(redis_url, driver=driver)
+    async with TestClient(TestServer(create_app(settings))) as http:
+        resp = await http.get("/v2/openapi.json")
+        assert resp.status == 200
+        assert resp.content_type == "application/json"
+        # the running service describes its own limits
+        assert await resp.json() == json.loads(json.dumps(openapi_document(settings)))
+
+
+# -- against a live service ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def services(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LiveService]]:
+    """A live ``feedsvc serve`` of each driver, with default settings."""
+    folder = tmp_path_factory.mktemp("openapi")
+    running: dict[str, LiveService] = {}
+    try:
+        for driver in DRIVERS:
+            service = LiveService(redis_server.url, driver, folder / f"{driver}.log")
+            service.start()
+            running[driver] = service
+        yield running
+    finally:
+        for service in running.values():
+            service.stop()
+
+
+def fuzz(
+    operation: Any,
+    mode: GenerationMode,
+    base: str,
+    session: requests.Session,
+    failures: list[str],
+    statuses: Counter[int],
+) -> int:
+    """Send FUZZ_EXAMPLES generated requests of one operation; record what is wrong."""
+    calls = 0
+    label = f"{operation.label} ({mode.value})"
+
+    @hypothesis.settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: Any) -> None:
+        nonlocal calls
+        calls += 1
+        try:
+            response = case.call(base_url=base, session=session, timeout=30)
+        except requests.RequestException as exc:
+            failures.append(f"{label}: no answer: {exc!r}")
+            return
+        statuses[response.status_code] += 1
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except AssertionError as exc:  # schemathesis's FailureGroup
+            failures.append(f"{label}: {exc}")
+
+    try:
+        run()
+    except hypothesis.errors.Unsatisfiable:
+        # nothing to make invalid (GET / takes no input)
+        assert mode is GenerationMode.NEGATIVE, label
+    return calls
+
+
+@pytest.mark.timeout(110)
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_fuzzing_finds_no_5xx_and_no_answer_off_the_document(
+    driver: str, services: dict[str, LiveService]
+) -> None:
+    service = services[driver]
+    schema = schemathesis.openapi.from_url(service.base + "/v2/openapi.json")
+    session = requests.Session()
+    failures: list[str] = []
+    statuses: Counter[int] = Counter()
+    calls = 0
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            calls += fuzz(result.ok(), mode, service.base, session, failures, statuses)
+    session.close()
+    report(f"fuzz[{driver}]", calls=calls, statuses=dict(sorted(statuses.items())))
+    assert calls > len(ROUTES) * FUZZ_EXAMPLES
+    assert not any(status >= 500 for status in statuses), statuses
+    assert not failures, f"{len(failures)} failures:\n" + "\n\n".join(failures[:5])
+    server_errors = [line for line in service.log_text().splitlines() if "unhandled error" in line]
+    assert not server_errors, server_errors[:5]
+
+
+def raw_head(method: str, path: str, extra: str = "") -> bytes:
+    h = headers()
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Client-ID: {h['Client-ID']}\r\nX-Project-ID: {h['X-Project-ID']}\r\n{extra}"
+    ).encode()
+
+
+async def read_status(reader: asyncio.StreamReader, seconds: float) -> tuple[int | None, bytes]:
+    """The status and the bytes of the answer (None: the server closed without one)."""
+    data = b""
+    with contextlib.suppress(ConnectionError):
+        async with asyncio.timeout(seconds):
+            while b"\r\n\r\n" not in data:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(rest) < length:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                rest += chunk
+            data = head + b"\r\n\r\n" + rest
+    if not data.startswith(b"HTTP/"):
+        return None, data
+    return int(data.split(b" ", 2)[1]), data
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+async def test_oversized_body_is_refused_while_streaming(
+    driver: str, chunked: bool, services: dict[str, LiveService]
+) -> None:
+    service = services[driver]
+    limit = Settings().max_messages_post_size
+    total = 16 * limit
+    chunk = b" " * 16384  # JSON whitespace: the body would parse if it were read whole
+    framing = (
+        "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {total}\r\n"
+    ) + "Content-Type: application/json\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+    sent = 0
+    status: int | None = None
+    answer = b""
+    closed = False
+    try:
+        writer.write(raw_head("POST", "/v2/queues/big/messages", framing))
+        while sent < total:
+            try:
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                await writer.drain()
+            except ConnectionError:
+                closed = True
+                break
+            sent += len(chunk)
+            try:
+                first = await asyncio.wait_for(reader.read(1), 0.02)
+            except TimeoutError:
+                continue
+            if not first:
+                closed = True
+                break
+            _, rest = await read_status(reader, 10)
+            answer = first + rest
+            status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
+            break
+    finally:
+        writer.transport.abort()
+    assert sent < total, "the server read a body 16 times the limit without answering"
+    assert status == 413 or closed, (status, answer[:300])
+    if status == 413:
+        body = json.loads(answer.partition(b"\r\n\r\n")[2])
+        assert set(body) == {"title", "description"}
+    report(
+        f"oversized-body[{driver},{'chunked' if chunked else 'content-length'}]",
+        limit=limit,
+        sent_before_refusal=sent,
+        status=status,
+    )
+
+
+async def stall(port: int, payload: bytes) -> tuple[float | None, bytes]:
+    """Send payload, then nothing: seconds until the server closed (None: it never did)."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = loop.time()
+    got = b""
+    try:
+        writer.write(payload)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SLOW_CLIENT_BOUND):
+                while True:
+                    try:
+                        chunk = await reader.read(65536)
+                    except ConnectionError:
+                        return loop.time() - start, got
+                    if not chunk:
+                        return loop.time() - start, got
+                    got += chunk
+        return None, got
+    finally:
+        writer.transport.abort()
+
+
+@pytest.mark.timeout(60)
+async def test_slow_clients_are_disconnected(services: dict[str, LiveService]) -> None:
+    """Both drivers' services at once (the HTTP layer is the same; this saves the wait)."""
+    body = b'{"messages": [{"body": 1}]}'
+    cases = {
+        "nothing at all": b"",
+        "half the headers": raw_head("GET", "/v2/queues"),
+        "headers, no body": raw_head(
+            "POST",
+            "/v2/queues/slow/messages",
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n",
+        ),
+        "half the body": raw_head(
+            "POST",
+            "/v2/queues/slow/messages",
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n",
+        )
+        + body[:10],
+    }
+    jobs = {
+        (driver, name): stall(service.port, payload)
+        for driver, service in services.items()
+        for name, payload in cases.items()
+    }
+    results = dict(zip(jobs, await asyncio.gather(*jobs.values()), strict=True))
+    for (driver, name), (took, _) in results.items():
+        report(f"slow-client[{driver}]", case=name.replace(" ", "_"), closed_after_s=took)
+    still_open = [
+        f"{driver}: {name}" for (driver, name), (took, _) in results.items() if took is None
+    ]
+    assert not still_open, (
+        f"still connected after {SLOW_CLIENT_BOUND} s without sending anything: {still_open}"
+    )
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_too_many_or_too_large_headers_are_4xx(
+    driver: str, services: dict[str, LiveService]
+) -> None:
+    service = services[driver]
+    cases = {
+        "one 100 kB header": "X-Big: " + "a" * 100_000 + "\r\n",
+        "a 9 kB header": "X-Big: " + "a" * 9_000 + "\r\n",
+        "a 9 kB header name": "X-" + "n" * 9_000 + ": v\r\n",
+        "200 headers": "".join(f"X-H{i}: v\r\n" for i in range(200)),
+        "5000 headers": "".join(f"X-H{i}: v\r\n" for i in range(5000)),
+    }
+    for name, extra in cases.items():
+        reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+        try:
+            writer.write(raw_head("GET", "/v2/queues", extra + "\r\n"))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            status, answer = await read_status(reader, 10)
+        finally:
+            writer.transport.abort()
+        assert status is not None and 400 <= status < 500, (name, answer[:200])
+    # and the service is still fine
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(service.base + "/v2/ping", headers=headers()) as resp,
+    ):
+        assert resp.status == 204
