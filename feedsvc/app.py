@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
+from redis.utils import HIREDIS_AVAILABLE
 
 from feedsvc.api.handlers import SETTINGS, STORE
 from feedsvc.api.metrics import metrics_middleware, setup_metrics
@@ -40,6 +41,9 @@ def _storage_context(
     settings: Settings,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def storage(app: web.Application) -> AsyncIterator[None]:
+        if not HIREDIS_AVAILABLE:
+            # redis-py would fall back to its pure-Python parser: slower
+            log.warning("hiredis is not installed; replies are parsed in Python")
         store = make_store(settings)
         if isinstance(store, LuaStore):
             try:
