@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,8 +46,11 @@ def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop]
     return None
 
 
-async def serve(settings: Settings) -> None:
-    """Serve until SIGINT or SIGTERM, then drain and close."""
+async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then drain and close.
+
+    With sock (a worker of --workers), accept on that already bound socket.
+    """
     app = create_app(settings)
     runner = web.AppRunner(
         app,
@@ -56,9 +60,14 @@ async def serve(settings: Settings) -> None:
         keepalive_timeout=settings.keepalive_timeout,
         # after an early answer (413, 408) do not wait long for the rest of a body
         lingering_time=1.0,
+        shutdown_timeout=settings.shutdown_grace,
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=2048)
+    site: web.BaseSite
+    if sock is None:
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=2048)
+    else:
+        site = web.SockSite(runner, sock)
     await site.start()
     for address in runner.addresses:
         host, port = address[0], address[1]
@@ -121,12 +130,21 @@ def run_serve(settings: Settings) -> int:
         log.info("embedded Redis at %s (data in %s)", embedded.url, settings.data_dir)
         settings = settings.replace(redis_url=embedded.url)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
-            runner.run(serve(settings))
+        count = settings.worker_count()
+        if count > 1:
+            from feedsvc.workers import run_workers
+
+            return run_workers(settings, count)
+        serve_on(settings)
     finally:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def serve_on(settings: Settings, sock: socket.socket | None = None) -> None:
+    with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+        runner.run(serve(settings, sock))
 
 
 ACCESS_FORMAT = '%a "%r" %s %b %Tf %{X-Openstack-Request-Id}o'

@@ -27,6 +27,14 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 class Settings:
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
+    workers: str = _opt(
+        "1", "event-loop processes sharing the port: a number, or 'auto' for one per CPU"
+    )
+    shutdown_grace: float = _opt(
+        30.0,
+        "seconds a stopping process (SIGTERM) gives requests in flight to finish",
+        minimum=0.0,
+    )
     redis_url: str | None = _opt(
         None,
         "Redis URL (redis://, rediss://, unix://); unset = start an embedded "
@@ -147,6 +155,7 @@ class Settings:
                     f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
                 )
         self.auth_tokens()  # fails early on a malformed list
+        self.worker_count()
         if self.redis_url is not None and not self.redis_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):
@@ -172,6 +181,17 @@ class Settings:
                     f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
                     f", got {lo}, {mid}, {hi}"
                 )
+
+    def worker_count(self) -> int:
+        if self.workers == "auto":
+            return os.cpu_count() or 1
+        try:
+            count = int(self.workers)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"--workers must be a number >= 1 or 'auto', got {self.workers!r}")
+        return count
 
     def auth_tokens(self) -> dict[str, str]:
         """token -> project, from auth_token (empty: authentication off)."""

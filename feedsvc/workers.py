@@ -1,0 +1,147 @@
+"""Several event-loop processes behind one listening socket (``--workers N``).
+
+The parent binds the socket once and forks N workers that all accept on it
+(the kernel hands each connection to one of them), so ``--port 0`` works and
+no worker can steal the port from another. Each worker has its own event
+loop and its own Redis pool and coalescer; they share the one Redis (the
+embedded one too, started by the parent).
+
+The parent only supervises: a worker that dies is replaced (with a short
+backoff if workers keep dying at once, so a broken setting does not spin);
+on SIGTERM or SIGINT it asks every worker to stop, and each stops accepting,
+finishes the requests in flight (up to ``--shutdown-grace`` seconds), closes
+its Redis connections and exits; a worker still alive after the grace period
+is killed. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+
+from feedsvc.config import Settings
+from feedsvc.redis_server import _make_pdeathsig_preexec
+
+log = logging.getLogger("feedsvc.workers")
+
+RESTART_BACKOFF_MAX = 5.0
+
+
+def bind(settings: Settings) -> socket.socket:
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _worker(
+    settings: Settings,
+    sock: socket.socket,
+    number: int,
+    die_with_parent: Callable[[], None] | None,
+) -> None:
+    from feedsvc.cli import configure_logging, serve_on
+
+    if die_with_parent is not None:
+        die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    configure_logging(settings)
+    log.info("worker %d started (pid %d)", number, os.getpid())
+    serve_on(settings, sock)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.count = count
+        self.sock = bind(settings)
+        self._context = multiprocessing.get_context("fork")
+        self._workers: dict[int, BaseProcess] = {}
+        self._stopping = False
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def _start(self, number: int) -> None:
+        # made in the parent: it compares the worker's parent pid with ours
+        die_with_parent = _make_pdeathsig_preexec()
+        process = self._context.Process(
+            target=_worker, args=(self.settings, self.sock, number, die_with_parent), daemon=False
+        )
+        process.start()
+        self._workers[number] = process
+
+    def _stop(self, *_: object) -> None:
+        self._stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        log.info(
+            "feedsvc supervising %d workers on http://%s:%d",
+            self.count,
+            self.settings.host,
+            self.port,
+        )
+        for number in range(1, self.count + 1):
+            self._start(number)
+        backoff = 0.0
+        while not self._stopping:
+            time.sleep(0.1)
+            for number, process in list(self._workers.items()):
+                if process.exitcode is None or self._stopping:
+                    continue
+                log.warning(
+                    "worker %d (pid %s) exited with %s; starting another",
+                    number,
+                    process.pid,
+                    process.exitcode,
+                )
+                backoff = min(RESTART_BACKOFF_MAX, backoff * 2 or 0.1)
+                time.sleep(backoff)
+                self._start(number)
+            if all(p.exitcode is None for p in self._workers.values()):
+                backoff = max(0.0, backoff - 0.01)
+        return self._shutdown()
+
+    def _shutdown(self) -> int:
+        grace = self.settings.shutdown_grace
+        log.info("stopping %d workers (grace %.0f s)", len(self._workers), grace)
+        for process in self._workers.values():
+            if process.exitcode is None and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self._workers.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                log.warning("worker pid %s did not stop in time; killing it", process.pid)
+                process.kill()
+                process.join(5)
+        self.sock.close()
+        return 0
+
+
+def run_workers(settings: Settings, count: int) -> int:
+    # Nothing asyncio may run in the parent before the fork.
+    assert not _running_loop()
+    return Supervisor(settings, count).run()
+
+
+def _running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
