@@ -1,0 +1,183 @@
+"""The no-miss checker: what one reader saw of one queue, judged message by message.
+
+Pure logic, no Locust and no I/O, so that it can be unit-tested on synthetic
+input. The locustfile's producers stamp every message body with a
+:class:`Stamp`, and each observer feeds the stamps it reads, in the order it
+reads them, to one :class:`FeedChecker` per queue.
+
+What a stamp promises
+---------------------
+A *stream* is one producer's messages to one queue: ``producer`` names it,
+``seq`` counts 1, 2, 3, ... and ``started`` is the wall-clock second at which
+the stream began (before seq 1 was sent). A producer sends one request at a
+time and starts a new stream (a new ``producer`` name, seq back to 1) after
+any request that did not get a 201, so within a stream seq n was stored (its
+201 had arrived, or it was earlier in the same atomically indexed batch)
+before seq n+1 was sent.
+
+What feedsvc promises (docs/design.md, rule 1): a reader following ``next``
+links sees every live message posted after its marker exactly once, in post
+order. Observers start at the head of the queue (no marker), so for every
+stream a reader must see 1, 2, 3, ... with nothing skipped, repeated or out
+of order. Hence:
+
+* **gap**: seq m follows seq k (or is the first seen, k = 0) with m > k+1.
+  Seqs k+1..m-1 were all acknowledged before m was sent, and the reader has
+  read past their place for good (the index is in post order, and a reader
+  never goes back), so they were skipped. Excused only when they may
+  legitimately be gone: they may have *expired* (the stream began more than
+  one ttl ago, so the oldest of them could be past its ttl; a reader that lags
+  by less than the ttl never needs this), or a consumer *deleted* them (the
+  ``consumed`` callback says so for every one of them).
+* **duplicate**: a seq seen before is seen again.
+* **reorder**: a seq lower than one already seen shows up late (it was
+  skipped when the reader passed its place, which the gap already reported).
+
+Deleted and expired messages can only make messages disappear, never repeat
+or reorder them, so duplicates and reorders are never excused.
+
+A reader that has read a whole queue after the producers stopped (the
+comparison runner's audit) can also be asked for what it never saw:
+
+* **lost**: a stream's acknowledged messages after the last one seen (a gap
+  can only be seen below a later message; this is the tail).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+GAP: Final = "gap"
+DUPLICATE: Final = "duplicate"
+REORDER: Final = "reorder"
+LOST: Final = "lost"
+
+#: Seconds of clock slack when deciding whether a message may have expired.
+EXPIRY_SLACK: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """The part of a message body the checker reads."""
+
+    producer: str
+    seq: int
+    started: float
+
+    def body(self, pad: str = "") -> dict[str, Any]:
+        """The message body that carries this stamp (``pad`` sets its size)."""
+        return {"p": self.producer, "s": self.seq, "t": self.started, "x": pad}
+
+
+def read_stamp(body: object) -> Stamp | None:
+    """The stamp of a message body, or None for a body a producer did not stamp."""
+    if not isinstance(body, dict):
+        return None
+    producer, seq, started = body.get("p"), body.get("s"), body.get("t")
+    if (
+        not isinstance(producer, str)
+        or not isinstance(seq, int)
+        or isinstance(seq, bool)
+        or not isinstance(started, int | float)
+    ):
+        return None
+    return Stamp(producer, seq, float(started))
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One failure: ``kind`` is GAP, DUPLICATE or REORDER; seqs ``first..last``."""
+
+    kind: str
+    queue: str
+    producer: str
+    first: int
+    last: int
+
+    def __str__(self) -> str:
+        seqs = str(self.first) if self.first == self.last else f"{self.first}..{self.last}"
+        what = {
+            GAP: "acknowledged message(s) skipped",
+            DUPLICATE: "message seen twice",
+            REORDER: "message seen after a later one of its producer",
+            LOST: "acknowledged message(s) never seen",
+        }[self.kind]
+        return f"{what}: queue {self.queue} producer {self.producer} seq {seqs}"
+
+
+def _never(queue: str, producer: str, seq: int) -> bool:
+    return False
+
+
+@dataclass(slots=True)
+class _Stream:
+    last: int = 0
+    # Ranges skipped (reported or excused), kept to tell a reorder from a duplicate.
+    skipped: list[tuple[int, int]] = field(default_factory=list)
+
+    def take_skipped(self, seq: int) -> bool:
+        for i, (lo, hi) in enumerate(self.skipped):
+            if lo <= seq <= hi:
+                parts = [(lo, seq - 1), (seq + 1, hi)]
+                self.skipped[i : i + 1] = [(a, b) for a, b in parts if a <= b]
+                return True
+        return False
+
+
+@dataclass(slots=True)
+class FeedChecker:
+    """Judges one reader's view of one queue, read from the head.
+
+    ``consumed(queue, producer, seq)`` tells whether a consumer deleted (or
+    tried to delete) that message; it is asked only about skipped seqs.
+    """
+
+    queue: str
+    consumed: Callable[[str, str, int], bool] = _never
+    checked: int = 0
+    excused_expired: int = 0
+    excused_consumed: int = 0
+    findings: int = 0
+    _streams: dict[str, _Stream] = field(default_factory=dict)
+
+    def see(self, stamp: Stamp, ttl: float, now: float) -> Finding | None:
+        """Take the next message read (``ttl`` in seconds, ``now`` wall clock)."""
+        self.checked += 1
+        stream = self._streams.get(stamp.producer)
+        if stream is None:
+            stream = self._streams[stamp.producer] = _Stream()
+        seq = stamp.seq
+        found: Finding | None = None
+        if seq > stream.last:
+            if seq > stream.last + 1:
+                first, last = stream.last + 1, seq - 1
+                stream.skipped.append((first, last))
+                if now >= stamp.started + ttl - EXPIRY_SLACK:
+                    self.excused_expired += last - first + 1
+                elif all(self.consumed(self.queue, stamp.producer, s) for s in range(first, seq)):
+                    self.excused_consumed += last - first + 1
+                else:
+                    found = Finding(GAP, self.queue, stamp.producer, first, last)
+            stream.last = seq
+        elif stream.take_skipped(seq):
+            found = Finding(REORDER, self.queue, stamp.producer, seq, seq)
+        else:
+            found = Finding(DUPLICATE, self.queue, stamp.producer, seq, seq)
+        if found is not None:
+            self.findings += 1
+        return found
+
+    def lost(self, acknowledged: Mapping[str, int]) -> list[Finding]:
+        """Findings for acknowledged messages never seen: ``acknowledged`` maps
+        each stream to its last acknowledged seq. Only meaningful once the
+        reader has read the queue to its end after the producers stopped."""
+        found = []
+        for producer, last in acknowledged.items():
+            stream = self._streams.get(producer)
+            seen = 0 if stream is None else stream.last
+            if last > seen:
+                found.append(Finding(LOST, self.queue, producer, seen + 1, last))
+        self.findings += len(found)
+        return found

@@ -1,0 +1,448 @@
+"""Zaqar-bench-like load for feedsvc: producers, observers and consumers.
+
+Run it from the repository root, with the web UI::
+
+    locust -f loadtest/locustfile.py --host http://127.0.0.1:8888
+
+or headless (``--headless -u 100 -r 100 -t 30s``); ``python -m loadtest
+compare`` drives it against both drivers. Options (see ``add_options``
+below and loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
+the web UI shows them under "Custom parameters"):
+
+* ``Producer`` posts 1..``--batch`` messages per request to one of
+  ``--queues`` queues picked at random, or always to the first one with
+  ``--hot`` (the contention case). Each body carries a stamp (producer, seq,
+  start time, see checker.py) padded to ``--message-size`` bytes.
+* ``Observer`` reads every queue from its head with its own marker
+  (``--page-size`` per page, ``echo=true&include_claimed=true``), follows
+  ``next`` links and polls every ``--poll-interval`` s at the end. Each
+  message goes through the no-miss checker; a gap, duplicate or reorder is
+  a Locust failure named ``no-miss: gap`` / ``duplicate`` / ``reorder``.
+* ``Consumer`` claims up to ``--claim-limit`` messages, deletes each through
+  its href (which carries the claim id) and releases the claim.
+
+Consumers and the checker: a deleted message legitimately disappears. A
+consumer notes each message in this process's ``CONSUMED`` set *before* it
+sends the DELETE, and the checker excuses a gap only if every skipped
+message is in that set, so with a single Locust process (the default) the
+check stays exact with consumers running. With ``--processes``/workers a
+consumer's deletions are not visible to observers in other processes, so
+gaps are then not judged at all while Consumer runs (duplicates and reorders
+still are); the checked comparison runs use no consumers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import cycle
+from pathlib import Path
+from typing import Any, TypeVar
+
+from locust import FastHttpUser, events, task
+from locust.env import Environment
+from locust.event import EventHook
+from locust.runners import MasterRunner, WorkerRunner
+
+try:
+    from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.timings import Recorder
+except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.timings import Recorder
+
+log = logging.getLogger("loadtest")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def listen(hook: EventHook) -> Callable[[F], F]:
+    """``@hook.add_listener`` with a type (Locust's add_listener has none)."""
+
+    def register(handler: F) -> F:
+        hook.add_listener(handler)  # type: ignore[no-untyped-call]
+        return handler
+
+    return register
+
+
+# -- keep-alive past file descriptor 1023 ------------------------------------------
+
+
+def keep_alive_past_fd_1023() -> None:
+    """geventhttpclient checks a pooled socket with select(), which raises
+    ValueError for a descriptor >= 1024 and so calls every such socket dead:
+    beyond about 1,000 users per process each request would open a new
+    connection (a handshake, an accept and a TIME_WAIT socket per request,
+    and a latency tail that is the load generator's, not the service's).
+    Same check with poll(0), which has no such limit and never blocks.
+    (Imported here, after locust has monkey-patched the standard library.)"""
+    import select
+
+    from gevent.monkey import get_original
+    from geventhttpclient.connectionpool import ConnectionPool
+
+    poll = get_original("select", "poll")
+
+    def is_socket_alive(self: ConnectionPool, sock: Any) -> bool:
+        if sock is None or sock.fileno() < 0:
+            return False
+        poller = poll()
+        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        # readable while idle means a FIN or stray bytes: not reusable either way
+        return not poller.poll(0)
+
+    if hasattr(ConnectionPool, "_is_socket_alive"):
+        ConnectionPool._is_socket_alive = is_socket_alive  # type: ignore[method-assign]
+
+
+keep_alive_past_fd_1023()
+
+
+# -- options -----------------------------------------------------------------
+
+
+@listen(events.init_command_line_parser)
+def add_options(parser: Any) -> None:
+    def option(name: str, kind: type, default: Any, help: str) -> None:
+        env = "LOCUST_" + name.upper().replace("-", "_")
+        parser.add_argument(f"--{name}", type=kind, default=default, env_var=env, help=help)
+
+    option("queues", int, 4, "number of queues producers post to")
+    parser.add_argument(
+        "--hot",
+        action="store_true",
+        default=False,
+        env_var="LOCUST_HOT",
+        help="hot-queue mode: every producer posts to the first queue",
+    )
+    option("queue-prefix", str, "lt", "queue names are <prefix>0, <prefix>1, ...")
+    option("project", str, "loadtest", "X-Project-ID of every request")
+    option("producer-weight", int, 4, "weight of the Producer class")
+    option("observer-weight", int, 1, "weight of the Observer class")
+    option("consumer-weight", int, 1, "weight of the Consumer class")
+    option("observers", int, 0, "exact number of observers (0: by weight)")
+    option("batch", int, 1, "a producer posts 1..BATCH messages per request")
+    option("message-size", int, 100, "padding in each message body, bytes")
+    option("ttl", int, 3600, "message ttl, seconds")
+    option("page-size", int, 20, "observer page size (list limit, 1..20)")
+    option("claim-limit", int, 10, "consumer claim limit (1..20)")
+    option("poll-interval", float, 0.2, "observer wait at the end of a queue, seconds")
+    option("producer-wait", float, 0.0, "producer wait between posts, seconds")
+    option("timings-dir", str, "", "write per-request timings here at test stop")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The custom options, read once per user from Locust's parsed options."""
+
+    queues: list[str]
+    hot: bool
+    project: str
+    batch: int
+    pad: str
+    ttl: int
+    page_size: int
+    claim_limit: int
+    poll_interval: float
+    producer_wait: float
+
+    @classmethod
+    def of(cls, environment: Environment) -> Options:
+        o = environment.parsed_options
+        assert o is not None, "run through the locust command"
+        count = 1 if o.hot else max(1, o.queues)
+        return cls(
+            queues=[f"{o.queue_prefix}{i}" for i in range(count)],
+            hot=o.hot,
+            project=o.project,
+            batch=max(1, o.batch),
+            pad="x" * max(0, o.message_size),
+            ttl=o.ttl,
+            page_size=o.page_size,
+            claim_limit=o.claim_limit,
+            poll_interval=o.poll_interval,
+            producer_wait=o.producer_wait,
+        )
+
+
+def apply_weights(environment: Environment) -> None:
+    o = environment.parsed_options
+    if o is None:
+        return
+    Producer.weight = o.producer_weight
+    Observer.weight = o.observer_weight
+    Consumer.weight = o.consumer_weight
+    Observer.fixed_count = max(0, o.observers)
+
+
+# -- process-wide state --------------------------------------------------------
+
+RECORDER = Recorder()
+#: (queue, producer, seq) of every message a consumer in this process deleted
+#: or is about to delete; the checker excuses gaps made of these only.
+CONSUMED: set[tuple[str, str, int]] = set()
+CHECKERS: list[FeedChecker] = []
+ACKED = {"messages": 0}
+#: queue -> stream -> last acknowledged seq, for the runner's final audit.
+ACKED_STREAMS: dict[str, dict[str, int]] = {}
+JUDGE_GAPS = {"exact": True}
+
+
+def was_consumed(queue: str, producer: str, seq: int) -> bool:
+    return (queue, producer, seq) in CONSUMED or not JUDGE_GAPS["exact"]
+
+
+def describe(response: Any) -> str:
+    """A failed response in one line: status and body, or the connection error."""
+    if response.status_code == 0:  # no HTTP answer: timeout, reset, refused
+        return f"no response: {getattr(response, 'error', None)!r}"
+    return f"{response.status_code}: {(response.text or '')[:200]}"
+
+
+class CheckFailed(Exception):
+    """A no-miss checker finding, reported as a Locust failure."""
+
+
+@listen(events.init)
+def on_init(environment: Environment, **_: Any) -> None:
+    apply_weights(environment)
+    distributed = isinstance(environment.runner, MasterRunner | WorkerRunner)
+    if distributed and Consumer in environment.user_classes:
+        JUDGE_GAPS["exact"] = False
+        log.warning(
+            "Consumer runs in several processes: observers cannot know what other "
+            "processes deleted, so gaps are not judged (duplicates and reorders are)"
+        )
+
+
+@listen(events.test_start)
+def on_test_start(environment: Environment, **_: Any) -> None:
+    apply_weights(environment)  # the web UI may have changed them
+    RECORDER.samples.clear()
+    RECORDER.failures.clear()
+    RECORDER.spawned_at = RECORDER.stopping_at = None
+    ACKED["messages"] = 0
+    ACKED_STREAMS.clear()
+    CHECKERS.clear()
+    CONSUMED.clear()
+
+
+@listen(events.spawning_complete)
+def on_spawning_complete(user_count: int, **_: Any) -> None:
+    RECORDER.spawned_at = time.time()
+
+
+@listen(events.request)
+def on_request(
+    request_type: str,
+    name: str,
+    response_time: float,
+    exception: BaseException | None,
+    start_time: float | None = None,
+    **_: Any,
+) -> None:
+    if exception is not None:
+        RECORDER.fail(name)
+    if request_type == "CHECK":
+        return
+    end = (start_time or time.time()) + response_time / 1000
+    RECORDER.record(name, end, response_time, exception is None)
+
+
+@listen(events.test_stopping)
+def on_test_stopping(environment: Environment, **_: Any) -> None:
+    RECORDER.stopping_at = time.time()
+
+
+@listen(events.test_stop)
+def on_test_stop(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, MasterRunner):
+        return
+    totals = {
+        "acknowledged": ACKED["messages"],
+        "checked": sum(c.checked for c in CHECKERS),
+        "findings": sum(c.findings for c in CHECKERS),
+        "excused_expired": sum(c.excused_expired for c in CHECKERS),
+        "excused_consumed": sum(c.excused_consumed for c in CHECKERS),
+        "gaps_judged": JUDGE_GAPS["exact"],
+    }
+    log.info("checker: %s", totals)
+    directory = environment.parsed_options.timings_dir if environment.parsed_options else ""
+    if directory:
+        RECORDER.dump(Path(directory), {"checker": totals, "acknowledged": ACKED_STREAMS})
+
+
+# -- users ---------------------------------------------------------------------
+
+
+class FeedUser(FastHttpUser):
+    abstract = True
+    # feedsvc answers within pool + Redis timeouts (a few seconds) or with a
+    # 503; a request still open after this long is a failure, not a wait.
+    network_timeout = 15.0
+    connection_timeout = 15.0
+
+    def on_start(self) -> None:
+        self.options = Options.of(self.environment)
+        self.headers = {
+            "Client-ID": str(uuid.uuid4()),
+            "X-Project-ID": self.options.project,
+            "Content-Type": "application/json",
+        }
+
+
+@dataclass
+class _Stream:
+    producer: str
+    started: float
+    next_seq: int = 1
+
+
+class Producer(FeedUser):
+    weight = 4
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.identity = uuid.uuid4().hex[:12]
+        self.generation = 0
+        self.streams: dict[str, _Stream] = {}
+
+    def wait_time(self) -> float:
+        return self.options.producer_wait
+
+    def _stream(self, queue: str) -> _Stream:
+        stream = self.streams.get(queue)
+        if stream is None:
+            self.generation += 1
+            stream = _Stream(f"{self.identity}.{self.generation}", time.time())
+            self.streams[queue] = stream
+        return stream
+
+    @task
+    def post_messages(self) -> None:
+        o = self.options
+        queue = o.queues[0] if o.hot else random.choice(o.queues)
+        stream = self._stream(queue)
+        count = random.randint(1, o.batch)
+        first = stream.next_seq
+        messages = [
+            {"ttl": o.ttl, "body": Stamp(stream.producer, seq, stream.started).body(o.pad)}
+            for seq in range(first, first + count)
+        ]
+        with self.client.post(
+            f"/v2/queues/{queue}/messages",
+            data=json.dumps({"messages": messages}),
+            headers=self.headers,
+            name="POST messages",
+            catch_response=True,
+        ) as response:
+            if response.status_code == 201:
+                stream.next_seq += count
+                ACKED["messages"] += count
+                ACKED_STREAMS.setdefault(queue, {})[stream.producer] = stream.next_seq - 1
+                response.success()
+            else:
+                # Unknown outcome: later messages go to a new stream, so the
+                # checker never expects these to be there (or not).
+                del self.streams[queue]
+                response.failure(describe(response))
+
+
+class Observer(FeedUser):
+    weight = 1
+
+    def on_start(self) -> None:
+        super().on_start()
+        o = self.options
+        first = f"?limit={o.page_size}&echo=true&include_claimed=true"
+        self.cursors = {q: f"/v2/queues/{q}/messages{first}" for q in o.queues}
+        self.checkers = {q: FeedChecker(q, was_consumed) for q in o.queues}
+        CHECKERS.extend(self.checkers.values())
+        self.order = cycle(o.queues)
+        self.idle = False
+
+    def wait_time(self) -> float:
+        # Follow next links at once; poll again only when a queue is drained.
+        return self.options.poll_interval / len(self.options.queues) if self.idle else 0.0
+
+    @task
+    def read_messages(self) -> None:
+        queue = next(self.order)
+        with self.client.get(
+            self.cursors[queue], headers=self.headers, name="GET messages", catch_response=True
+        ) as response:
+            if response.status_code != 200:
+                response.failure(describe(response))
+                return
+            payload = json.loads(response.content or b"null")
+        now = time.time()
+        checker = self.checkers[queue]
+        for message in payload["messages"]:
+            stamp = read_stamp(message["body"])
+            if stamp is not None:
+                finding = checker.see(stamp, message["ttl"], now)
+                if finding is not None:
+                    self.report(finding)
+        following = [link["href"] for link in payload["links"] if link["rel"] == "next"]
+        if following:
+            self.cursors[queue] = following[0]
+        self.idle = not payload["messages"]
+
+    def report(self, finding: Finding) -> None:
+        log.error("no-miss checker: %s", finding)
+        self.environment.events.request.fire(
+            request_type="CHECK",
+            name=f"no-miss: {finding.kind}",
+            response_time=0,
+            response_length=0,
+            exception=CheckFailed(str(finding)),
+            context={},
+        )
+
+
+class Consumer(FeedUser):
+    weight = 1
+
+    def wait_time(self) -> float:
+        return self.options.poll_interval if self.idle else 0.0
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.claim_body = json.dumps({"ttl": 60, "grace": 60})
+        self.idle = False
+
+    @task
+    def claim_messages(self) -> None:
+        o = self.options
+        queue = o.queues[0] if o.hot else random.choice(o.queues)
+        with self.client.post(
+            f"/v2/queues/{queue}/claims?limit={o.claim_limit}",
+            data=self.claim_body,
+            headers=self.headers,
+            name="POST claims",
+            catch_response=True,
+        ) as response:
+            self.idle = response.status_code == 204
+            if self.idle:
+                response.success()
+                return
+            if response.status_code != 201:
+                response.failure(describe(response))
+                return
+            claim = response.headers.get("Location") if response.headers else None
+            messages = json.loads(response.content or b"null")["messages"]
+        for message in messages:
+            stamp = read_stamp(message["body"])
+            if stamp is not None:
+                CONSUMED.add((queue, stamp.producer, stamp.seq))
+            self.client.delete(message["href"], headers=self.headers, name="DELETE message")
+        if claim:
+            self.client.delete(claim, headers=self.headers, name="DELETE claim")
