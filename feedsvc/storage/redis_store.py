@@ -310,8 +310,11 @@ class RedisStore:
         return self._settings.scan_limit * 10
 
     async def ping(self) -> None:
-        async with self._slot():
-            await self._redis.ping()
+        # through the coalescer when it is on: a busy pool is not a Redis outage
+        replies = await self._call([("PING",)])
+        if isinstance(replies[0], Exception):
+            async with self._errors():
+                raise replies[0]
 
     async def close(self) -> None:
         if self._coalescer is not None:
