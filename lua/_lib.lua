@@ -21,6 +21,22 @@ local function claim_key(id)
   return PREFIX .. ':c:' .. id
 end
 
+-- Whether a message can be claimed or popped: m holds its fields
+-- b, t, c, e, d, k, x (HMGET in that order); it must exist, be alive, be due
+-- and be held by no live claim.
+local function is_free(m, now)
+  return m[1] and (tonumber(m[4]) or 0) > now and (tonumber(m[5]) or 0) <= now
+    and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now)
+end
+
+-- Remove one message and its index entries.
+local function forget(id)
+  redis.call('DEL', message_key(id))
+  redis.call('ZREM', KEYS[K_IDX], id)
+  redis.call('ZREM', KEYS[K_EXP], id)
+  redis.call('ZREM', KEYS[K_CLAIMED], id)
+end
+
 -- Forget up to GC_BATCH messages whose ttl has passed, and expired claims.
 -- Redis drops the message hashes by itself (PEXPIREAT); this drops their
 -- index entries so that nothing outlives its message.

@@ -36,10 +36,8 @@ while #claimed_ids < limit and scanned < scan_limit do
     scanned = scanned + 1
     local key = message_key(id)
     local m = redis.call('HMGET', key, 'b', 't', 'c', 'e', 'd', 'k', 'x', 'n', 'u')
-    local expires = tonumber(m[4]) or 0
-    local free = m[1] and expires > now and (tonumber(m[5]) or 0) <= now
-      and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now)
-    if free then
+    if is_free(m, now) then
+      local expires = tonumber(m[4])
       local count = tonumber(m[8]) or 0
       if max_claims and dlq ~= '' and count >= max_claims then
         -- claimed too often: move it to the dead-letter queue instead
@@ -58,10 +56,7 @@ while #claimed_ids < limit and scanned < scan_limit do
         redis.call('PEXPIREAT', dkey, int(dexp))
         redis.call('ZADD', KEYS[9], int(dseq), id)
         redis.call('ZADD', KEYS[10], int(dexp), id)
-        redis.call('DEL', key)
-        redis.call('ZREM', KEYS[K_IDX], id)
-        redis.call('ZREM', KEYS[K_EXP], id)
-        redis.call('ZREM', KEYS[K_CLAIMED], id)
+        forget(id)
         offset = offset - 1
         moved = moved + 1
       else

@@ -14,14 +14,9 @@ while taken < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local key = message_key(id)
-    local m = redis.call('HMGET', key, 'b', 't', 'c', 'e', 'd', 'k', 'x')
-    if m[1] and (tonumber(m[4]) or 0) > now and (tonumber(m[5]) or 0) <= now
-        and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now) then
-      redis.call('DEL', key)
-      redis.call('ZREM', KEYS[K_IDX], id)
-      redis.call('ZREM', KEYS[K_EXP], id)
-      redis.call('ZREM', KEYS[K_CLAIMED], id)
+    local m = redis.call('HMGET', message_key(id), 'b', 't', 'c', 'e', 'd', 'k', 'x')
+    if is_free(m, now) then
+      forget(id)
       offset = offset - 1
       out[#out + 1] = id
       out[#out + 1] = seq

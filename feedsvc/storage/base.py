@@ -139,15 +139,6 @@ class Claim:
         return max(0, (now_ms - self.created_ms) // 1000)
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """Where a queue sends messages claimed more than max_claims times."""
-
-    max_claims: int
-    queue: str
-    ttl: int | None
-
-
 @dataclass(slots=True)
 class StoreCounters:
     """Counters a load test or /metrics can read."""

@@ -29,9 +29,9 @@ from feedsvc.storage.base import (
     NewMessage,
     reserved_fields,
 )
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import (
-    Command,
     RedisStore,
     idempotency_token,
     new_id,

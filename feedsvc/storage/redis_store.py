@@ -39,7 +39,7 @@ from feedsvc.storage.base import (
     StoreCounters,
     reserved_fields,
 )
-from feedsvc.storage.coalescer import Coalescer
+from feedsvc.storage.coalescer import Coalescer, Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
@@ -57,7 +57,6 @@ _TRANSIENT_PREFIXES = (
 MESSAGE_FIELDS = ("b", "t", "c", "e", "s", "k", "x", "n")
 
 T = TypeVar("T")
-Command = tuple[Any, ...]
 # A plan looks at the replies to the reads and returns the commands to run in
 # MULTI/EXEC (None: write nothing) and the operation's result.
 Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]

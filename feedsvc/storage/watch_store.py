@@ -30,10 +30,10 @@ from feedsvc.storage.base import (
     NewMessage,
     reserved_fields,
 )
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import (
     MESSAGE_FIELDS,
-    Command,
     Conflicted,
     Plan,
     RedisStore,
