@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "FEEDSVC_"
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -37,8 +39,9 @@ class Settings:
     )
     redis_url: str | None = _opt(
         None,
-        "Redis URL (redis://, rediss://, unix://); unset = start an embedded "
-        "redis-server in --data-dir",
+        "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
+        "rediss+cluster:// for a Redis Cluster, any node as the seed); unset = "
+        "start an embedded redis-server in --data-dir",
     )
     data_dir: Path = _opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
     redis_fsync: str = _opt(
@@ -156,12 +159,9 @@ class Settings:
                 )
         self.auth_tokens()  # fails early on a malformed list
         self.worker_count()
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
+        if self.redis_url is not None and not self.redis_url.startswith(URL_SCHEMES):
             raise ValueError(
-                "--redis-url must start with redis://, rediss:// or unix://, "
-                f"got {self.redis_url!r}"
+                f"--redis-url must start with {', '.join(URL_SCHEMES)}, got {self.redis_url!r}"
             )
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
@@ -192,6 +192,10 @@ class Settings:
         if count < 1:
             raise ValueError(f"--workers must be a number >= 1 or 'auto', got {self.workers!r}")
         return count
+
+    def redis_cluster(self) -> bool:
+        """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
+        return self.redis_url is not None and self.redis_url.startswith(CLUSTER_SCHEMES)
 
     def auth_tokens(self) -> dict[str, str]:
         """token -> project, from auth_token (empty: authentication off)."""

@@ -1,12 +1,17 @@
 -- Claim up to `limit` messages for a new claim, atomically.
--- KEYS: the 6 fixed keys; when the queue dead-letters, then the 6 fixed keys
---       of the dead-letter queue.
+-- KEYS: the 6 fixed keys.
 -- ARGV: now_ms, claim_id, ttl, grace, limit, scan_limit, max_claim_count
 --       ('' = none), dead-letter ttl ('' = keep the message's ttl),
---       dead-letter queue name ('' = none; must equal the queue's setting).
+--       dead-letter queue name ('' = none; must equal the queue's setting),
+--       whether to dead-letter ('1') or not ('0').
 -- Returns {'retry'} when the queue's dead-letter settings changed since the
--- caller read them; else {claim_id or '', number of messages dead-lettered,
+-- caller read them; else {claim_id or '', number of messages parked,
+--   then per parked message: id, body, author, dead-letter ttl, claim count,
 --   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
+-- A message claimed max_claim_count times already is *parked* instead of
+-- claimed: held under claim_id but not listed in the claim, for the caller
+-- to copy into the dead-letter queue (another slot) and then forget; see
+-- RedisStore._dead_letter.
 -- Every candidate is checked on its own: its claim, delay and expiry (no
 -- "claimed messages form a prefix" shortcut).
 local now = tonumber(ARGV[1])
@@ -16,6 +21,7 @@ local limit, scan_limit = tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_claims = tonumber(ARGV[7])
 local dlq_ttl = tonumber(ARGV[8])
 local dlq = ARGV[9]
+local dead_letters = ARGV[10] == '1'
 local q = redis.call('HMGET', KEYS[K_META], 'mcc', 'dlq', 'dlqttl')
 if (q[1] or '') ~= ARGV[7] or (q[2] or '') ~= dlq or (q[3] or '') ~= ARGV[8] then
   return {'retry'}
@@ -23,8 +29,8 @@ end
 collect_garbage(ARGV[1])
 local claim_expires = now + ttl * 1000
 local keep_until = claim_expires + grace * 1000
-local out = {'', 0}
-local moved = 0
+local out = {}
+local parked = {}
 local claimed_ids = {}
 local scanned, offset = 0, 0
 while #claimed_ids < limit and scanned < scan_limit do
@@ -39,26 +45,14 @@ while #claimed_ids < limit and scanned < scan_limit do
     if is_free(m, now) then
       local expires = tonumber(m[4])
       local count = tonumber(m[8]) or 0
-      if max_claims and dlq ~= '' and count >= max_claims then
-        -- claimed too often: move it to the dead-letter queue instead
-        local dttl = dlq_ttl or tonumber(m[2])
-        local dexp = now + dttl * 1000
-        local dkey = string.sub(KEYS[7], 1, -3) .. ':m:' .. id
-        if redis.call('EXISTS', KEYS[8]) == 0 then
-          redis.call('SET', KEYS[8], ARGV[1] .. '000')
-        end
-        if redis.call('EXISTS', KEYS[7]) == 0 then
-          redis.call('HSET', KEYS[7], 'c', ARGV[1], 'm', '{}')
-        end
-        local dseq = redis.call('INCR', KEYS[8])
-        redis.call('HSET', dkey, 'b', m[1], 'u', m[9] or '', 's', int(dseq), 't', int(dttl),
-          'c', ARGV[1], 'e', int(dexp), 'd', '0', 'k', '', 'x', '0', 'n', int(count))
-        redis.call('PEXPIREAT', dkey, int(dexp))
-        redis.call('ZADD', KEYS[9], int(dseq), id)
-        redis.call('ZADD', KEYS[10], int(dexp), id)
-        forget(id)
-        offset = offset - 1
-        moved = moved + 1
+      if dead_letters and max_claims and count >= max_claims then
+        redis.call('HSET', key, 'k', claim_id, 'x', int(claim_expires))
+        redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+        parked[#parked + 1] = id
+        parked[#parked + 1] = m[1]
+        parked[#parked + 1] = m[9] or ''
+        parked[#parked + 1] = int(dlq_ttl or tonumber(m[2]))
+        parked[#parked + 1] = int(count)
       else
         local new_expires = math.max(expires, keep_until)
         local created = tonumber(m[3])
@@ -86,7 +80,9 @@ if #claimed_ids > 0 then
     'x', int(claim_expires), 'ids', table.concat(claimed_ids, ' '))
   redis.call('PEXPIREAT', ckey, int(claim_expires))
   redis.call('ZADD', KEYS[K_CLAIMS], int(claim_expires), claim_id)
-  out[1] = claim_id
 end
-out[2] = moved
-return out
+local reply = {'', math.floor(#parked / 5)}
+if #claimed_ids > 0 then reply[1] = claim_id end
+for _, v in ipairs(parked) do reply[#reply + 1] = v end
+for _, v in ipairs(out) do reply[#reply + 1] = v end
+return reply

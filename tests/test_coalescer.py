@@ -27,7 +27,7 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 @pytest.fixture
 async def coalescer(client: aioredis.Redis) -> AsyncIterator[Coalescer]:
-    made = Coalescer(client.connection_pool, 5.0)
+    made = Coalescer(client.connection_pool.make_connection, 5.0)
     yield made
     await made.close()
 
@@ -113,7 +113,7 @@ async def test_connection_failure_fails_the_batch_then_recovers(tmp_path: Path) 
     server.start()
     redis = aioredis.Redis.from_url(server.url, socket_connect_timeout=1, socket_timeout=2)
     try:
-        coalescer = Coalescer(redis.connection_pool, 2.0)
+        coalescer = Coalescer(redis.connection_pool.make_connection, 2.0)
         assert await coalescer.execute([("SET", "k", 1)]) == [b"OK"]
         server.stop()
         outcomes = await asyncio.gather(

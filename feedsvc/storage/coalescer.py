@@ -25,7 +25,8 @@ Guarantees:
   leaves the connection out of step.
 
 The connection is made by redis-py (so AUTH, SELECT, TLS and unix sockets
-work as configured in the URL); only the byte streams are driven here.
+work as configured in the URL; ``make_connection`` is a pool's or a cluster
+node's factory); only the byte streams are driven here.
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
-from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -65,8 +65,13 @@ class _Waiter:
 
 
 class Coalescer:
-    def __init__(self, pool: ConnectionPool, reply_timeout: float, max_batch: int = 4096) -> None:
-        self._pool = pool
+    def __init__(
+        self,
+        make_connection: Callable[[], AbstractConnection],
+        reply_timeout: float,
+        max_batch: int = 4096,
+    ) -> None:
+        self._make_connection = make_connection
         self._reply_timeout = reply_timeout
         self._max_batch = max_batch
         self._pending: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
@@ -126,8 +131,8 @@ class Coalescer:
 
     async def _connected(self) -> AbstractConnection:
         if self._conn is None:
-            conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-            await conn.connect()
+            conn = self._make_connection()
+            await conn.connect()  # type: ignore[no-untyped-call]
             self._conn = conn
             self._reader = asyncio.create_task(self._read(conn))
         return self._conn

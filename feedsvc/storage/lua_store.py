@@ -32,6 +32,7 @@ from feedsvc.storage.base import (
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import (
+    Parked,
     RedisStore,
     idempotency_token,
     new_id,
@@ -52,10 +53,15 @@ class LuaStore(RedisStore):
     name = "lua"
 
     async def load_scripts(self) -> None:
-        """Load every script so that the first calls find them cached."""
-        async with self._slot():
-            for name in script_names():
-                await self._redis.script_load(load_script(name).source)
+        """Load every script (on every primary of a cluster) so that the
+        first calls find them cached."""
+        await self._servers.ready()
+        load = [("SCRIPT", "LOAD", load_script(name).source) for name in script_names()]
+        for node in self._servers.primaries():
+            async with self._errors():
+                for reply in await self._exchange(node, load):
+                    if isinstance(reply, Exception):
+                        raise reply
 
     async def _script(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
         [reply] = await self._call([("EVALSHA", script.sha, len(keys), *keys, *args)])
@@ -65,17 +71,23 @@ class LuaStore(RedisStore):
         self, script: LuaScript, keys: list[str], args: list[Any], reply: Any
     ) -> Any:
         """A script's reply; on NOSCRIPT load the script and run that one call again."""
+        for _ in range(3):
+            if not isinstance(reply, NoScriptError):
+                break
+            # Load and run again, on the server that owns the keys; a SCRIPT
+            # FLUSH can strike between the two, so try a few times, then
+            # answer 503 rather than fail.
+            self.counters.noscript_reloads += 1
+            loaded, reply = await self._call(
+                [
+                    ("SCRIPT", "LOAD", script.source),
+                    ("EVALSHA", script.sha, len(keys), *keys, *args),
+                ]
+            )
+            if isinstance(loaded, Exception):
+                async with self._errors():
+                    raise loaded
         if isinstance(reply, NoScriptError):
-            # Load and run again; a SCRIPT FLUSH can strike between the two,
-            # so try a few times, then answer 503 rather than fail.
-            async with self._slot():
-                for _ in range(3):
-                    self.counters.noscript_reloads += 1
-                    await self._redis.script_load(script.source)
-                    try:
-                        return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-                    except NoScriptError:
-                        continue
             raise StorageUnavailable("Redis keeps losing its script cache; retry.")
         if isinstance(reply, Exception):
             async with self._errors():
@@ -213,21 +225,23 @@ class LuaStore(RedisStore):
         for _ in range(self._settings.watch_retries):
             [row] = await self._call_checked([("HMGET", keys.meta, "mcc", "dlq", "dlqttl")])
             max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
-            all_keys = keys.fixed()
-            if max_claims and dlq:
-                all_keys += QueueKeys.of(project, dlq).fixed()
+            # a queue that names itself as its dead-letter queue keeps its messages
+            dead_letters = bool(max_claims and dlq) and dlq != queue
             now = now_ms()
             args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
-            args += [max_claims, dlq_ttl, dlq]
-            out = await self._script(script, all_keys, args)
+            args += [max_claims, dlq_ttl, dlq, "1" if dead_letters else "0"]
+            out = await self._script(script, keys.fixed(), args)
             if out[0] != b"retry":
                 break
         else:
             raise StorageUnavailable("The queue's dead-letter settings kept changing.")
-        if int(out[1]):
-            # the dead-letter queue got messages: list it (cross-slot, so not
-            # in the script; it holds messages either way)
-            await self._call_checked([("ZADD", registry_key(project), 0, dlq)])
+        start = 2 + 5 * int(out[1])
+        parked = [
+            Parked(text(out[i]), out[i + 1], out[i + 2], int(out[i + 3]), int(out[i + 4]))
+            for i in range(2, start, 5)
+        ]
+        if parked:
+            await self._dead_letter(project, queue, dlq, claim_id, parked)
         if not out[0]:
             return None
         messages = [
@@ -240,7 +254,7 @@ class LuaStore(RedisStore):
                 claim_id=claim_id,
                 claim_count=int(out[i + 5]),
             )
-            for i in range(2, len(out), 6)
+            for i in range(start, len(out), 6)
         ]
         return Claim(claim_id, ttl, grace, now, messages)
 

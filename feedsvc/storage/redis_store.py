@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
 import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -28,6 +31,7 @@ from feedsvc.errors import (
     QueueNotFound,
     StorageUnavailable,
     TooMuchContention,
+    Unavailable,
 )
 from feedsvc.storage.base import (
     RESERVED_FIELDS,
@@ -39,8 +43,11 @@ from feedsvc.storage.base import (
     StoreCounters,
     reserved_fields,
 )
-from feedsvc.storage.coalescer import Coalescer, Command
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.nodes import ClusterServers, Node, Servers, SingleServer, command_key
+
+log = logging.getLogger("feedsvc")
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
 _TRANSIENT_PREFIXES = (
@@ -54,12 +61,33 @@ _TRANSIENT_PREFIXES = (
     "OOM",
 )
 
+# Cluster replies and client errors that mean "the topology is changing".
+_CLUSTER_TROUBLE = (
+    rexc.AskError,  # and MovedError
+    rexc.TryAgainError,
+    rexc.ClusterError,
+    rexc.SlotNotCoveredError,
+)
+# How many times a command answered MOVED is sent on to the slot's new owner.
+MOVED_RESENDS = 3
+
 MESSAGE_FIELDS = ("b", "t", "c", "e", "s", "k", "x", "n")
 
 T = TypeVar("T")
 # A plan looks at the replies to the reads and returns the commands to run in
 # MULTI/EXEC (None: write nothing) and the operation's result.
 Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A message a claim set aside for the dead-letter queue (see _dead_letter)."""
+
+    id: str
+    body: bytes
+    author: bytes
+    ttl: int  # its ttl in the dead-letter queue
+    count: int  # how often it was claimed
 
 
 class Conflicted(Exception):
@@ -105,13 +133,25 @@ def pool_slots(settings: Settings) -> int:
     return settings.pool_size - 1 if settings.coalesce else settings.pool_size
 
 
-def connect(settings: Settings, url: str) -> Redis:
-    """One client (and pool) per process.
+def connect(settings: Settings, url: str) -> Redis | RedisCluster:
+    """One client (and pool) per process: a Redis, or a RedisCluster for a
+    ``redis+cluster://`` URL.
 
     redis-py retries failed commands by default; a retried index script or
     transaction could write twice, so retries are off and a failure becomes a
-    503 that the client may retry knowingly.
+    503 that the client may retry knowingly. (Scripts and transactions never
+    go through redis-py's command retries anyway: see ``nodes.py``. On a
+    cluster redis-py keeps its retries for the plain reads and idempotent
+    registry writes it carries, which is how it follows MOVED.)
     """
+    if settings.redis_cluster():
+        return RedisCluster.from_url(
+            url.replace("+cluster://", "://", 1),
+            max_connections=pool_slots(settings),
+            socket_timeout=settings.redis_timeout,
+            socket_connect_timeout=settings.redis_connect_timeout,
+            health_check_interval=0,
+        )
     pool = ConnectionPool.from_url(
         url,
         max_connections=pool_slots(settings),
@@ -145,14 +185,16 @@ class RedisStore:
 
     name = "redis"
 
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis | RedisCluster, settings: Settings) -> None:
         self._redis = redis
         self._settings = settings
         # FIFO-fair wait for a connection: redis-py's blocking pool is not
         # fair, and its plain pool fails at once when empty.
         self._gate = asyncio.Semaphore(pool_slots(settings))
-        self._coalescer = (
-            Coalescer(redis.connection_pool, settings.redis_timeout) if settings.coalesce else None
+        self._servers: Servers = (
+            ClusterServers(redis, settings.coalesce, settings.redis_timeout)
+            if isinstance(redis, RedisCluster)
+            else SingleServer(redis, settings.coalesce, settings.redis_timeout)
         )
         self.counters = StoreCounters()
 
@@ -162,7 +204,12 @@ class RedisStore:
         try:
             yield
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            await self._servers.lost()
             raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
+        except _CLUSTER_TROUBLE as exc:
+            # a slot on the move, a failover, a cluster without quorum
+            await self._servers.lost()
+            raise StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}") from exc
         except rexc.ResponseError as exc:
             if str(exc).startswith(_TRANSIENT_PREFIXES):
                 raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
@@ -186,28 +233,69 @@ class RedisStore:
             self.counters.redis_seconds += time.perf_counter() - started
 
     async def _call(self, commands: Sequence[Command]) -> list[Any]:
-        """Run commands in one round trip (shared with concurrent callers when
-        coalescing); replies in order, error replies as exception values.
+        """Run commands in one round trip per server (shared with concurrent
+        callers when coalescing); replies in order, error replies as values.
 
-        The coalesced wait needs no timer of its own: every batch is bounded by
-        the connect and socket timeouts, and all waiting callers share the one
-        next batch, so a caller waits at most about two batches.
+        On a cluster the commands are split by the node owning each one's
+        slot (a keyless command goes with its keyed neighbours) and the
+        groups run side by side. A command answered MOVED was not executed;
+        the slot table is updated and just those commands are sent again to
+        the new owner, in their order (at most a few times, then the MOVED
+        reply stands and becomes a 503). ASK and TRYAGAIN (a slot halfway
+        through a migration) are left as replies: 503, retry.
         """
-        if self._coalescer is not None:
+        await self._servers.ready()
+        replies: list[Any] = [None] * len(commands)
+        todo = list(range(len(commands)))
+        for _ in range(MOVED_RESENDS):
+            groups = self._route([commands[i] for i in todo])
+            done = await asyncio.gather(
+                *(self._exchange(node, [commands[todo[j]] for j in idx]) for node, idx in groups)
+            )
+            moved: list[int] = []
+            for (_node, idx), got in zip(groups, done, strict=True):
+                for j, reply in zip(idx, got, strict=True):
+                    replies[todo[j]] = reply
+                    if isinstance(reply, rexc.MovedError):
+                        moved.append(todo[j])
+                        await self._servers.redirected(reply)
+            if not moved:
+                break
+            todo = sorted(moved)
+        return replies
+
+    def _route(self, commands: Sequence[Command]) -> list[tuple[Node, list[int]]]:
+        """Commands grouped by the node that serves them, order kept in each group."""
+        servers = self._servers
+        if not servers.cluster:
+            return [(servers.default_node(), list(range(len(commands))))]
+        keys = [command_key(c) for c in commands]
+        nodes: list[Node | None] = [None if k is None else servers.node_for(k) for k in keys]
+        following: Node | None = None
+        for i in reversed(range(len(nodes))):  # keyless: the next keyed command's node
+            following = nodes[i] = nodes[i] or following
+        previous: Node | None = None
+        for i, node in enumerate(nodes):  # ... or the previous one's
+            previous = nodes[i] = node or previous
+        groups: dict[str, tuple[Node, list[int]]] = {}
+        for i, found in enumerate(nodes):
+            node = found or servers.default_node()
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        return list(groups.values())
+
+    async def _exchange(self, node: Node, commands: Sequence[Command]) -> list[Any]:
+        if node.coalescer is not None:
             started = time.perf_counter()
             try:
-                return await self._coalescer.execute(commands)
+                return await node.coalescer.execute(commands)
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                await self._servers.lost()
                 raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
             finally:
                 self.counters.redis_calls += 1
                 self.counters.redis_seconds += time.perf_counter() - started
         async with self._slot():
-            pipe = self._redis.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            return replies
+            return await node.exchange(commands)
 
     def stats(self) -> dict[str, float]:
         counters = self.counters
@@ -224,9 +312,10 @@ class RedisStore:
             "coalesced_batches": 0,
             "coalesced_calls": 0,
         }
-        if self._coalescer is not None:
-            out["coalesced_batches"] = self._coalescer.batches
-            out["coalesced_calls"] = self._coalescer.calls
+        for node in self._servers.primaries():
+            if node.coalescer is not None:
+                out["coalesced_batches"] += node.coalescer.batches
+                out["coalesced_calls"] += node.coalescer.calls
         return out
 
     async def _call_checked(self, commands: Sequence[Command]) -> list[Any]:
@@ -238,22 +327,31 @@ class RedisStore:
                     raise reply
         return replies
 
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[AbstractConnection]:
-        pool = self._redis.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        finished = False
-        try:
-            yield conn
-            finished = True
-        finally:
-            if not finished:
-                await conn.disconnect(nowait=True)
-            await pool.release(conn)
+    async def _transaction(self, commands: Sequence[Command]) -> list[Any]:
+        """Commands in MULTI/EXEC (keys of one slot), in one exchange; their replies."""
+        replies = await self._call_checked([("MULTI",), *commands, ("EXEC",)])
+        executed: list[Any] = replies[-1]
+        async with self._errors():
+            for reply in executed:
+                if isinstance(reply, Exception):
+                    raise reply
+        return executed
+
+    async def _registry_add(self, project: str, queue: str) -> Command:
+        """List the queue in its project's registry, as the first read of a
+        transaction on the queue's slot: on one server the ZADD rides along
+        with those reads; on a cluster the registry lives in another slot, so
+        it is sent by itself first and a PING keeps its place among the reads.
+        """
+        add: Command = ("ZADD", registry_key(project), 0, queue)
+        if not self._servers.cluster:
+            return add
+        await self._call_checked([add])
+        return ("PING",)
 
     @staticmethod
     async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
-        """Send commands in one write and read one reply each."""
+        """Send commands in one write and read one reply each (an error reply raises)."""
         await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         return [await conn.read_response() for _ in commands]
 
@@ -263,9 +361,23 @@ class RedisStore:
         """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
 
         A plan raises Conflicted when the reads show another writer got there
-        first (the same as EXEC answering nil).
+        first (the same as EXEC answering nil). The transaction runs on a
+        connection to the server owning the watched keys' slot; if the slot
+        has moved (MOVED, ASK, TRYAGAIN) nothing was written, so it counts as
+        a conflict and is tried again on the slot's new owner.
         """
-        async with self._connection() as conn:
+        await self._servers.ready()
+        try:
+            return await self._converse(watch, reads, plan)
+        except (rexc.AskError, rexc.TryAgainError) as redirect:
+            if isinstance(redirect, rexc.AskError):
+                await self._servers.redirected(redirect)
+            return False, None
+
+    async def _converse(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        async with self._servers.node_for(watch[0]).connection() as conn:
             replies = await self._send(conn, ("WATCH", *watch), *reads)
             try:
                 writes, result = plan(replies[1:])
@@ -316,9 +428,11 @@ class RedisStore:
                 raise replies[0]
 
     async def close(self) -> None:
-        if self._coalescer is not None:
-            await self._coalescer.close()
-        await self._redis.aclose(close_connection_pool=True)
+        await self._servers.close()
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.aclose()
+        else:
+            await self._redis.aclose(close_connection_pool=True)
 
     async def get_queue_metadata(self, project: str, queue: str) -> dict[str, Any] | None:
         async with self._slot():
@@ -446,6 +560,92 @@ class RedisStore:
             raise QueueNotFound(queue)
         return result
 
+    async def _dead_letter(
+        self, project: str, queue: str, dlq: str, claim_id: str, parked: Sequence[Parked]
+    ) -> None:
+        """Move parked messages to the dead-letter queue (steps 2 and 3).
+
+        Step 1 happened in the claim, atomically on the queue's slot: each
+        message claimed too often was *parked*, held by the new claim id but
+        not listed in the claim. The dead-letter queue may live in another
+        slot (on a cluster, on another server), so the move is two
+        transactions, copy first, then forget:
+
+        2. copy each parked message into the dead-letter queue under its own
+           id, unless a copy with that id is already there;
+        3. forget the originals still held by this claim id.
+
+        If the service stops between the steps, the parked messages are freed
+        when the claim's ttl runs out and a later claim moves them again; the
+        copy step then finds them already copied. So a message is never lost
+        and, unless its first copy was already consumed from the dead-letter
+        queue, never doubled. A failure here is logged, not raised: the claim
+        itself was made.
+        """
+        if not parked:
+            return
+        source, target = QueueKeys.of(project, queue), QueueKeys.of(project, dlq)
+        now = now_ms()
+
+        def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            last, exists, *seqs = replies
+            seq = parse_seq(last) if last is not None else now * 1000
+            writes: list[Command] = []
+            for message, have in zip(parked, seqs, strict=True):
+                if have is not None:
+                    continue
+                seq += 1
+                expires = now + message.ttl * 1000
+                key = target.message(message.id)
+                writes.append(
+                    ("HSET", key, "b", message.body, "u", message.author, "s", seq,
+                     "t", message.ttl, "c", now, "e", expires, "d", 0, "k", "", "x", 0,
+                     "n", message.count)
+                )  # fmt: skip
+                writes.append(("PEXPIREAT", key, expires))
+                writes.append(("ZADD", target.index, seq, message.id))
+                writes.append(("ZADD", target.expiry, expires, message.id))
+            if not writes:
+                return None, None
+            writes.append(("SET", target.seq, seq))
+            if not exists:
+                writes.append(("HSET", target.meta, "c", now, "m", "{}"))
+            return writes, None
+
+        def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            held = [
+                m.id
+                for m, holder in zip(parked, replies, strict=True)
+                if holder is not None and text(holder) == claim_id
+            ]
+            return (forget_commands(source, held) if held else None), None
+
+        try:
+            async with self._slot():
+                await self._optimistic(
+                    [target.seq, target.meta, *(target.message(m.id) for m in parked)],
+                    [
+                        ("GET", target.seq),
+                        ("EXISTS", target.meta),
+                        *(("HGET", target.message(m.id), "s") for m in parked),
+                    ],
+                    copy,
+                )
+                await self._optimistic(
+                    [source.message(m.id) for m in parked],
+                    [("HGET", source.message(m.id), "k") for m in parked],
+                    forget,
+                )
+            await self._call_checked([("ZADD", registry_key(project), 0, dlq)])
+        except Unavailable as exc:
+            log.warning(
+                "dead-lettering %d message(s) of %s to %s is left for a later claim: %s",
+                len(parked),
+                queue,
+                dlq,
+                exc,
+            )
+
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = QueueKeys.of(project, queue)
         now = now_ms()
@@ -550,6 +750,16 @@ class RedisStore:
 
         async with self._slot():
             await self._claim_transaction(keys, claim_id, plan_for)
+
+
+def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
+    """The writes that remove messages and their index entries (see _lib.lua's forget)."""
+    return [
+        ("DEL", *(keys.message(text(i)) for i in ids)),
+        ("ZREM", keys.index, *ids),
+        ("ZREM", keys.expiry, *ids),
+        ("ZREM", keys.claimed, *ids),
+    ]
 
 
 def _flat(fields: dict[str, str]) -> list[str]:

@@ -35,8 +35,10 @@ from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import (
     MESSAGE_FIELDS,
     Conflicted,
+    Parked,
     Plan,
     RedisStore,
+    forget_commands,
     idempotency_token,
     message_from_fields,
     new_id,
@@ -51,12 +53,7 @@ DROP_BATCH = 500
 
 def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
     """The writes that forget expired messages and claims (see _lib.lua)."""
-    commands: list[Command] = []
-    if dead:
-        commands.append(("DEL", *(keys.message(text(i)) for i in dead)))
-        commands.append(("ZREM", keys.index, *dead))
-        commands.append(("ZREM", keys.expiry, *dead))
-        commands.append(("ZREM", keys.claimed, *dead))
+    commands = forget_commands(keys, dead) if dead else []
     commands.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
     commands.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
     return commands
@@ -75,45 +72,34 @@ class WatchStore(RedisStore):
             fields = [item for pair in reserved_fields(metadata).items() for item in pair]
             return [("HSET", keys.meta, "c", now, "m", orjson.dumps(metadata), *fields)], True
 
+        registry = await self._registry_add(project, queue)
         async with self._slot():
-            return await self._optimistic(
-                [keys.meta],
-                [("ZADD", registry_key(project), 0, queue), ("EXISTS", keys.meta)],
-                plan,
-            )
+            return await self._optimistic([keys.meta], [registry, ("EXISTS", keys.meta)], plan)
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        async with self._slot():
-            await self._redis.zrem(registry_key(project), queue)
-            await self._drop(QueueKeys.of(project, queue), keep_queue=False)
+        await self._call_checked([("ZREM", registry_key(project), queue)])
+        await self._drop(QueueKeys.of(project, queue), keep_queue=False)
 
     async def purge_queue(self, project: str, queue: str) -> None:
-        async with self._slot():
-            await self._drop(QueueKeys.of(project, queue), keep_queue=True)
+        await self._drop(QueueKeys.of(project, queue), keep_queue=True)
 
     async def _drop(self, keys: QueueKeys, keep_queue: bool) -> None:
         """Delete messages and claims in batches, then the queue's own keys."""
         while True:
-            ids: list[Any] = await self._redis.zrange(keys.index, 0, DROP_BATCH - 1)
+            [ids] = await self._call_checked([("ZRANGE", keys.index, 0, DROP_BATCH - 1)])
             if not ids:
                 break
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.delete(*(keys.message(text(i)) for i in ids))
-            pipe.zrem(keys.index, *ids)
-            pipe.zrem(keys.expiry, *ids)
-            pipe.zrem(keys.claimed, *ids)
-            await pipe.execute()
+            await self._transaction(forget_commands(keys, ids))
         while True:
-            claims: list[Any] = await self._redis.zrange(keys.claims, 0, DROP_BATCH - 1)
+            [claims] = await self._call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
                 break
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.delete(*(keys.claim(text(c)) for c in claims))
-            pipe.zrem(keys.claims, *claims)
-            await pipe.execute()
+            await self._transaction(
+                [("DEL", *(keys.claim(text(c)) for c in claims)), ("ZREM", keys.claims, *claims)]
+            )
         kept = {keys.meta, keys.seq, keys.idempotency} if keep_queue else set()
         everything = [*keys.fixed(), keys.idempotency]
-        await self._redis.delete(*(k for k in everything if k not in kept))
+        await self._call_checked([("DEL", *(k for k in everything if k not in kept))])
 
     async def post_messages(
         self,
@@ -178,7 +164,7 @@ class WatchStore(RedisStore):
             return writes, ids
 
         reads: list[Command] = [
-            ("ZADD", registry_key(project), 0, queue),
+            await self._registry_add(project, queue),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, "dttl", "ddelay", "mps"),
@@ -271,14 +257,7 @@ class WatchStore(RedisStore):
         if not ids:
             return
         keys = QueueKeys.of(project, queue)
-        unique = list(dict.fromkeys(ids))
-        async with self._slot():
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.delete(*(keys.message(i) for i in unique))
-            pipe.zrem(keys.index, *unique)
-            pipe.zrem(keys.expiry, *unique)
-            pipe.zrem(keys.claimed, *unique)
-            await pipe.execute()
+        await self._transaction(forget_commands(keys, list(dict.fromkeys(ids))))
 
     async def _free_candidates(
         self, keys: QueueKeys, now: int, limit: int, max_claims: int | None = None
@@ -319,7 +298,7 @@ class WatchStore(RedisStore):
             while True:
                 now = now_ms()
                 meta: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
-                dlq = QueueKeys.of(project, text(meta[1])) if meta[0] and meta[1] else None
+                dlq = text(meta[1]) if meta[0] and meta[1] and text(meta[1]) != queue else None
                 max_claims = int(meta[0]) if dlq is not None else None
                 candidates = await self._free_candidates(keys, now, limit, max_claims)
                 if not candidates:
@@ -328,17 +307,15 @@ class WatchStore(RedisStore):
                 watch = [keys.meta, *(keys.message(i) for i in candidates)]
                 reads: list[Command] = [("HMGET", keys.meta, "mcc", "dlq", "dlqttl")]
                 reads += [("HMGET", keys.message(i), *CLAIM_FIELDS) for i in candidates]
-                if dlq is not None:
-                    watch.append(dlq.seq)
-                    reads += [("GET", dlq.seq), ("EXISTS", dlq.meta)]
                 done, result = await self._attempt(watch, reads, plan)
                 if done and result is not None:
-                    claim, moved = result
-                    if moved:
-                        await self._redis.zadd(registry_key(project), {text(meta[1]): 0})
-                    return claim
+                    break
                 await self._backoff(attempt)
                 attempt += 1
+        claim, parked = result
+        if dlq is not None:
+            await self._dead_letter(project, queue, dlq, claim_id, parked)
+        return claim
 
     def _claim_plan(
         self,
@@ -349,23 +326,22 @@ class WatchStore(RedisStore):
         grace: int,
         candidates: list[str],
         meta: list[Any],
-        dlq: QueueKeys | None,
-    ) -> Plan[tuple[Claim | None, int]]:
-        """The claim transaction; its result is (the claim, messages dead-lettered)."""
+        dlq: str | None,
+    ) -> Plan[tuple[Claim | None, list[Parked]]]:
+        """The claim transaction; its result is (the claim, the messages parked
+        for the dead-letter queue: see RedisStore._dead_letter)."""
         claim_expires = now + ttl * 1000
         keep_until = claim_expires + grace * 1000
 
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, tuple[Claim | None, int]]:
+        def plan(
+            replies: list[Any],
+        ) -> tuple[list[Command] | None, tuple[Claim | None, list[Parked]]]:
             if replies[0] != meta:
                 raise Conflicted
             rows = replies[1 : 1 + len(candidates)]
             writes: list[Command] = []
             claimed: list[Message] = []
-            dseq = first_dseq = 0
-            dlq_exists = True
-            if dlq is not None:
-                last, dlq_exists = replies[-2], replies[-1]
-                dseq = first_dseq = int(last) if last is not None else now * 1000
+            parked: list[Parked] = []
             for message_id, row in zip(candidates, rows, strict=True):
                 body, ttl_s, created, expires, _due, _k, _x, count, author, seq = row
                 if not is_free([*row[3:7], seq], now):
@@ -373,18 +349,12 @@ class WatchStore(RedisStore):
                 key = keys.message(message_id)
                 n = int(count or 0)
                 if dlq is not None and n >= int(meta[0]):
+                    # claimed too often: hold it under this claim id, unlisted,
+                    # until it is copied to the dead-letter queue
                     dttl = int(meta[2]) if meta[2] else int(ttl_s)
-                    dexp = now + dttl * 1000
-                    dseq += 1
-                    dkey = dlq.message(message_id)
-                    writes.append(
-                        ("HSET", dkey, "b", body, "u", author or b"", "s", dseq, "t", dttl,
-                         "c", now, "e", dexp, "d", 0, "k", "", "x", 0, "n", n)
-                    )  # fmt: skip
-                    writes.append(("PEXPIREAT", dkey, dexp))
-                    writes.append(("ZADD", dlq.index, dseq, message_id))
-                    writes.append(("ZADD", dlq.expiry, dexp, message_id))
-                    writes += _forget(keys, message_id)
+                    parked.append(Parked(message_id, body, author or b"", dttl, n))
+                    writes.append(("HSET", key, "k", claim_id, "x", claim_expires))
+                    writes.append(("ZADD", keys.claimed, claim_expires, message_id))
                     continue
                 keep = max(int(expires), keep_until)
                 new_ttl = round((keep - int(created)) / 1000)
@@ -400,13 +370,8 @@ class WatchStore(RedisStore):
                         message_id, parse_seq(seq), body, new_ttl, int(created), claim_id, n + 1
                     )
                 )
-            moved = dseq - first_dseq
-            if dlq is not None and moved:
-                writes.append(("SET", dlq.seq, dseq))
-                if not dlq_exists:
-                    writes.append(("HSET", dlq.meta, "c", now, "m", "{}"))
             if not claimed:
-                return writes or None, (None, moved)
+                return writes or None, (None, parked)
             ckey = keys.claim(claim_id)
             ids = " ".join(m.id for m in claimed)
             writes.append(
@@ -414,7 +379,7 @@ class WatchStore(RedisStore):
             )
             writes.append(("PEXPIREAT", ckey, claim_expires))
             writes.append(("ZADD", keys.claims, claim_expires, claim_id))
-            return writes, (Claim(claim_id, ttl, grace, now, claimed), moved)
+            return writes, (Claim(claim_id, ttl, grace, now, claimed), parked)
 
         return plan
 
@@ -470,9 +435,4 @@ def is_free(row: Sequence[Any], now: int) -> bool:
 
 
 def _forget(keys: QueueKeys, message_id: str) -> list[Command]:
-    return [
-        ("DEL", keys.message(message_id)),
-        ("ZREM", keys.index, message_id),
-        ("ZREM", keys.expiry, message_id),
-        ("ZREM", keys.claimed, message_id),
-    ]
+    return forget_commands(keys, [message_id])

@@ -1,0 +1,230 @@
+"""Where a command goes: the one Redis server, or the primary that owns the
+command's slot in a Redis Cluster.
+
+The stores talk to Redis in two ways besides redis-py's own commands:
+
+* **exchanges** — a few commands written at once and their replies read in
+  order, error replies as values (through a node's coalescer when coalescing
+  is on, else on a connection of its own);
+* **conversations** — a WATCH/MULTI/EXEC transaction on one connection.
+
+Both need a connection to one particular server. :class:`SingleServer` has
+one; :class:`ClusterServers` keeps a :class:`Node` per cluster primary and
+finds a key's owner from redis-py's slot table (``RedisCluster``'s
+``nodes_manager``), which is the only part of ``RedisCluster`` used here:
+its pipelines refuse EVALSHA-by-SHA reloads and its transactions block the
+event loop, so feedsvc drives each node's connections itself.
+
+Every script and transaction names keys of one queue only, which share one
+hash tag and so one slot; the only cross-slot writes (a project's queue
+registry, dead-lettering into another queue) are separate exchanges, see
+``feedsvc.storage.base``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import redis.exceptions as rexc
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.crc import key_slot
+
+from feedsvc.storage.coalescer import Coalescer, Command
+
+# Commands that name no key: they go where the keyed commands next to them go.
+KEYLESS = frozenset({"PING", "MULTI", "EXEC", "DISCARD", "UNWATCH", "SCRIPT", "ASKING"})
+
+
+def command_key(command: Command) -> Any:
+    """The first key a command touches, or None."""
+    name = str(command[0]).upper()
+    if name in KEYLESS:
+        return None
+    if name in ("EVALSHA", "EVAL"):
+        return command[3] if int(command[2]) > 0 else None
+    return command[1]
+
+
+async def exchange(conn: AbstractConnection, commands: Sequence[Command]) -> list[Any]:
+    """Write commands at once, read one reply each; error replies as values."""
+    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await conn.read_response())
+        except rexc.ResponseError as error:
+            replies.append(error)
+    return replies
+
+
+class Node:
+    """One Redis server: its connections and, when coalescing, its coalescer."""
+
+    def __init__(
+        self,
+        name: str,
+        acquire: Callable[[], Awaitable[AbstractConnection]],
+        release: Callable[[AbstractConnection], Awaitable[None]],
+        make_connection: Callable[[], AbstractConnection],
+        coalesce: bool,
+        reply_timeout: float,
+    ) -> None:
+        self.name = name
+        self._acquire = acquire
+        self._release = release
+        self.coalescer = Coalescer(make_connection, reply_timeout) if coalesce else None
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AbstractConnection]:
+        """A connection of this node's pool; closed, not reused, if the
+        conversation on it was cut short (error, timeout, cancellation)."""
+        conn = await self._acquire()
+        finished = False
+        try:
+            yield conn
+            finished = True
+        finally:
+            if not finished:
+                await conn.disconnect(nowait=True)
+            await self._release(conn)
+
+    async def exchange(self, commands: Sequence[Command]) -> list[Any]:
+        """Commands in one round trip on a pool connection (no coalescing)."""
+        async with self.connection() as conn:
+            return await exchange(conn, commands)
+
+    async def close(self) -> None:
+        if self.coalescer is not None:
+            await self.coalescer.close()
+
+
+class Servers(Protocol):
+    cluster: bool
+
+    async def ready(self) -> None: ...
+
+    def node_for(self, key: Any) -> Node: ...
+
+    def default_node(self) -> Node: ...
+
+    def primaries(self) -> list[Node]: ...
+
+    async def redirected(self, error: rexc.AskError) -> None: ...
+
+    async def lost(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SingleServer:
+    """A plain Redis server: every key lives on the one node."""
+
+    cluster = False
+
+    def __init__(self, redis: Redis, coalesce: bool, reply_timeout: float) -> None:
+        pool: ConnectionPool = redis.connection_pool
+
+        async def acquire() -> AbstractConnection:
+            conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+            return conn
+
+        self._node = Node(
+            "redis", acquire, pool.release, pool.make_connection, coalesce, reply_timeout
+        )
+
+    async def ready(self) -> None:
+        return None
+
+    def node_for(self, key: Any) -> Node:
+        return self._node
+
+    def default_node(self) -> Node:
+        return self._node
+
+    def primaries(self) -> list[Node]:
+        return [self._node]
+
+    async def redirected(self, error: rexc.AskError) -> None:
+        return None
+
+    async def lost(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        await self._node.close()
+
+
+class ClusterServers:
+    """A Redis Cluster: a Node per primary, found through redis-py's slot table.
+
+    A MOVED reply updates the table for that slot (redis-py's ``move_slot``);
+    lost connections make the next call re-read the whole table, since a
+    primary may have failed over.
+    """
+
+    cluster = True
+
+    def __init__(self, redis: RedisCluster, coalesce: bool, reply_timeout: float) -> None:
+        self._redis = redis
+        self._coalesce = coalesce
+        self._reply_timeout = reply_timeout
+        self._nodes: dict[str, Node] = {}
+        self._stale = True
+        self._lock = asyncio.Lock()
+
+    async def ready(self) -> None:
+        if self._stale:
+            async with self._lock:
+                if self._stale:
+                    await self._redis.nodes_manager.initialize()
+                    self._stale = False
+
+    def _node(self, server: ClusterNode) -> Node:
+        node = self._nodes.get(server.name)
+        if node is None:
+
+            async def acquire() -> AbstractConnection:
+                conn: AbstractConnection = server.acquire_connection()
+                return conn
+
+            async def release(conn: AbstractConnection) -> None:
+                server.release(conn)  # type: ignore[arg-type]
+
+            def make_connection() -> AbstractConnection:
+                conn: AbstractConnection = server.connection_class(**server.connection_kwargs)
+                return conn
+
+            node = Node(
+                server.name, acquire, release, make_connection, self._coalesce, self._reply_timeout
+            )
+            self._nodes[server.name] = node
+        return node
+
+    def node_for(self, key: Any) -> Node:
+        raw = key if isinstance(key, bytes) else str(key).encode()
+        server = self._redis.nodes_manager.get_node_from_slot(key_slot(raw))
+        return self._node(server)
+
+    def default_node(self) -> Node:
+        return self._node(self._redis.get_default_node())
+
+    def primaries(self) -> list[Node]:
+        return [self._node(server) for server in self._redis.get_primaries()]
+
+    async def redirected(self, error: rexc.AskError) -> None:
+        if isinstance(error, rexc.MovedError):
+            await self._redis.nodes_manager.move_slot(error)
+
+    async def lost(self) -> None:
+        self._stale = True
+
+    async def close(self) -> None:
+        for node in self._nodes.values():
+            with contextlib.suppress(Exception):
+                await node.close()
