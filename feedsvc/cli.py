@@ -17,6 +17,7 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.app import create_app
 from feedsvc.config import Settings, add_arguments, settings_from
+from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
 
 log = logging.getLogger("feedsvc")
@@ -47,9 +48,10 @@ def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop]
 
 
 async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
-    """Serve until SIGINT or SIGTERM, then drain and close.
+    """Serve until SIGTERM (or SIGINT, unless ignored), then drain and close.
 
     With sock (a worker of --workers), accept on that already bound socket.
+    The stop sequence is :class:`feedsvc.drain.Drain`'s.
     """
     app = create_app(settings)
     runner = web.AppRunner(
@@ -60,8 +62,11 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
         keepalive_timeout=settings.keepalive_timeout,
         # after an early answer (413, 408) do not wait long for the rest of a body
         lingering_time=1.0,
-        shutdown_timeout=settings.shutdown_grace,
+        # the grace period is spent by Drain.run(); cleanup() only cuts off
+        shutdown_timeout=CUT_OFF_WAIT,
     )
+    drain = Drain(runner, settings.shutdown_grace)
+    app.on_response_prepare.append(drain.on_response_prepare)
     await runner.setup()
     site: web.BaseSite
     if sock is None:
@@ -82,13 +87,16 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        # a worker ignores SIGINT: its supervisor decides when it stops
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, stop.set)
     sweeper = asyncio.create_task(drop_silent_connections(runner, settings.client_timeout))
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
         sweeper.cancel()
+        await drain.run()
         await runner.cleanup()
 
 

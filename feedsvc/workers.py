@@ -8,10 +8,13 @@ embedded one too, started by the parent).
 
 The parent only supervises: a worker that dies is replaced (with a short
 backoff if workers keep dying at once, so a broken setting does not spin);
-on SIGTERM or SIGINT it asks every worker to stop, and each stops accepting,
-finishes the requests in flight (up to ``--shutdown-grace`` seconds), closes
-its Redis connections and exits; a worker still alive after the grace period
-is killed. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
+on SIGTERM or SIGINT it closes its copy of the listening socket and sends
+SIGTERM to every worker; each stops accepting, finishes the requests in
+flight (up to ``--shutdown-grace`` seconds, then cuts off the rest; see
+:mod:`feedsvc.drain`), closes its Redis connections and exits. Once all
+have stopped accepting, new connections are refused. A worker still alive
+``KILL_AFTER_GRACE`` seconds after the grace period is killed, and the exit
+code is then 1. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from feedsvc.redis_server import _make_pdeathsig_preexec
 log = logging.getLogger("feedsvc.workers")
 
 RESTART_BACKOFF_MAX = 5.0
+#: Seconds past --shutdown-grace a stopping worker has to exit before it is killed.
+KILL_AFTER_GRACE = 5.0
 
 
 def bind(settings: Settings) -> socket.socket:
@@ -117,20 +122,27 @@ class Supervisor:
         return self._shutdown()
 
     def _shutdown(self) -> int:
+        # Our copy of the listening socket goes first: a stopping worker
+        # closes its own before it drains, so once every worker has, the
+        # port refuses new connections instead of queueing them for nobody.
+        self.sock.close()
         grace = self.settings.shutdown_grace
-        log.info("stopping %d workers (grace %.0f s)", len(self._workers), grace)
+        log.info("stopping %d workers (grace %g s)", len(self._workers), grace)
         for process in self._workers.values():
             if process.exitcode is None and process.pid is not None:
                 os.kill(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        # A worker cuts off what outlives the grace period itself and then
+        # closes its Redis connections; only a worker stuck past that is killed.
+        deadline = time.monotonic() + grace + KILL_AFTER_GRACE
+        killed = 0
         for process in self._workers.values():
             process.join(max(0.0, deadline - time.monotonic()))
             if process.exitcode is None:
                 log.warning("worker pid %s did not stop in time; killing it", process.pid)
                 process.kill()
                 process.join(5)
-        self.sock.close()
-        return 0
+                killed += 1
+        return 1 if killed else 0
 
 
 def run_workers(settings: Settings, count: int) -> int:

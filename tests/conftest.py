@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app, make_store
 from feedsvc.config import Settings
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.lua_store import LuaStore
+from tests.cluster import LocalCluster
 
 DRIVERS = ["lua", "watch"]
 
@@ -33,9 +35,45 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
+# Suites that run against a real 3-primary Redis Cluster as well as a single
+# server: the store contract and the HTTP API, for both drivers.
+CLUSTER_SUITES = {"test_store", "test_store_claims", "test_api", "test_api_claims"}
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if "topology" in metafunc.fixturenames and module in CLUSTER_SUITES:
+        metafunc.parametrize("topology", ["single", "cluster"], indirect=True)
+
+
 @pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    return redis_server.url
+def topology(request: pytest.FixtureRequest) -> str:
+    """'single' (one redis-server) or 'cluster' (see CLUSTER_SUITES)."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def redis_url(topology: str, request: pytest.FixtureRequest) -> str:
+    if topology == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return str(request.getfixturevalue("redis_server").url)
+
+
+def direct_client(redis_url: str) -> Redis | RedisCluster:
+    """A client for looking at Redis directly in tests, whatever the topology."""
+    if redis_url.startswith("redis+cluster://"):
+        return RedisCluster.from_url(redis_url.replace("+cluster", "", 1))
+    return Redis.from_url(redis_url)
 
 
 def make_settings(redis_url: str, **changes: object) -> Settings:

@@ -14,7 +14,6 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from feedsvc.app import make_store
 from feedsvc.config import Settings
@@ -23,6 +22,7 @@ from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys, escape_project, registry_key
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.scripts import load_script
+from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -180,7 +180,7 @@ async def test_expired_entries_are_collected(
     await asyncio.sleep(1.1)
     await post_n(store, project, "q", 1)
     keys = QueueKeys.of(project, "q")
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         assert await client.zcard(keys.index) == 1
         assert await client.zcard(keys.expiry) == 1
@@ -192,7 +192,7 @@ async def test_message_key_expires_in_redis_too(
     store: FeedStore, project: str, redis_url: str
 ) -> None:
     [message_id] = await store.post_messages(project, "q", WRITER, [msg("x", ttl=120)])
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         pttl = await client.pttl(QueueKeys.of(project, "q").message(message_id))
     finally:
@@ -254,7 +254,7 @@ async def test_delete_queue_leaves_no_keys(store: FeedStore, project: str, redis
     await post_n(store, project, "other", 2)
     await store.delete_queue(project, "q")
     await store.delete_queue(project, "other")
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         left = [k async for k in client.scan_iter(match=f"*{escape_project(project)}*")]
     finally:
@@ -361,7 +361,7 @@ async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redi
     keys = QueueKeys.of(project, "q")
     script = load_script("post")
     all_keys = [*keys.fixed(), keys.message(message_id)]
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         seq_before = await client.get(keys.seq)
         again = await client.evalsha(
@@ -376,7 +376,7 @@ async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redi
 
 async def test_orphan_body_is_never_listed(store: FeedStore, project: str, redis_url: str) -> None:
     keys = QueueKeys.of(project, "q")
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         await client.hset(keys.message("ab" * 12), mapping={"b": b"1", "u": WRITER})
         await client.expire(keys.message("ab" * 12), 60)
@@ -391,7 +391,7 @@ async def test_orphan_body_is_never_listed(store: FeedStore, project: str, redis
 async def test_lua_recovers_from_script_flush(
     lua_store: LuaStore, project: str, redis_url: str
 ) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         await client.script_flush()
     finally:

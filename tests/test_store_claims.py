@@ -9,11 +9,12 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.redis_store import Parked, RedisStore
+from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -32,7 +33,7 @@ async def claim_ids(store: FeedStore, project: str, limit: int, ttl: int = 300) 
 
 
 async def pttl(redis_url: str, key: str) -> int:
-    client = aioredis.Redis.from_url(redis_url)
+    client = direct_client(redis_url)
     try:
         return int(await client.pttl(key))
     finally:
@@ -244,6 +245,39 @@ async def test_dead_lettering_after_max_claims(store: FeedStore, project: str) -
     assert [(m.id, m.body, m.ttl) for m in dead.messages] == [(message_id, b"0", 500)]
     names = [q.name for q in await store.list_queues(project, None, 10, False)]
     assert names == ["dlq", "q"]
+
+
+async def test_dead_lettering_survives_a_stop_between_its_steps(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    """A claim parks the message and the service stops before moving it: the
+    claim's ttl runs out, a later claim moves it. Moving it again (copy done,
+    forget not) leaves exactly one copy."""
+    await store.create_queue(project, "q", {"_max_claim_count": 1, "_dead_letter_queue": "dlq"})
+    [message_id] = await post(store, project, 1)
+    claim = await store.claim_messages(project, "q", 300, 60, 5)
+    assert claim is not None
+    await store.release_claim(project, "q", claim.id)
+    # step 1 only, as if the service stopped right after the claim script:
+    # parked under a claim whose ttl has already run out
+    client = direct_client(redis_url)
+    try:
+        await client.hset(
+            QueueKeys.of(project, "q").message(message_id), mapping={"k": "ab" * 12, "x": 1}
+        )
+    finally:
+        await client.aclose()
+    assert await store.claim_messages(project, "q", 300, 60, 5) is None
+    first = (await store.list_messages(project, "dlq", ListQuery(READER))).messages
+    assert [m.id for m in first] == [message_id]
+    # both steps again for the same message (a stop between copy and forget)
+    assert isinstance(store, RedisStore)
+    parked = Parked(message_id, b"0", WRITER.encode(), 300, 1)
+    await store._dead_letter(project, "q", "dlq", "cd" * 12, [parked])
+    dead = await store.list_messages(project, "dlq", ListQuery(READER, include_claimed=True))
+    # the same copy: a reader past its marker does not get it again
+    assert [(m.id, m.body, m.seq) for m in dead.messages] == [(message_id, b"0", first[0].seq)]
+    assert (await store.queue_stats(project, "q")).total == 0
 
 
 async def test_purge_keeps_the_queue(store: FeedStore, project: str) -> None:

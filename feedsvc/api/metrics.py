@@ -41,6 +41,7 @@ class StoreCollector(Collector):
             ("watch_retries", "WATCH transactions repeated after a conflict"),
             ("watch_conflicts_exhausted", "writes answered 503 after too many conflicts"),
             ("noscript_reloads", "scripts loaded again after NOSCRIPT"),
+            ("cluster_redirects", "Redis Cluster MOVED, ASK and TRYAGAIN replies met"),
             (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",

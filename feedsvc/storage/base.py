@@ -146,6 +146,7 @@ class StoreCounters:
     watch_retries: int = 0
     watch_conflicts_exhausted: int = 0
     noscript_reloads: int = 0
+    cluster_redirects: int = 0
     redis_calls: int = 0
     redis_seconds: float = 0.0
 

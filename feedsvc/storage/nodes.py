@@ -175,15 +175,19 @@ class ClusterServers:
         self._coalesce = coalesce
         self._reply_timeout = reply_timeout
         self._nodes: dict[str, Node] = {}
+        self._started = False
         self._stale = True
         self._lock = asyncio.Lock()
 
     async def ready(self) -> None:
         if self._stale:
             async with self._lock:
-                if self._stale:
+                if not self._started:
+                    await self._redis.initialize()  # the slot table and command parser
+                    self._started = True
+                elif self._stale:
                     await self._redis.nodes_manager.initialize()
-                    self._stale = False
+                self._stale = False
 
     def _node(self, server: ClusterNode) -> Node:
         node = self._nodes.get(server.name)

@@ -208,6 +208,7 @@ class RedisStore:
             raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
         except _CLUSTER_TROUBLE as exc:
             # a slot on the move, a failover, a cluster without quorum
+            self.counters.cluster_redirects += 1
             await self._servers.lost()
             raise StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}") from exc
         except rexc.ResponseError as exc:
@@ -257,6 +258,7 @@ class RedisStore:
                 for j, reply in zip(idx, got, strict=True):
                     replies[todo[j]] = reply
                     if isinstance(reply, rexc.MovedError):
+                        self.counters.cluster_redirects += 1
                         moved.append(todo[j])
                         await self._servers.redirected(reply)
             if not moved:
@@ -304,6 +306,7 @@ class RedisStore:
             "watch_retries": counters.watch_retries,
             "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
             "noscript_reloads": counters.noscript_reloads,
+            "cluster_redirects": counters.cluster_redirects,
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
@@ -370,6 +373,7 @@ class RedisStore:
         try:
             return await self._converse(watch, reads, plan)
         except (rexc.AskError, rexc.TryAgainError) as redirect:
+            self.counters.cluster_redirects += 1
             if isinstance(redirect, rexc.AskError):
                 await self._servers.redirected(redirect)
             return False, None

@@ -1,0 +1,148 @@
+"""A real local Redis Cluster for tests: N primaries started with
+``redis-server --cluster-enabled yes`` on free ports and joined with
+``redis-cli --cluster create``; plus the slot move used by the migration test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from feedsvc.redis_server import RedisServer, pick_free_port
+
+BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000
+NODE_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", "2000")  # fmt: skip
+
+
+def command(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_node_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = pick_free_port()
+        if port != 6379 and port + BUS_OFFSET < 65536 and _free(port + BUS_OFFSET):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def redis_cli() -> str:
+    found = shutil.which("redis-cli") or shutil.which("valkey-cli")
+    if found is None:
+        raise RuntimeError("redis-cli is needed to create the test cluster (apt-get install redis)")
+    return found
+
+
+class LocalCluster:
+    """``primaries`` redis-server processes joined into one cluster on 127.0.0.1."""
+
+    def __init__(self, root: Path, primaries: int = 3) -> None:
+        self.nodes = [
+            RedisServer(
+                root / f"node{i}",
+                port=pick_node_port(),
+                appendfsync="no",
+                extra_args=NODE_ARGS,
+            )
+            for i in range(primaries)
+        ]
+
+    @property
+    def url(self) -> str:
+        """The URL feedsvc takes: any one node is enough to find the others."""
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def client(self, index: int) -> redis.Redis:
+        return redis.Redis(port=self.nodes[index].port, protocol=2)
+
+    def start(self, timeout: float = 30.0) -> None:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [redis_cli(), "--cluster", "create", *addresses, "--cluster-replicas", "0",
+             "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self._settled():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test cluster did not settle")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        """Every node sees every node and all 16384 slots served."""
+        for i in range(len(self.nodes)):
+            with self.client(i) as client:
+                info = client.cluster("INFO")
+                known = int(info["cluster_known_nodes"])
+                if info["cluster_state"] != "ok" or known != len(self.nodes):
+                    return False
+        return True
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    # -- resharding ----------------------------------------------------------
+
+    def node_ids(self) -> list[str]:
+        ids = []
+        for i in range(len(self.nodes)):
+            with self.client(i) as client:
+                ids.append(client.cluster("MYID").decode())
+        return ids
+
+    def owner(self, slot: int) -> int:
+        """Index of the node that serves a slot."""
+        with self.client(0) as client:
+            for start, end, primary, *_ in command(client, "CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    port = primary[1]
+                    return [n.port for n in self.nodes].index(port)
+        raise LookupError(slot)
+
+    def move_slot(self, slot: int, target: int, batch: int = 10, pause: float = 0.02) -> int:
+        """Move one slot to node ``target`` the way redis-cli does (IMPORTING,
+        MIGRATING, MIGRATE the keys a few at a time, SETSLOT NODE everywhere),
+        slowly, so that clients meet ASK, TRYAGAIN and then MOVED. Returns the
+        number of keys moved."""
+        source = self.owner(slot)
+        ids = self.node_ids()
+        src, dst = self.client(source), self.client(target)
+        moved = 0
+        try:
+            command(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+            command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+            while keys := command(src, "CLUSTER", "GETKEYSINSLOT", slot, batch):
+                command(
+                    src, "MIGRATE", "127.0.0.1", self.nodes[target].port, "", 0, 5000, "KEYS", *keys
+                )
+                moved += len(keys)
+                time.sleep(pause)
+            for i in range(len(self.nodes)):
+                with self.client(i) as client:
+                    command(client, "CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+        finally:
+            src.close()
+            dst.close()
+        return moved

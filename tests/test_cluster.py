@@ -1,0 +1,200 @@
+"""feedsvc on a real 3-primary Redis Cluster, beyond the contract suites
+(which run on the cluster too, see CLUSTER_SUITES in conftest.py): queues of
+one project on different nodes, dead-lettering across nodes, and a slot moved
+while producers and consumers are busy, for both drivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from redis.crc import key_slot
+
+from feedsvc.app import make_store
+from feedsvc.config import Settings
+from feedsvc.errors import Unavailable
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.watch_store import WatchStore
+from tests.cluster import LocalCluster
+from tests.conftest import make_settings
+
+WRITER, READER = str(uuid.uuid4()), str(uuid.uuid4())
+Store = LuaStore | WatchStore
+
+
+def slot_of(project: str, queue: str) -> int:
+    return key_slot(QueueKeys.of(project, queue).meta.encode())
+
+
+@pytest.fixture
+async def cluster_store(
+    redis_cluster: LocalCluster, driver: str
+) -> AsyncIterator[LuaStore | WatchStore]:
+    store = make_store(make_settings(redis_cluster.url, driver=driver))
+    if isinstance(store, LuaStore):
+        await store.load_scripts()
+    assert isinstance(store, LuaStore | WatchStore)
+    yield store
+    await store.close()
+
+
+async def everything(store: FeedStore, project: str, queue: str) -> list[str]:
+    """Every message id in the queue, claimed or not, by following markers."""
+    seen: list[str] = []
+    marker = None
+    while True:
+        query = ListQuery(READER, marker=marker, limit=20, echo=True, include_claimed=True)
+        page = await store.list_messages(project, queue, query)
+        if page.next_marker is None:
+            return seen
+        seen += [m.id for m in page.messages]
+        marker = page.next_marker
+
+
+def test_cluster_url_is_validated() -> None:
+    assert Settings(redis_url="redis+cluster://127.0.0.1:7000").redis_cluster()
+    assert not Settings(redis_url="redis://127.0.0.1:7000").redis_cluster()
+    with pytest.raises(ValueError, match="redis\\+cluster://"):
+        Settings(redis_url="cluster://127.0.0.1:7000")
+
+
+async def test_queues_of_one_project_on_every_node_are_listed(
+    cluster_store: Store, redis_cluster: LocalCluster, project: str
+) -> None:
+    names = [f"q{i:02d}" for i in range(24)]
+    owners = {redis_cluster.owner(slot_of(project, name)) for name in names}
+    assert owners == {0, 1, 2}, "the queues should spread over all three primaries"
+    for name in names:
+        assert await cluster_store.create_queue(project, name, {"n": name})
+        await cluster_store.post_messages(project, name, WRITER, [NewMessage(b'"x"')])
+    listed, marker = [], None
+    while page := await cluster_store.list_queues(project, marker, 5, detailed=True):
+        listed += page
+        marker = page[-1].name
+    assert [q.name for q in listed] == names
+    assert [q.metadata for q in listed] == [{"n": n} for n in names]
+    assert await cluster_store.count_queues(project) == len(names)
+
+
+async def test_dead_letters_cross_nodes(
+    cluster_store: Store, redis_cluster: LocalCluster, project: str
+) -> None:
+    source, dlq = (
+        "work",
+        next(
+            f"dead{i}"
+            for i in range(100)
+            if redis_cluster.owner(slot_of(project, f"dead{i}"))
+            != redis_cluster.owner(slot_of(project, "work"))
+        ),
+    )
+    await cluster_store.create_queue(
+        project, source, {"_max_claim_count": 1, "_dead_letter_queue": dlq}
+    )
+    ids = await cluster_store.post_messages(
+        project, source, WRITER, [NewMessage(orjson.dumps(i)) for i in range(3)]
+    )
+    first = await cluster_store.claim_messages(project, source, 60, 60, 10)
+    assert first is not None
+    await cluster_store.release_claim(project, source, first.id)
+    # claimed once already: the next claim moves them instead
+    assert await cluster_store.claim_messages(project, source, 60, 60, 10) is None
+    assert await everything(cluster_store, project, source) == []
+    assert await everything(cluster_store, project, dlq) == ids
+    moved = await cluster_store.get_messages(project, dlq, ids)
+    assert [orjson.loads(m.body) for m in moved] == [0, 1, 2]
+    assert [q.name for q in await cluster_store.list_queues(project, None, 10, False)] == [
+        dlq,
+        source,
+    ]
+
+
+async def test_a_slot_moved_mid_run_loses_and_doubles_nothing(
+    cluster_store: Store, redis_cluster: LocalCluster, project: str
+) -> None:
+    """Producers and consumers run while the queue's slot migrates to another
+    primary, key by key. Writes that meet ASK/TRYAGAIN fail cleanly (503) or
+    are retried; after the move MOVED is followed. Every acknowledged message
+    is then either deleted by the one consumer that claimed it or still in
+    the queue, once."""
+    queue = "moving"
+    slot = slot_of(project, queue)
+    target = (redis_cluster.owner(slot) + 1) % 3
+    acked: dict[str, bytes] = {}
+    claims: Counter[str] = Counter()
+    deleted: set[str] = set()
+    unsure: set[str] = set()  # deletes answered 503: done or not
+    unavailable = Counter[str]()
+    stop = asyncio.Event()
+    goal, reached = 300, asyncio.Event()
+
+    async def produce(who: int) -> None:
+        n = 0
+        while not stop.is_set():
+            body = orjson.dumps({"p": who, "n": n})
+            n += 1
+            try:
+                [message_id] = await cluster_store.post_messages(
+                    project, queue, WRITER, [NewMessage(body)]
+                )
+                acked[message_id] = body
+                if len(acked) >= goal:
+                    reached.set()
+            except Unavailable:
+                unavailable["post"] += 1
+            await asyncio.sleep(0.001)
+
+    async def consume() -> None:
+        while not stop.is_set():
+            try:
+                claim = await cluster_store.claim_messages(project, queue, 300, 60, 5)
+            except Unavailable:
+                unavailable["claim"] += 1
+                await asyncio.sleep(0.001)
+                continue
+            if claim is None:
+                await asyncio.sleep(0.005)
+                continue
+            for message in claim.messages:
+                claims[message.id] += 1
+                try:
+                    await cluster_store.delete_message(project, queue, message.id, claim.id)
+                    deleted.add(message.id)
+                except Unavailable:
+                    unavailable["delete"] += 1
+                    unsure.add(message.id)
+
+    workers = [asyncio.create_task(produce(i)) for i in range(3)]
+    await reached.wait()  # a backlog, so the move has keys to carry
+    workers += [asyncio.create_task(consume()) for _ in range(2)]
+    moved_keys = await asyncio.to_thread(redis_cluster.move_slot, slot, target)
+    goal = len(acked) + 200
+    reached.clear()
+    await reached.wait()  # and traffic after the move
+    stop.set()
+    await asyncio.gather(*workers)
+
+    assert redis_cluster.owner(slot) == target
+    assert moved_keys > 0
+    assert cluster_store.counters.cluster_redirects > 0, "the move went unnoticed"
+    remaining = await everything(cluster_store, project, queue)
+    assert len(remaining) == len(set(remaining)), "a message is listed twice"
+    lost = set(acked) - set(remaining) - deleted - unsure
+    assert not lost, "an acknowledged message was lost"
+    assert not set(remaining) & deleted, "a deleted message came back"
+    assert max(claims.values()) == 1, "a message was claimed twice"
+    bodies = [m.body for m in await cluster_store.get_messages(project, queue, remaining)]
+    bodies += [acked[i] for i in deleted if i in acked]
+    assert len(bodies) == len(set(bodies)), "a post was stored twice"
+    print(
+        f"CLUSTER slot move ({cluster_store.name}): {moved_keys} keys moved, "
+        f"{len(acked)} posts acknowledged, {len(deleted)} claimed and deleted, "
+        f"{cluster_store.counters.cluster_redirects} redirects, 503s: {dict(unavailable)}"
+    )
