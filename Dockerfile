@@ -1,0 +1,60 @@
+# feedsvc as a container image: `docker build -t feedsvc .`, then
+# `docker run -p 8888:8888 feedsvc` (embedded Redis, data in /data) or, as in
+# docker-compose.yml, with FEEDSVC_REDIS_URL pointing at a Redis server.
+# Every setting is a FEEDSVC_* variable (README, "Configuration").
+# tests/test_docker.py lints this file and runs its CMD, ENV and HEALTHCHECK
+# as local processes.
+
+# The builder installs feedsvc and its dependencies into a virtualenv; the
+# runtime stage gets that virtualenv and nothing else. Every dependency has a
+# manylinux wheel for CPython 3.11, so neither stage needs a compiler; the
+# builder is what downloads and builds (hatchling, in pip's isolated build
+# environment).
+FROM python:3.11.15-slim-bookworm AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY lua/ lua/
+COPY feedsvc/ feedsvc/
+# No pip in the virtualenv: the base image's pip installs into it.
+RUN python -m venv --without-pip /opt/venv \
+    && python -m pip --python /opt/venv/bin/python install --no-cache-dir .
+
+
+FROM python:3.11.15-slim-bookworm
+
+# A fixed numeric id, so that `runAsNonRoot`-style checks can see it is not root.
+RUN groupadd --system --gid 10001 feedsvc \
+    && useradd --system --uid 10001 --gid feedsvc --no-create-home \
+       --home-dir /nonexistent --shell /usr/sbin/nologin feedsvc \
+    && mkdir /data \
+    && chown feedsvc:feedsvc /data
+
+COPY --from=builder /opt/venv /opt/venv
+
+# FEEDSVC_DATA_DIR is only used by the embedded Redis (no FEEDSVC_REDIS_URL);
+# mount a volume on /data to keep its AOF files.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    FEEDSVC_HOST=0.0.0.0 \
+    FEEDSVC_PORT=8888 \
+    FEEDSVC_DATA_DIR=/data
+
+USER 10001:10001
+WORKDIR /data
+EXPOSE 8888
+
+# GET /v2/ping is 204 when Redis answers, 503 when it does not; urlopen raises
+# on a 503 or a refused connection, so the exit code says healthy or not.
+# (Zaqar routes want a Client-ID and an X-Project-ID even here; slim images
+# have no curl.)
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, uuid, urllib.request as r; r.urlopen(r.Request('http://127.0.0.1:%s/v2/ping' % os.environ['FEEDSVC_PORT'], headers={'Client-ID': str(uuid.uuid4()), 'X-Project-ID': 'healthcheck'}), timeout=4)"]
+
+# feedsvc stops on SIGTERM (docker stop), giving requests in flight
+# FEEDSVC_SHUTDOWN_GRACE seconds (default 30).
+CMD ["feedsvc", "serve"]
