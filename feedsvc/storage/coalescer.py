@@ -84,11 +84,16 @@ class Coalescer:
 
     async def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Run commands in the next batch; replies in order, errors as values."""
+        return await self.submit(commands)
+
+    def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        """Queue commands for the next batch; the future gets their replies.
+        (Lets a caller put commands on several connections before waiting.)"""
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._pending.append((commands, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
-        return await future
+        return future
 
     async def _flush(self) -> None:
         try:

@@ -117,11 +117,12 @@ def text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def parse_seq(raw: bytes | str | int) -> int:
-    # Redis may format a large zset score in exponent notation; every seq is
-    # below 2**53, so the float round trip is exact.
-    if isinstance(raw, int):
-        return raw
+def parse_seq(raw: bytes | str | int | float) -> int:
+    # Redis may format a large zset score in exponent notation (and RESP3
+    # sends it as a double); every seq is below 2**53, so the float round
+    # trip is exact.
+    if isinstance(raw, int | float):
+        return int(raw)
     try:
         return int(raw)
     except ValueError:
@@ -250,9 +251,13 @@ class RedisStore:
         todo = list(range(len(commands)))
         for _ in range(MOVED_RESENDS):
             groups = self._route([commands[i] for i in todo])
-            done = await asyncio.gather(
-                *(self._exchange(node, [commands[todo[j]] for j in idx]) for node, idx in groups)
-            )
+            batches = [(node, [commands[todo[j]] for j in idx]) for node, idx in groups]
+            if len(batches) == 1:
+                done = [await self._exchange(*batches[0])]
+            elif self._settings.coalesce:
+                done = await self._fan_out(batches)
+            else:  # one pool slot at a time: holding one while waiting for another could deadlock
+                done = [await self._exchange(node, batch) for node, batch in batches]
             moved: list[int] = []
             for (_node, idx), got in zip(groups, done, strict=True):
                 for j, reply in zip(idx, got, strict=True):
@@ -284,6 +289,27 @@ class RedisStore:
             node = found or servers.default_node()
             groups.setdefault(node.name, (node, []))[1].append(i)
         return list(groups.values())
+
+    async def _fan_out(self, batches: Sequence[tuple[Node, list[Command]]]) -> list[list[Any]]:
+        """Put each batch on its node's coalescer, then wait for them all."""
+        started = time.perf_counter()
+        futures = []
+        for node, batch in batches:
+            assert node.coalescer is not None
+            futures.append(node.coalescer.submit(batch))
+        try:
+            return [await future for future in futures]
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            await self._servers.lost()
+            raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
+        finally:
+            for future in futures:  # a failed or cancelled wait leaves nothing behind
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()
+            self.counters.redis_calls += 1
+            self.counters.redis_seconds += time.perf_counter() - started
 
     async def _exchange(self, node: Node, commands: Sequence[Command]) -> list[Any]:
         if node.coalescer is not None:

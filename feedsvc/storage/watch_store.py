@@ -125,13 +125,9 @@ class WatchStore(RedisStore):
                     until, *first_ids = text(seen).split()
                     if int(until) > now:
                         return None, first_ids
-                # RESP2 answers a flat list, RESP3 a list of pairs
-                pairs = (
-                    sample
-                    if sample and isinstance(sample[0], list)
-                    else list(zip(sample[::2], sample[1::2], strict=True))
-                )
-                forget = [field for field, value in pairs if int(text(value).split()[0]) <= now]
+                forget = [
+                    field for field, value in pairs(sample) if int(text(value).split()[0]) <= now
+                ]
             if mps is not None and request_size > int(mps):
                 raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
             default_ttl = int(dttl or settings.default_message_ttl)
@@ -187,38 +183,37 @@ class WatchStore(RedisStore):
         last: int | None = None
         start = "-inf" if query.marker is None else f"({query.marker}"
         chunk = query.limit + 2
-        async with self._slot():
-            while len(found) < query.limit and scanned < scan_limit:
-                want = min(chunk, scan_limit - scanned)
-                entries: list[Any] = await self._redis.zrangebyscore(
-                    keys.index, start, "+inf", start=0, num=want, withscores=True
-                )
-                if not entries:
+        while len(found) < query.limit and scanned < scan_limit:
+            want = min(chunk, scan_limit - scanned)
+            [raw] = await self._call_checked(
+                [("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)]
+            )
+            entries = pairs(raw)
+            if not entries:
+                break
+            rows = await self._call_checked(
+                [("HMGET", keys.message(text(m)), *MESSAGE_FIELDS, "u", "d") for m, _ in entries]
+            )
+            for (member, score), row in zip(entries, rows, strict=True):
+                scanned += 1
+                last = parse_seq(score)
+                message = message_from_fields(text(member), row[:-2], now)
+                if message is None:
+                    continue
+                author, due = row[-2], int(row[-1] or 0)
+                if not query.echo and author is not None and text(author) == query.client_id:
+                    continue
+                if not query.include_claimed and message.claim_id is not None:
+                    continue
+                if not query.include_delayed and due > now:
+                    continue
+                found.append(message)
+                if len(found) == query.limit:
                     break
-                pipe = self._redis.pipeline(transaction=False)
-                for member, _ in entries:
-                    pipe.hmget(keys.message(text(member)), [*MESSAGE_FIELDS, "u", "d"])
-                rows = await pipe.execute()
-                for (member, score), row in zip(entries, rows, strict=True):
-                    scanned += 1
-                    last = int(score)
-                    message = message_from_fields(text(member), row[:-2], now)
-                    if message is None:
-                        continue
-                    author, due = row[-2], int(row[-1] or 0)
-                    if not query.echo and author is not None and text(author) == query.client_id:
-                        continue
-                    if not query.include_claimed and message.claim_id is not None:
-                        continue
-                    if not query.include_delayed and due > now:
-                        continue
-                    found.append(message)
-                    if len(found) == query.limit:
-                        break
-                if len(entries) < want:
-                    break
-                start = f"({last}"
-                chunk = min(chunk * 2, 512)
+            if len(entries) < want:
+                break
+            start = f"({last}"
+            chunk = min(chunk * 2, 512)
         next_marker = last if (found or scanned >= scan_limit) else None
         return MessagePage(found, next_marker)
 
@@ -422,6 +417,13 @@ class WatchStore(RedisStore):
 # Fields read to decide whether a message is free: e, d, k, x, s.
 FREE_FIELDS = ("e", "d", "k", "x", "s", "n")
 CLAIM_FIELDS = ("b", "t", "c", "e", "d", "k", "x", "n", "u", "s")
+
+
+def pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """Field/value or member/score pairs: RESP2 answers a flat list, RESP3 a list of pairs."""
+    if reply and isinstance(reply[0], list):
+        return [(a, b) for a, b in reply]
+    return list(zip(reply[::2], reply[1::2], strict=True))
 
 
 def is_free(row: Sequence[Any], now: int) -> bool:
