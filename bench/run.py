@@ -10,7 +10,8 @@ noise; ratios are what to read.
     python -m bench post get             # some parts
     python -m bench --duration 3 --rounds 1 post
 
-Parts: post, get, loop, pool, batch, coalesce, drivers, rtt (needs root:
+Parts: post, get, loop, pool, batch, coalesce, drivers, cluster (a local
+3-primary Redis Cluster), rtt (needs root:
 network namespace + tc netem). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
@@ -317,6 +318,36 @@ class Suite:
             p99_ratio=rps["watch"].p99_ms / rps["lua"].p99_ms,
         )
 
+    def part_cluster(self) -> None:
+        """POST and GET on a local 3-primary Redis Cluster against the single
+        server, each as a ratio to hello, both drivers. All processes share
+        the machine's cores, so this shows the cluster path's overhead, not
+        the capacity a cluster of real machines adds."""
+        from tests.cluster import LocalCluster
+
+        cluster = LocalCluster(self.workdir / "cluster")
+        cluster.start()
+        try:
+            for driver in ("lua", "watch"):
+                for path, script, what in (
+                    ("/v2/queues/bpost/messages", "post.lua", "POST"),
+                    ("/v2/queues/bget/messages?limit=10", "get.lua", "GET page"),
+                ):
+                    ratios, errors = {}, 0
+                    for label, url in (("single", self.redis.url), ("cluster", cluster.url)):
+                        with service(url, self.workdir, "--driver", driver) as svc:
+                            _, result, ratios[label] = self.paired(svc, script, path)
+                            errors += result.errors
+                    self.add(
+                        f"{what} {driver}: cluster vs single",
+                        single_ratio=ratios["single"],
+                        cluster_ratio=ratios["cluster"],
+                        cluster_over_single=ratios["cluster"] / ratios["single"],
+                        errors=errors,
+                    )
+        finally:
+            cluster.stop()
+
     def part_rtt(self) -> None:
         """Redis behind 0.25 ms of round-trip time (tc netem in a network namespace)."""
         with service(self.redis.url, self.workdir) as svc:
@@ -472,7 +503,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
         subprocess.run(["ip", "link", "del", "fsb0"], capture_output=True, check=False)
 
 
-PARTS = ["post", "get", "loop", "pool", "batch", "coalesce", "drivers", "rtt"]
+PARTS = ["post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
