@@ -1,21 +1,35 @@
-"""``feedsvc serve --workers N``: supervision, crash restart, graceful stop."""
+"""``feedsvc serve --workers N``: supervision, crash restart, graceful stop.
+
+The drain tests hold requests in flight deterministically: writes on a Redis
+of their own are paused (``CLIENT PAUSE ... WRITE``), so each POST, fully
+sent, waits inside its handler, and Redis counts it as a blocked client.
+Only then is SIGTERM sent; the writes resume once every process has logged
+that it is draining.
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
-from feedsvc.redis_server import pick_free_port
+from feedsvc.redis_server import RedisServer, pick_free_port
 
 HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "workers"}
 
@@ -51,20 +65,21 @@ def post(port: int, body: bytes = b'{"messages": [{"body": 1}]}') -> int:
         return int(response.status)
 
 
-@pytest.fixture
-def supervised(
-    redis_url: str, tmp_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    port, log = pick_free_port(), tmp_path / "serve.log"
+@contextmanager
+def serving(
+    redis_url: str, log: Path, *flags: str, workers: int = 2
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``feedsvc serve`` with its own log; killed (and its workers) on exit if still alive."""
+    port = pick_free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port), "--redis-url",
-             redis_url, "--workers", "2", "--shutdown-grace", "10"],
+            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port),
+             "--redis-url", redis_url, "--workers", str(workers), *flags],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        wait_for(lambda: log.read_text().count("listening on") == 2, "two workers")
-        yield proc, port, log
+        wait_for(lambda: log.read_text().count("listening on") == workers, "workers listening")
+        yield proc, port
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -72,6 +87,15 @@ def supervised(
         for pid in worker_pids(log).values():
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def supervised(
+    redis_url: str, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    log = tmp_path / "serve.log"
+    with serving(redis_url, log, "--shutdown-grace", "10") as (proc, port):
+        yield proc, port, log
 
 
 def test_a_crashed_worker_is_replaced(
@@ -97,3 +121,147 @@ def test_sigterm_stops_every_worker(
     assert proc.wait(timeout=20) == 0
     wait_for(lambda: not any(alive(p) for p in workers.values()), "workers to exit", 10)
     assert "starting another" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A Redis for the drain tests alone: pausing the session's would stall other tests."""
+    server = RedisServer(tmp_path_factory.mktemp("drain-redis"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def admin(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis.url)
+    yield client
+    client.client_unpause()  # whatever the test did
+    client.close()
+
+
+Reply = tuple[int, str | None, Any]
+
+
+def post_body(port: int, queue: str, n: int) -> Reply:
+    """POST one message {"n": n}: status, Connection header, decoded reply."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(
+            "POST",
+            f"/v2/queues/{queue}/messages",
+            body=json.dumps({"messages": [{"body": {"n": n}}]}),
+            headers=HEADERS,
+        )
+        response = conn.getresponse()
+        return response.status, response.getheader("Connection"), json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def hold_posts(
+    pool: ThreadPoolExecutor, admin: redis.Redis, port: int, queue: str, count: int
+) -> list[Future[Reply]]:
+    """Send count POSTs that all wait inside their handler for paused Redis writes."""
+    admin.client_pause(120_000, all=False)  # WRITE: the POSTs' writes wait
+    posts = [pool.submit(post_body, port, queue, n) for n in range(count)]
+    # --no-coalesce: each waiting POST holds a Redis connection of its own
+    wait_for(lambda: admin.info("clients")["blocked_clients"] == count, "POSTs waiting on Redis")
+    return posts
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_drains_requests_in_flight(
+    workers: int, own_redis: RedisServer, admin: redis.Redis, tmp_path: Path
+) -> None:
+    log, queue, count = tmp_path / "serve.log", f"drain-{workers}", 6
+    flags = ("--shutdown-grace", "60", "--no-coalesce", "--redis-timeout", "120")
+    # the service is stopped first, so a failing test does not wait for its POSTs
+    with (
+        ThreadPoolExecutor(count) as pool,
+        serving(own_redis.url, log, *flags, workers=workers) as (proc, port),
+    ):
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("GET", "/v2/ping", headers=HEADERS)
+        assert idle.getresponse().status == 204  # and the connection stays open
+        pids = list(worker_pids(log).values())
+        posts = hold_posts(pool, admin, port, queue, count)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: log.read_text().count("draining:") == workers, "every process draining")
+
+        # Nothing listens any more: a new connection is refused, not queued.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        assert idle.sock is not None
+        assert idle.sock.recv(1) == b""  # the idle keep-alive connection was closed
+        idle.close()
+        assert proc.poll() is None  # still waiting for the POSTs
+
+        admin.client_unpause()
+        replies = [post.result(timeout=60) for post in posts]
+        assert proc.wait(timeout=60) == 0
+    assert [(status, connection) for status, connection, _ in replies] == [(201, "close")] * count
+    wait_for(lambda: not any(alive(p) for p in pids), "workers to exit", 10)
+    assert "cutting off" not in log.read_text()
+
+    # Every 201 is really stored: read the messages back through a fresh service.
+    ids = [body["resources"][0].rpartition("/")[2] for _, _, body in replies]
+    with serving(own_redis.url, tmp_path / "reader.log", workers=1) as (_, port):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/queues/{queue}/messages?ids={','.join(ids)}",
+            headers=HEADERS,
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            stored = json.loads(response.read())["messages"]
+    assert sorted(m["body"]["n"] for m in stored) == list(range(count))
+
+
+def test_a_request_outliving_the_grace_period_is_cut_off(
+    own_redis: RedisServer, admin: redis.Redis, tmp_path: Path
+) -> None:
+    log, count = tmp_path / "serve.log", 4
+    flags = ("--shutdown-grace", "1", "--no-coalesce", "--redis-timeout", "120")
+    with ThreadPoolExecutor(count) as pool, serving(own_redis.url, log, *flags) as (proc, port):
+        pids = list(worker_pids(log).values())
+        posts = hold_posts(pool, admin, port, "cut-off", count)
+        proc.send_signal(signal.SIGTERM)  # and Redis stays paused
+        # 0: each worker cut its requests off itself; none had to be killed
+        assert proc.wait(timeout=60) == 0
+        for post in posts:
+            with pytest.raises(ConnectionError):  # closed without a response
+                post.result(timeout=60)
+    wait_for(lambda: not any(alive(p) for p in pids), "workers to exit", 10)
+    # whichever worker holds them (the kernel may give one worker all four)
+    cut_off = re.findall(r"cutting off (\d+) requests", log.read_text())
+    assert sum(int(n) for n in cut_off) == count
+
+
+def test_a_body_still_arriving_when_the_drain_starts_is_read(
+    redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    body = json.dumps({"messages": [{"body": "late"}]}).encode()
+    head = (
+        "POST /v2/queues/late/messages HTTP/1.1\r\nHost: feedsvc\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in HEADERS.items())
+        + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with (
+        serving(redis_url, log, "--shutdown-grace", "10", workers=1) as (proc, port),
+        socket.create_connection(("127.0.0.1", port), timeout=30) as sock,
+    ):
+        sock.sendall(head.encode())
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n") and (chunk := sock.recv(1)):
+            interim += chunk
+        # the head is parsed and the handler waits for the body
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "draining:" in log.read_text(), "the drain to start")
+        sock.sendall(body)
+        reply = b""
+        while chunk := sock.recv(65536):  # the server closes after the response
+            reply += chunk
+        assert proc.wait(timeout=60) == 0
+    assert reply.startswith(b"HTTP/1.1 201 ")
+    assert b"\r\nConnection: close\r\n" in reply
