@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -88,6 +89,18 @@ class Parked:
     author: bytes
     ttl: int  # its ttl in the dead-letter queue
     count: int  # how often it was claimed
+
+
+class _Lease:
+    """Whether the current task holds its pool slot (see _slot and _backoff)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = True
+
+
+_LEASE: ContextVar[_Lease | None] = ContextVar("feedsvc_pool_lease", default=None)
 
 
 class Conflicted(Exception):
@@ -217,20 +230,27 @@ class RedisStore:
                 raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
             raise
 
-    @asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """Hold one of pool_size connection slots; translate Redis trouble to 503s."""
+    async def _acquire_slot(self) -> None:
         try:
             async with asyncio.timeout(self._settings.pool_timeout):
                 await self._gate.acquire()
         except TimeoutError:
             raise PoolExhausted("No Redis connection became free in time.") from None
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold one of pool_size connection slots; translate Redis trouble to 503s."""
+        await self._acquire_slot()
+        lease = _Lease()
+        token = _LEASE.set(lease)
         started = time.perf_counter()
         try:
             async with self._errors():
                 yield
         finally:
-            self._gate.release()
+            _LEASE.reset(token)
+            if lease.held:
+                self._gate.release()
             self.counters.redis_calls += 1
             self.counters.redis_seconds += time.perf_counter() - started
 
@@ -435,7 +455,16 @@ class RedisStore:
                 f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
             )
         ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+        # give the slot back while sleeping: a crowd of conflicting writers
+        # must not starve everyone else of connections
+        lease = _LEASE.get()
+        if lease is not None and lease.held:
+            self._gate.release()
+            lease.held = False
         await asyncio.sleep(random.uniform(0, ceiling))
+        if lease is not None:
+            await self._acquire_slot()
+            lease.held = True
 
     async def _optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
         attempt = 0
