@@ -41,6 +41,7 @@ import yaml
 
 from feedsvc.config import Settings
 from feedsvc.redis_server import find_redis_server, pick_free_port
+from feedsvc.workers import KILL_AFTER_GRACE
 from tests.cluster import pick_node_port
 from tests.conftest import REPO_ROOT
 
@@ -523,8 +524,10 @@ def test_compose_file_agrees_with_the_dockerfile(compose: dict[str, Any]) -> Non
         assert svc["build"] == "."
         [published] = svc["ports"]
         assert published.rsplit(":", 1)[1] == env["FEEDSVC_PORT"]
-        # docker stop waits this long before SIGKILL: longer than feedsvc's grace
-        assert int(svc["stop_grace_period"].removesuffix("s")) > Settings().shutdown_grace
+        # docker stop waits this long before SIGKILL: longer than feedsvc's
+        # grace plus the supervisor's own wait before it kills a stuck worker
+        stop_wait = int(svc["stop_grace_period"].removesuffix("s"))
+        assert stop_wait > Settings().shutdown_grace + KILL_AFTER_GRACE
     for name, svc in compose["services"].items():
         if "image" in svc:
             assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+", svc["image"]), f"{name}: pin a version"
