@@ -277,8 +277,13 @@ def redis_argv(command: list[str], swaps: Mapping[str, str]) -> list[str]:
 
 
 def needs_redis_cli() -> None:
+    """The compose health checks run redis-cli. .ci/run installs it, so in CI
+    its absence fails; a developer's machine without it skips these tests."""
     if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli (which the compose health checks run) is not on PATH")
+        message = "redis-cli (which the compose health checks run) is not on PATH"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def start_redis_service(
@@ -687,10 +692,6 @@ def test_feedsvc_on_the_cluster_survives_down_and_up(
     compose: dict[str, Any], cluster: ComposeCluster, processes: Processes, tmp_path: Path
 ) -> None:
     svc = service(compose, "feedsvc-cluster")
-    try:
-        Settings(redis_url=localize(service_env(svc)["FEEDSVC_REDIS_URL"], cluster.here))
-    except ValueError as exc:
-        pytest.skip(f"this feedsvc does not take a Redis Cluster URL: {exc}")
     stage = final_stage()
     cluster.init()
     feedsvc = start_feedsvc_service(

@@ -266,7 +266,10 @@ class RedisStore:
         reply stands and becomes a 503). ASK and TRYAGAIN (a slot halfway
         through a migration) are left as replies: 503, retry.
         """
-        await self._servers.ready()
+        servers = self._servers
+        if not servers.cluster:
+            return await self._exchange(servers.default_node(), commands)
+        await servers.ready()
         replies: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
         for _ in range(MOVED_RESENDS):
@@ -294,8 +297,6 @@ class RedisStore:
     def _route(self, commands: Sequence[Command]) -> list[tuple[Node, list[int]]]:
         """Commands grouped by the node that serves them, order kept in each group."""
         servers = self._servers
-        if not servers.cluster:
-            return [(servers.default_node(), list(range(len(commands))))]
         keys = [command_key(c) for c in commands]
         nodes: list[Node | None] = [None if k is None else servers.node_for(k) for k in keys]
         following: Node | None = None
