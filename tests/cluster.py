@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,13 @@ def redis_cli() -> str | None:
 
 
 class LocalCluster:
-    """``primaries`` redis-server processes joined into one cluster on 127.0.0.1."""
+    """``primaries`` redis-server processes joined into one cluster on
+    127.0.0.1, and with ``replicas`` one replica per primary: node
+    ``primaries + i`` replicates node ``i``."""
 
-    def __init__(self, root: Path, primaries: int = 3) -> None:
+    def __init__(self, root: Path, primaries: int = 3, replicas: bool = False) -> None:
+        self.primaries = primaries
+        self._joined = primaries  # nodes that are part of the cluster so far
         self.nodes = [
             RedisServer(
                 root / f"node{i}",
@@ -58,7 +63,7 @@ class LocalCluster:
                 appendfsync="no",
                 extra_args=NODE_ARGS,
             )
-            for i in range(primaries)
+            for i in range(primaries * (2 if replicas else 1))
         ]
 
     @property
@@ -74,7 +79,7 @@ class LocalCluster:
             node.start()
         cli = redis_cli()
         if cli is not None:
-            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes[: self.primaries]]
             subprocess.run(
                 [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0",
                  "--cluster-yes"],
@@ -84,33 +89,76 @@ class LocalCluster:
             )  # fmt: skip
         else:
             self._join()
+        self._wait(self._settled, timeout, "the test cluster did not settle")
+        if len(self.nodes) > self.primaries:
+            self._add_replicas(timeout)
+
+    @staticmethod
+    def _wait(done: Callable[[], bool], timeout: float, failure: str) -> None:
         deadline = time.monotonic() + timeout
-        while not self._settled():
+        while not done():
             if time.monotonic() > deadline:
-                raise RuntimeError("the test cluster did not settle")
+                raise RuntimeError(failure)
             time.sleep(0.1)
+
+    def _add_replicas(self, timeout: float) -> None:
+        """Each extra node meets the cluster, then replicates its primary."""
+        with self.client(0) as client:
+            for node in self.nodes[self.primaries :]:
+                command(client, "CLUSTER", "MEET", "127.0.0.1", node.port)
+        self._joined = len(self.nodes)
+        self._wait(self._settled, timeout, "the replicas did not join")
+        ids = self.node_ids()
+        for i in range(self.primaries, len(self.nodes)):
+            with self.client(i) as client:
+                command(client, "CLUSTER", "REPLICATE", ids[i - self.primaries])
+
+        def in_sync() -> bool:
+            for i in range(self.primaries, len(self.nodes)):
+                with self.client(i) as client:
+                    if client.info("replication").get("master_link_status") != "up":
+                        return False
+            return self._settled()
+
+        self._wait(in_sync, timeout, "the replicas did not catch up")
+
+    def fail_over(self, primary: int, timeout: float = 30.0) -> int:
+        """Promote ``primary``'s replica with a coordinated CLUSTER FAILOVER
+        (the replica catches up first, so no acknowledged write is lost);
+        returns the index of the new primary."""
+        replica = primary + self.primaries if primary < self.primaries else primary - self.primaries
+        with self.client(replica) as client:
+            command(client, "CLUSTER", "FAILOVER")
+
+        def promoted() -> bool:
+            with self.client(replica) as client:
+                role = command(client, "ROLE")[0]
+            return bool(role == b"master") and self._settled()
+
+        self._wait(promoted, timeout, "the failover did not complete")
+        return replica
 
     def _join(self) -> None:
         """What ``redis-cli --cluster create`` does, for machines without
         redis-cli (e.g. only the bundled server binary): share the slots out
         evenly, then introduce the nodes to each other."""
-        share = 16384 // len(self.nodes)
-        for i in range(len(self.nodes)):
-            last = 16383 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+        share = 16384 // self.primaries
+        for i in range(self.primaries):
+            last = 16383 if i == self.primaries - 1 else (i + 1) * share - 1
             with self.client(i) as client:
                 command(client, "CLUSTER", "ADDSLOTSRANGE", i * share, last)
                 command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         with self.client(0) as client:
-            for node in self.nodes[1:]:
+            for node in self.nodes[1 : self.primaries]:
                 command(client, "CLUSTER", "MEET", "127.0.0.1", node.port)
 
     def _settled(self) -> bool:
         """Every node sees every node and all 16384 slots served."""
-        for i in range(len(self.nodes)):
+        for i in range(self._joined):
             with self.client(i) as client:
                 info = client.cluster("INFO")
                 known = int(info["cluster_known_nodes"])
-                if info["cluster_state"] != "ok" or known != len(self.nodes):
+                if info["cluster_state"] != "ok" or known != self._joined:
                     return False
         return True
 

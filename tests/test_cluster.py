@@ -1,7 +1,8 @@
 """feedsvc on a real 3-primary Redis Cluster, beyond the contract suites
 (which run on the cluster too, see CLUSTER_SUITES in conftest.py): queues of
-one project on different nodes, dead-lettering across nodes, and a slot moved
-while producers and consumers are busy, for both drivers.
+one project on different nodes, dead-lettering across nodes, a slot moved and
+a primary failed over while producers and consumers are busy, for both
+drivers.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -116,6 +118,93 @@ async def test_dead_letters_cross_nodes(
     ]
 
 
+class Traffic:
+    """Three producers and two consumers (claim, then delete) on one queue,
+    and the check that nothing acknowledged was lost, doubled or claimed
+    twice, whatever happened to the cluster meanwhile."""
+
+    def __init__(self, store: Store, project: str, queue: str) -> None:
+        self.store, self.project, self.queue = store, project, queue
+        self.acked: dict[str, bytes] = {}
+        self.claims: Counter[str] = Counter()
+        self.deleted: set[str] = set()
+        self.unsure: set[str] = set()  # deletes answered 503: done or not
+        self.unavailable: Counter[str] = Counter()
+        self._stop = asyncio.Event()
+        self._goal, self._reached = 0, asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, backlog: int) -> None:
+        """Producers first, until `backlog` posts are acknowledged; then consumers."""
+        self._tasks = [asyncio.create_task(self._produce(i)) for i in range(3)]
+        await self.acknowledged(backlog)
+        self._tasks += [asyncio.create_task(self._consume()) for _ in range(2)]
+
+    async def acknowledged(self, more: int) -> None:
+        """Wait until `more` further posts are acknowledged."""
+        self._goal = len(self.acked) + more
+        self._reached.clear()
+        await self._reached.wait()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _produce(self, who: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            body = orjson.dumps({"p": who, "n": n})
+            n += 1
+            try:
+                [message_id] = await self.store.post_messages(
+                    self.project, self.queue, WRITER, [NewMessage(body)]
+                )
+                self.acked[message_id] = body
+                if len(self.acked) >= self._goal:
+                    self._reached.set()
+            except Unavailable:
+                self.unavailable["post"] += 1
+            await asyncio.sleep(0.001)
+
+    async def _consume(self) -> None:
+        store, project, queue = self.store, self.project, self.queue
+        while not self._stop.is_set():
+            try:
+                claim = await store.claim_messages(project, queue, 300, 60, 5)
+            except Unavailable:
+                self.unavailable["claim"] += 1
+                await asyncio.sleep(0.001)
+                continue
+            if claim is None:
+                await asyncio.sleep(0.005)
+                continue
+            for message in claim.messages:
+                self.claims[message.id] += 1
+                try:
+                    await store.delete_message(project, queue, message.id, claim.id)
+                    self.deleted.add(message.id)
+                except Unavailable:
+                    self.unavailable["delete"] += 1
+                    self.unsure.add(message.id)
+
+    async def check(self) -> str:
+        """Assert the guarantees; a one-line summary for the report."""
+        store = self.store
+        remaining = await everything(store, self.project, self.queue)
+        assert len(remaining) == len(set(remaining)), "a message is listed twice"
+        lost = set(self.acked) - set(remaining) - self.deleted - self.unsure
+        assert not lost, "an acknowledged message was lost"
+        assert not set(remaining) & self.deleted, "a deleted message came back"
+        assert max(self.claims.values(), default=1) == 1, "a message was claimed twice"
+        bodies = [m.body for m in await store.get_messages(self.project, self.queue, remaining)]
+        bodies += [self.acked[i] for i in self.deleted if i in self.acked]
+        assert len(bodies) == len(set(bodies)), "a post was stored twice"
+        return (
+            f"{len(self.acked)} posts acknowledged, {len(self.deleted)} claimed and deleted, "
+            f"{store.counters.cluster_redirects} redirects, 503s: {dict(self.unavailable)}"
+        )
+
+
 async def test_a_slot_moved_mid_run_loses_and_doubles_nothing(
     cluster_store: Store, redis_cluster: LocalCluster, project: str
 ) -> None:
@@ -127,74 +216,53 @@ async def test_a_slot_moved_mid_run_loses_and_doubles_nothing(
     queue = "moving"
     slot = slot_of(project, queue)
     target = (redis_cluster.owner(slot) + 1) % 3
-    acked: dict[str, bytes] = {}
-    claims: Counter[str] = Counter()
-    deleted: set[str] = set()
-    unsure: set[str] = set()  # deletes answered 503: done or not
-    unavailable = Counter[str]()
-    stop = asyncio.Event()
-    goal, reached = 300, asyncio.Event()
-
-    async def produce(who: int) -> None:
-        n = 0
-        while not stop.is_set():
-            body = orjson.dumps({"p": who, "n": n})
-            n += 1
-            try:
-                [message_id] = await cluster_store.post_messages(
-                    project, queue, WRITER, [NewMessage(body)]
-                )
-                acked[message_id] = body
-                if len(acked) >= goal:
-                    reached.set()
-            except Unavailable:
-                unavailable["post"] += 1
-            await asyncio.sleep(0.001)
-
-    async def consume() -> None:
-        while not stop.is_set():
-            try:
-                claim = await cluster_store.claim_messages(project, queue, 300, 60, 5)
-            except Unavailable:
-                unavailable["claim"] += 1
-                await asyncio.sleep(0.001)
-                continue
-            if claim is None:
-                await asyncio.sleep(0.005)
-                continue
-            for message in claim.messages:
-                claims[message.id] += 1
-                try:
-                    await cluster_store.delete_message(project, queue, message.id, claim.id)
-                    deleted.add(message.id)
-                except Unavailable:
-                    unavailable["delete"] += 1
-                    unsure.add(message.id)
-
-    workers = [asyncio.create_task(produce(i)) for i in range(3)]
-    await reached.wait()  # a backlog, so the move has keys to carry
-    workers += [asyncio.create_task(consume()) for _ in range(2)]
+    traffic = Traffic(cluster_store, project, queue)
+    await traffic.start(backlog=300)  # so the move has keys to carry
     moved_keys = await asyncio.to_thread(redis_cluster.move_slot, slot, target)
-    goal = len(acked) + 200
-    reached.clear()
-    await reached.wait()  # and traffic after the move
-    stop.set()
-    await asyncio.gather(*workers)
+    await traffic.acknowledged(200)  # and traffic after the move
+    await traffic.stop()
 
     assert redis_cluster.owner(slot) == target
     assert moved_keys > 0
     assert cluster_store.counters.cluster_redirects > 0, "the move went unnoticed"
-    remaining = await everything(cluster_store, project, queue)
-    assert len(remaining) == len(set(remaining)), "a message is listed twice"
-    lost = set(acked) - set(remaining) - deleted - unsure
-    assert not lost, "an acknowledged message was lost"
-    assert not set(remaining) & deleted, "a deleted message came back"
-    assert max(claims.values()) == 1, "a message was claimed twice"
-    bodies = [m.body for m in await cluster_store.get_messages(project, queue, remaining)]
-    bodies += [acked[i] for i in deleted if i in acked]
-    assert len(bodies) == len(set(bodies)), "a post was stored twice"
-    print(
-        f"CLUSTER slot move ({cluster_store.name}): {moved_keys} keys moved, "
-        f"{len(acked)} posts acknowledged, {len(deleted)} claimed and deleted, "
-        f"{cluster_store.counters.cluster_redirects} redirects, 503s: {dict(unavailable)}"
-    )
+    summary = await traffic.check()
+    print(f"CLUSTER slot move ({cluster_store.name}): {moved_keys} keys moved, {summary}")
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path / "cluster", replicas=True)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def test_a_primary_failed_over_mid_run_loses_and_doubles_nothing(
+    replicated_cluster: LocalCluster, driver: str, project: str
+) -> None:
+    """The same traffic while the queue's primary hands over to its replica
+    (CLUSTER FAILOVER): the old primary turns replica and answers MOVED,
+    feedsvc follows it to the new one."""
+    cluster = replicated_cluster
+    store = make_store(make_settings(cluster.url, driver=driver))
+    assert isinstance(store, LuaStore | WatchStore)
+    try:
+        if isinstance(store, LuaStore):
+            await store.load_scripts()
+        queue = "failing-over"
+        slot = slot_of(project, queue)
+        old = cluster.owner(slot)
+        traffic = Traffic(store, project, queue)
+        await traffic.start(backlog=200)
+        new = await asyncio.to_thread(cluster.fail_over, old)
+        await traffic.acknowledged(200)
+        await traffic.stop()
+
+        assert cluster.owner(slot) == new != old
+        assert store.counters.cluster_redirects > 0, "the failover went unnoticed"
+        summary = await traffic.check()
+        print(f"CLUSTER failover ({store.name}): {summary}")
+    finally:
+        await store.close()
