@@ -432,3 +432,35 @@ async def test_a_conflict_backoff_gives_the_pool_slot_back(redis_url: str) -> No
         assert store.stats()["pool_in_use"] == 0
     finally:
         await store.close()
+
+
+async def test_the_pooled_path_without_coalescing(
+    redis_url: str, driver: str, project: str
+) -> None:
+    """--no-coalesce: every call takes a pool connection of its own (on a
+    cluster, one per node it touches, one at a time). A tour of the store."""
+    store = make_store(make_settings(redis_url, driver=driver, coalesce=False, pool_size=2))
+    try:
+        if isinstance(store, LuaStore):
+            await store.load_scripts()
+        meta = {"_max_claim_count": 1, "_dead_letter_queue": "dead"}
+        assert await store.create_queue(project, "work", meta)
+        ids = await store.post_messages(project, "work", WRITER, [msg(i) for i in range(6)])
+        page = await store.list_messages(project, "work", ListQuery(READER, limit=4))
+        assert [m.id for m in page.messages] == ids[:4]
+        claim = await store.claim_messages(project, "work", 60, 60, 2)
+        assert claim is not None and [m.id for m in claim.messages] == ids[:2]
+        await store.release_claim(project, "work", claim.id)
+        # claimed once: the next claim dead-letters those two and takes two more
+        again = await store.claim_messages(project, "work", 60, 60, 2)
+        assert again is not None and [m.id for m in again.messages] == ids[2:4]
+        dead = await store.list_messages(project, "dead", ListQuery(READER))
+        assert [m.id for m in dead.messages] == ids[:2]
+        assert [m.id for m in await store.pop_messages(project, "work", 1)] == ids[4:5]
+        await store.delete_messages(project, "work", ids[5:])
+        await store.purge_queue(project, "dead")
+        await store.delete_queue(project, "work")
+        assert [q.name for q in await store.list_queues(project, None, 10, False)] == ["dead"]
+        assert store.stats()["pool_in_use"] == 0
+    finally:
+        await store.close()
