@@ -7,6 +7,8 @@ never see each other's data and no flushing is needed.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -123,3 +125,15 @@ async def http(settings: Settings) -> AsyncIterator[TestClient[web.Request, web.
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_wheel(source: Path, dest: Path) -> Path:
+    """Build feedsvc's wheel from a source tree into dest."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(dest), str(source)],
+        check=True,
+        timeout=120,
+    )  # fmt: skip
+    [wheel] = list(dest.glob("feedsvc-*.whl"))
+    return wheel

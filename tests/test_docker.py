@@ -43,7 +43,7 @@ from feedsvc.config import Settings
 from feedsvc.redis_server import find_redis_server, pick_free_port
 from feedsvc.workers import KILL_AFTER_GRACE
 from tests.cluster import pick_node_port
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, build_wheel
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
@@ -496,14 +496,7 @@ def test_builder_stage_builds_feedsvc_from_the_build_context(tmp_path: Path) -> 
             for name, inside in sent.items():
                 (source_dir / inside).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(REPO_ROOT / name, source_dir / inside)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(source_dir)],
-        check=True,
-        timeout=120,
-    )  # fmt: skip
-    [wheel] = list((tmp_path / "dist").glob("feedsvc-*.whl"))
-    names = zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(build_wheel(source_dir, tmp_path / "dist")).namelist()
     assert "feedsvc/cli.py" in names
     assert {n.split("/")[-1] for n in names if n.startswith("feedsvc/lua/")} == {
         p.name for p in (REPO_ROOT / "lua").glob("*.lua")

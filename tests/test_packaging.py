@@ -7,17 +7,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, build_wheel
 
 
 def test_wheel_ships_lua_scripts_that_an_installed_copy_finds(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(REPO_ROOT)],
-        check=True,
-        timeout=120,
-    )  # fmt: skip
-    [wheel] = list((tmp_path / "dist").glob("feedsvc-*.whl"))
+    wheel = build_wheel(REPO_ROOT, tmp_path / "dist")
     names = zipfile.ZipFile(wheel).namelist()
     expected = sorted(p.name for p in (REPO_ROOT / "lua").glob("*.lua"))
     assert sorted(n.split("/")[-1] for n in names if n.startswith("feedsvc/lua/")) == expected
