@@ -24,6 +24,7 @@ from feedsvc import __version__
 from feedsvc.api import validation as v
 from feedsvc.api.handlers import SETTINGS
 from feedsvc.config import Settings
+from feedsvc.storage.base import RESERVED_FIELDS
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
@@ -208,14 +209,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         },
         "QueueMetadataShown": {
             "allOf": [_schema("QueueMetadata")],
-            "required": [
-                "_max_messages_post_size",
-                "_default_message_ttl",
-                "_default_message_delay",
-                "_dead_letter_queue",
-                "_dead_letter_queue_messages_ttl",
-                "_max_claim_count",
-            ],
+            "required": list(RESERVED_FIELDS),
         },
         "QueueList": _obj(
             {
