@@ -877,11 +877,13 @@ async def test_disconnecting_clients_leave_nothing_broken(driver: str, tmp_path:
                     )
                     chaos.sent[kind] += 1
                     reader, writer = await asyncio.open_connection("127.0.0.1", svc.port)
-                    writer.write(big)
-                    with contextlib.suppress(TimeoutError, ConnectionError):
-                        async with asyncio.timeout(CLIENT_TIMEOUT):
-                            await reader.read(65536)  # the first bytes of a few MB
-                    writer.transport.abort()
+                    try:
+                        writer.write(big)
+                        with contextlib.suppress(TimeoutError, ConnectionError):
+                            async with asyncio.timeout(CLIENT_TIMEOUT):
+                                await reader.read(65536)  # the first bytes of a few MB
+                    finally:  # also when the run's own deadline cancels this client
+                        writer.transport.abort()
                     return
                 if kind == "post":
                     payload, expected = post, [("post", tag)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -33,6 +33,8 @@ import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 from feedsvc.storage.coalescer import Coalescer, Command
@@ -64,27 +66,22 @@ async def exchange(conn: AbstractConnection, commands: Sequence[Command]) -> lis
 
 
 class Node:
-    """One Redis server: its connections and, when coalescing, its coalescer."""
+    """One Redis server: a pool of connections to it and, when coalescing,
+    its coalescer."""
 
     def __init__(
-        self,
-        name: str,
-        acquire: Callable[[], Awaitable[AbstractConnection]],
-        release: Callable[[AbstractConnection], Awaitable[None]],
-        make_connection: Callable[[], AbstractConnection],
-        coalesce: bool,
-        reply_timeout: float,
+        self, name: str, pool: ConnectionPool, coalesce: bool, reply_timeout: float, owned: bool
     ) -> None:
         self.name = name
-        self._acquire = acquire
-        self._release = release
-        self.coalescer = Coalescer(make_connection, reply_timeout) if coalesce else None
+        self._pool = pool
+        self._owned = owned  # close the pool with the node
+        self.coalescer = Coalescer(pool.make_connection, reply_timeout) if coalesce else None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AbstractConnection]:
         """A connection of this node's pool; closed, not reused, if the
         conversation on it was cut short (error, timeout, cancellation)."""
-        conn = await self._acquire()
+        conn: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         finished = False
         try:
             yield conn
@@ -92,7 +89,7 @@ class Node:
         finally:
             if not finished:
                 await conn.disconnect(nowait=True)
-            await self._release(conn)
+            await self._pool.release(conn)
 
     async def exchange(self, commands: Sequence[Command]) -> list[Any]:
         """Commands in one round trip on a pool connection (no coalescing)."""
@@ -102,6 +99,8 @@ class Node:
     async def close(self) -> None:
         if self.coalescer is not None:
             await self.coalescer.close()
+        if self._owned:
+            await self._pool.disconnect()
 
 
 class Servers(Protocol):
@@ -128,15 +127,8 @@ class SingleServer:
     cluster = False
 
     def __init__(self, redis: Redis, coalesce: bool, reply_timeout: float) -> None:
-        pool: ConnectionPool = redis.connection_pool
-
-        async def acquire() -> AbstractConnection:
-            conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
-            return conn
-
-        self._node = Node(
-            "redis", acquire, pool.release, pool.make_connection, coalesce, reply_timeout
-        )
+        # the client's own pool: the client closes it
+        self._node = Node("redis", redis.connection_pool, coalesce, reply_timeout, owned=False)
 
     async def ready(self) -> None:
         return None
@@ -170,10 +162,13 @@ class ClusterServers:
 
     cluster = True
 
-    def __init__(self, redis: RedisCluster, coalesce: bool, reply_timeout: float) -> None:
+    def __init__(
+        self, redis: RedisCluster, coalesce: bool, reply_timeout: float, max_connections: int
+    ) -> None:
         self._redis = redis
         self._coalesce = coalesce
         self._reply_timeout = reply_timeout
+        self._max_connections = max_connections
         self._nodes: dict[str, Node] = {}
         self._started = False
         self._stale = True
@@ -190,23 +185,18 @@ class ClusterServers:
                 self._stale = False
 
     def _node(self, server: ClusterNode) -> Node:
+        """The Node for a server, kept by address. Its pool is feedsvc's own,
+        not the ClusterNode's: redis-py disconnects a ClusterNode's
+        connections whenever it rebuilds its slot table (after a failover or
+        a slot move), which would cut conversations off in mid-flight."""
         node = self._nodes.get(server.name)
         if node is None:
-
-            async def acquire() -> AbstractConnection:
-                conn: AbstractConnection = server.acquire_connection()
-                return conn
-
-            async def release(conn: AbstractConnection) -> None:
-                server.release(conn)  # type: ignore[arg-type]
-
-            def make_connection() -> AbstractConnection:
-                conn: AbstractConnection = server.connection_class(**server.connection_kwargs)
-                return conn
-
-            node = Node(
-                server.name, acquire, release, make_connection, self._coalesce, self._reply_timeout
+            pool = ConnectionPool(
+                connection_class=server.connection_class,
+                max_connections=self._max_connections,
+                **{**server.connection_kwargs, "retry": Retry(NoBackoff(), 0)},
             )
+            node = Node(server.name, pool, self._coalesce, self._reply_timeout, owned=True)
             self._nodes[server.name] = node
         return node
 

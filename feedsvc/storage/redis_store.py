@@ -206,7 +206,7 @@ class RedisStore:
         # fair, and its plain pool fails at once when empty.
         self._gate = asyncio.Semaphore(pool_slots(settings))
         self._servers: Servers = (
-            ClusterServers(redis, settings.coalesce, settings.redis_timeout)
+            ClusterServers(redis, settings.coalesce, settings.redis_timeout, pool_slots(settings))
             if isinstance(redis, RedisCluster)
             else SingleServer(redis, settings.coalesce, settings.redis_timeout)
         )
