@@ -18,40 +18,22 @@ from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
 from feedsvc.api.validation import AUTH_TOKENS
+from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
-from feedsvc.errors import Unavailable
-from feedsvc.storage.base import FeedStore
-from feedsvc.storage.lua_store import LuaStore
-from feedsvc.storage.redis_store import connect
-from feedsvc.storage.watch_store import WatchStore
+from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
 
 
-def make_store(settings: Settings) -> FeedStore:
-    if settings.redis_url is None:
-        raise ValueError("make_store needs settings.redis_url")
-    redis = connect(settings, settings.redis_url)
-    if settings.driver == "watch":
-        return WatchStore(redis, settings)
-    return LuaStore(redis, settings)
-
-
 def _storage_context(
-    settings: Settings,
+    settings: Settings, clock: Clock
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def storage(app: web.Application) -> AsyncIterator[None]:
         if not HIREDIS_AVAILABLE:
             # redis-py would fall back to its pure-Python parser: slower
             log.warning("hiredis is not installed; replies are parsed in Python")
-        store = make_store(settings)
-        if isinstance(store, LuaStore):
-            try:
-                await store.load_scripts()
-            except Unavailable as exc:
-                # Start anyway: requests answer 503 until Redis is back, and
-                # scripts are loaded on first use (NOSCRIPT).
-                log.warning("Redis not reachable at startup: %s", exc)
+        store = make_store(settings, clock)
+        await store.open()
         app[STORE] = store
         yield
         await store.close()
@@ -59,7 +41,7 @@ def _storage_context(
     return storage
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> web.Application:
     # Zaqar's post-size limit applies to the whole request body; aiohttp
     # refuses a larger body while reading it, before buffering it whole.
     app = web.Application(
@@ -69,6 +51,6 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[AUTH_TOKENS] = settings.auth_tokens()
     setup_metrics(app)
-    app.cleanup_ctx.append(_storage_context(settings))
+    app.cleanup_ctx.append(_storage_context(settings, clock))
     add_routes(app, settings.bench_routes)
     return app

@@ -18,6 +18,8 @@ from typing import Any
 
 ENV_PREFIX = "FEEDSVC_"
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+# the storage drivers (see feedsvc.storage.drivers, which checks this list)
+DRIVER_NAMES = ("lua", "watch")
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
 
 
@@ -52,7 +54,7 @@ class Settings:
     driver: str = _opt(
         "lua",
         "storage driver: lua (EVALSHA scripts) or watch (WATCH/MULTI/EXEC)",
-        choices=("lua", "watch"),
+        choices=DRIVER_NAMES,
     )
     loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
     pool_size: int = _opt(

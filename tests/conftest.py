@@ -18,11 +18,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis, RedisCluster
 
-from feedsvc.app import create_app, make_store
+from feedsvc.app import create_app
 from feedsvc.config import Settings
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage.base import FeedStore
-from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.drivers import make_store
 from tests.cluster import LocalCluster
 
 DRIVERS = ["lua", "watch"]
@@ -97,8 +97,7 @@ def settings(redis_url: str, driver: str) -> Settings:
 @pytest.fixture
 async def store(settings: Settings) -> AsyncIterator[FeedStore]:
     feed = make_store(settings)
-    if isinstance(feed, LuaStore):
-        await feed.load_scripts()
+    await feed.open()
     yield feed
     await feed.close()
 

@@ -17,10 +17,10 @@ import orjson
 import pytest
 from redis.crc import key_slot
 
-from feedsvc.app import make_store
 from feedsvc.config import Settings
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.watch_store import WatchStore
@@ -40,8 +40,7 @@ async def cluster_store(
     redis_cluster: LocalCluster, driver: str
 ) -> AsyncIterator[LuaStore | WatchStore]:
     store = make_store(make_settings(redis_cluster.url, driver=driver))
-    if isinstance(store, LuaStore):
-        await store.load_scripts()
+    await store.open()
     assert isinstance(store, LuaStore | WatchStore)
     yield store
     await store.close()
@@ -249,8 +248,7 @@ async def test_a_primary_failed_over_mid_run_loses_and_doubles_nothing(
     store = make_store(make_settings(cluster.url, driver=driver))
     assert isinstance(store, LuaStore | WatchStore)
     try:
-        if isinstance(store, LuaStore):
-            await store.load_scripts()
+        await store.open()
         queue = "failing-over"
         slot = slot_of(project, queue)
         old = cluster.owner(slot)

@@ -11,10 +11,9 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from feedsvc.app import make_store
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import escape_project
-from feedsvc.storage.lua_store import LuaStore
 from tests.conftest import make_settings
 
 WRITER = str(uuid.uuid4())
@@ -59,8 +58,7 @@ async def test_concurrent_retries_post_once(store: FeedStore, project: str) -> N
 
 async def test_the_window_ends(redis_url: str, driver: str, project: str) -> None:
     store = make_store(make_settings(redis_url, driver=driver, idempotency_window=1))
-    if isinstance(store, LuaStore):
-        await store.load_scripts()
+    await store.open()
     try:
         first = await store.post_messages(project, "q", WRITER, batch(1), 0, "k")
         await asyncio.sleep(1.1)

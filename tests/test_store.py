@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from feedsvc.app import make_store
 from feedsvc.config import Settings
 from feedsvc.errors import InvalidClaim
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys, escape_project, registry_key
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.redis_store import RedisStore
@@ -347,7 +347,7 @@ async def test_concurrent_producers_and_observers(store: FeedStore, project: str
 async def lua_store(redis_url: str) -> AsyncIterator[LuaStore]:
     store = make_store(Settings(redis_url=redis_url, driver="lua"))
     assert isinstance(store, LuaStore)
-    await store.load_scripts()
+    await store.open()
     yield store
     await store.close()
 
@@ -441,8 +441,7 @@ async def test_the_pooled_path_without_coalescing(
     cluster, one per node it touches, one at a time). A tour of the store."""
     store = make_store(make_settings(redis_url, driver=driver, coalesce=False, pool_size=2))
     try:
-        if isinstance(store, LuaStore):
-            await store.load_scripts()
+        await store.open()
         meta = {"_max_claim_count": 1, "_dead_letter_queue": "dead"}
         assert await store.create_queue(project, "work", meta)
         ids = await store.post_messages(project, "work", WRITER, [msg(i) for i in range(6)])

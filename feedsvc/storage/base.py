@@ -161,6 +161,12 @@ class FeedStore(Protocol):
     name: str
     counters: StoreCounters
 
+    async def open(self) -> None:
+        """Get ready to serve (the lua driver loads its scripts). Redis being
+        unreachable is logged, not raised: the service starts anyway and
+        answers 503 until Redis is back."""
+        ...
+
     async def ping(self) -> None: ...
 
     def stats(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ repeat cannot index a message twice.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ from feedsvc.errors import (
     MessageIsClaimed,
     PayloadTooLarge,
     StorageUnavailable,
+    Unavailable,
 )
 from feedsvc.storage.base import (
     Claim,
@@ -42,6 +44,8 @@ from feedsvc.storage.redis_store import (
 )
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 
+log = logging.getLogger("feedsvc")
+
 DROP_BATCH = 500
 
 
@@ -51,6 +55,14 @@ def _flag(value: bool) -> str:
 
 class LuaStore(RedisStore):
     name = "lua"
+
+    async def open(self) -> None:
+        try:
+            await self.load_scripts()
+        except Unavailable as exc:
+            # Start anyway: requests answer 503 until Redis is back, and
+            # scripts are loaded on first use (NOSCRIPT).
+            log.warning("Redis not reachable at startup: %s", exc)
 
     async def load_scripts(self) -> None:
         """Load every script (on every primary of a cluster) so that the

@@ -480,6 +480,9 @@ class RedisStore:
         """How many index entries a claim or pop may look at to find free messages."""
         return self._settings.scan_limit * 10
 
+    async def open(self) -> None:
+        return None
+
     async def ping(self) -> None:
         # through the coalescer when it is on: a busy pool is not a Redis outage
         replies = await self._call([("PING",)])

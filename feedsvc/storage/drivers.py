@@ -1,0 +1,29 @@
+"""The storage drivers by name: the one place that knows the concrete classes.
+
+Everything outside ``feedsvc.storage`` asks :func:`make_store` for a
+:class:`~feedsvc.storage.base.FeedStore` and never names a driver class, as
+saq's ``Queue.from_url`` does. A new driver is a class implementing
+``FeedStore`` plus one entry in :data:`DRIVERS` (and its name in
+``feedsvc.config.DRIVER_NAMES``, which ``--driver`` accepts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from feedsvc.clock import SYSTEM_CLOCK, Clock
+from feedsvc.config import DRIVER_NAMES, Settings
+from feedsvc.storage.base import FeedStore
+from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.redis_store import connect
+from feedsvc.storage.watch_store import WatchStore
+
+DRIVERS: dict[str, Callable[..., FeedStore]] = {"lua": LuaStore, "watch": WatchStore}
+assert tuple(DRIVERS) == DRIVER_NAMES, "feedsvc.config.DRIVER_NAMES must list every driver"
+
+
+def make_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
+    """The driver settings.driver names, on settings.redis_url; call open() next."""
+    if settings.redis_url is None:
+        raise ValueError("make_store needs settings.redis_url")
+    return DRIVERS[settings.driver](connect(settings, settings.redis_url), settings)
