@@ -38,7 +38,6 @@ from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
     new_id,
-    now_ms,
     parse_seq,
     text,
 )
@@ -110,7 +109,7 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         script = load_script("create_queue")
         fixed = keys.fixed()
-        args: list[Any] = [now_ms(), orjson.dumps(metadata)]
+        args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
         args += [item for pair in reserved_fields(metadata).items() for item in pair]
         replies = await self._call(
             [
@@ -146,7 +145,13 @@ class LuaStore(RedisStore):
         settings = self._settings
         all_keys = keys.fixed()
         token = "" if idempotency_key is None else idempotency_token(client_id, idempotency_key)
-        args: list[Any] = [now_ms(), settings.default_message_ttl, 0, request_size, token]
+        args: list[Any] = [
+            self._clock.now_ms(),
+            settings.default_message_ttl,
+            0,
+            request_size,
+            token,
+        ]
         args.append(settings.idempotency_window * 1000)
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
@@ -181,7 +186,7 @@ class LuaStore(RedisStore):
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = QueueKeys.of(project, queue)
         args = [
-            now_ms(),
+            self._clock.now_ms(),
             "" if query.marker is None else query.marker,
             query.limit,
             query.client_id,
@@ -211,7 +216,7 @@ class LuaStore(RedisStore):
     ) -> None:
         keys = QueueKeys.of(project, queue)
         all_keys = [*keys.fixed(), keys.message(message_id)]
-        args = [now_ms(), claim_id or "", "1", message_id]
+        args = [self._clock.now_ms(), claim_id or "", "1", message_id]
         outcome = await self._script(load_script("delete"), all_keys, args)
         if outcome == b"claimed":
             raise MessageIsClaimed(
@@ -226,7 +231,9 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         unique = list(dict.fromkeys(ids))
         all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
-        await self._script(load_script("delete"), all_keys, [now_ms(), "", "0", *unique])
+        await self._script(
+            load_script("delete"), all_keys, [self._clock.now_ms(), "", "0", *unique]
+        )
 
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -239,7 +246,7 @@ class LuaStore(RedisStore):
             max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
             # a queue that names itself as its dead-letter queue keeps its messages
             dead_letters = bool(max_claims and dlq) and dlq != queue
-            now = now_ms()
+            now = self._clock.now_ms()
             args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
             args += [max_claims, dlq_ttl, dlq, "1" if dead_letters else "0"]
             out = await self._script(script, keys.fixed(), args)
@@ -272,7 +279,7 @@ class LuaStore(RedisStore):
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
-        args = [now_ms(), limit, self._claim_scan_limit()]
+        args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
         out = await self._script(load_script("pop"), keys.fixed(), args)
         return [
             Message(

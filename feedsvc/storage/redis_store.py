@@ -25,6 +25,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.errors import (
     ClaimNotFound,
@@ -199,9 +200,12 @@ class RedisStore:
 
     name = "redis"
 
-    def __init__(self, redis: Redis | RedisCluster, settings: Settings) -> None:
+    def __init__(
+        self, redis: Redis | RedisCluster, settings: Settings, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._redis = redis
         self._settings = settings
+        self._clock = clock
         # FIFO-fair wait for a connection: redis-py's blocking pool is not
         # fair, and its plain pool fails at once when empty.
         self._gate = asyncio.Semaphore(pool_slots(settings))
@@ -539,7 +543,7 @@ class RedisStore:
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         keys = QueueKeys.of(project, queue)
-        now = now_ms()
+        now = self._clock.now_ms()
         async with self._slot():
             pipe = self._redis.pipeline(transaction=False)
             pipe.zcount(keys.expiry, f"({now}", "+inf")
@@ -580,7 +584,7 @@ class RedisStore:
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return []
-        now = now_ms()
+        now = self._clock.now_ms()
         rows = await self._call_checked(
             [("HMGET", keys.message(i), *MESSAGE_FIELDS) for i in wanted]
         )
@@ -648,7 +652,7 @@ class RedisStore:
         if not parked:
             return
         source, target = QueueKeys.of(project, queue), QueueKeys.of(project, dlq)
-        now = now_ms()
+        now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
             last, exists, *seqs = replies
@@ -711,7 +715,7 @@ class RedisStore:
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = QueueKeys.of(project, queue)
-        now = now_ms()
+        now = self._clock.now_ms()
         async with self._slot():
             row: list[Any] = await self._redis.hmget(
                 keys.claim(claim_id), ["t", "g", "c", "x", "ids"]
@@ -755,7 +759,7 @@ class RedisStore:
         self, project: str, queue: str, claim_id: str, ttl: int, grace: int
     ) -> None:
         keys = QueueKeys.of(project, queue)
-        now = now_ms()
+        now = self._clock.now_ms()
         claim_expires = now + ttl * 1000
 
         def plan_for(held: list[str]) -> Plan[bool]:

@@ -42,7 +42,6 @@ from feedsvc.storage.redis_store import (
     idempotency_token,
     message_from_fields,
     new_id,
-    now_ms,
     parse_seq,
     text,
 )
@@ -64,7 +63,7 @@ class WatchStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = QueueKeys.of(project, queue)
-        now = now_ms()
+        now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
             if replies[1]:
@@ -113,7 +112,7 @@ class WatchStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         ids = [new_id() for _ in messages]
         settings = self._settings
-        now = now_ms()
+        now = self._clock.now_ms()
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
@@ -176,7 +175,7 @@ class WatchStore(RedisStore):
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = QueueKeys.of(project, queue)
-        now = now_ms()
+        now = self._clock.now_ms()
         scan_limit = self._settings.scan_limit
         found: list[Message] = []
         scanned = 0
@@ -222,7 +221,7 @@ class WatchStore(RedisStore):
     ) -> None:
         keys = QueueKeys.of(project, queue)
         key = keys.message(message_id)
-        now = now_ms()
+        now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
             holder, claim_expires, seq = replies[0]
@@ -291,7 +290,7 @@ class WatchStore(RedisStore):
         attempt = 0
         async with self._slot():
             while True:
-                now = now_ms()
+                now = self._clock.now_ms()
                 meta: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
                 dlq = text(meta[1]) if meta[0] and meta[1] and text(meta[1]) != queue else None
                 max_claims = int(meta[0]) if dlq is not None else None
@@ -383,7 +382,7 @@ class WatchStore(RedisStore):
         attempt = 0
         async with self._slot():
             while True:
-                now = now_ms()
+                now = self._clock.now_ms()
                 candidates = await self._free_candidates(keys, now, limit)
                 if not candidates:
                     return []
