@@ -19,6 +19,7 @@ from feedsvc.app import create_app
 from feedsvc.config import Settings, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
+from feedsvc.workers import run_workers
 
 log = logging.getLogger("feedsvc")
 
@@ -140,9 +141,7 @@ def run_serve(settings: Settings) -> int:
     try:
         count = settings.worker_count()
         if count > 1:
-            from feedsvc.workers import run_workers
-
-            return run_workers(settings, count)
+            return run_workers(settings, count, serve_on)
         serve_on(settings)
     finally:
         if embedded is not None:

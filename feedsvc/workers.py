@@ -38,6 +38,10 @@ RESTART_BACKOFF_MAX = 5.0
 #: Seconds past --shutdown-grace a stopping worker has to exit before it is killed.
 KILL_AFTER_GRACE = 5.0
 
+#: What a worker runs: serve on the shared listening socket until SIGTERM
+#: (``feedsvc.cli.serve_on``; passed in, so this module needs nothing above it).
+ServeOn = Callable[[Settings, socket.socket], None]
+
 
 def bind(settings: Settings) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -54,22 +58,22 @@ def _worker(
     sock: socket.socket,
     number: int,
     die_with_parent: Callable[[], None] | None,
+    serve_on: ServeOn,
 ) -> None:
-    from feedsvc.cli import configure_logging, serve_on
-
+    # A forked worker keeps the parent's logging set-up (feedsvc.cli.main's).
     if die_with_parent is not None:
         die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    configure_logging(settings)
     log.info("worker %d started (pid %d)", number, os.getpid())
     serve_on(settings, sock)
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, count: int) -> None:
+    def __init__(self, settings: Settings, count: int, serve_on: ServeOn) -> None:
         self.settings = settings
         self.count = count
+        self._serve_on = serve_on
         self.sock = bind(settings)
         self._context = multiprocessing.get_context("fork")
         self._workers: dict[int, BaseProcess] = {}
@@ -83,7 +87,9 @@ class Supervisor:
         # made in the parent: it compares the worker's parent pid with ours
         die_with_parent = _make_pdeathsig_preexec()
         process = self._context.Process(
-            target=_worker, args=(self.settings, self.sock, number, die_with_parent), daemon=False
+            target=_worker,
+            args=(self.settings, self.sock, number, die_with_parent, self._serve_on),
+            daemon=False,
         )
         process.start()
         self._workers[number] = process
@@ -145,10 +151,10 @@ class Supervisor:
         return 1 if killed else 0
 
 
-def run_workers(settings: Settings, count: int) -> int:
+def run_workers(settings: Settings, count: int, serve_on: ServeOn) -> int:
     # Nothing asyncio may run in the parent before the fork.
     assert not _running_loop()
-    return Supervisor(settings, count).run()
+    return Supervisor(settings, count, serve_on).run()
 
 
 def _running_loop() -> bool:
