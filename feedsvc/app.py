@@ -13,11 +13,10 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from redis.utils import HIREDIS_AVAILABLE
 
-from feedsvc.api.handlers import SETTINGS, STORE
 from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
-from feedsvc.api.validation import AUTH_TOKENS
+from feedsvc.appkeys import AUTH_TOKENS, CLOCK, SETTINGS, STORE
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.storage.drivers import make_store
@@ -49,6 +48,7 @@ def create_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> web.Applicati
         client_max_size=settings.max_messages_post_size,
     )
     app[SETTINGS] = settings
+    app[CLOCK] = clock
     app[AUTH_TOKENS] = settings.auth_tokens()
     setup_metrics(app)
     app.cleanup_ctx.append(_storage_context(settings, clock))

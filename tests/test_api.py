@@ -21,6 +21,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from tests.conftest import make_settings
 
@@ -1077,6 +1078,17 @@ async def test_get_one_message(http: Client, headers: Headers) -> None:
     for bad in (UNKNOWN_ID, "not-an-id!", "00000000-0000-0000-0000-000000000000", mid.upper()):
         await error(await http.get(f"{messages_path('one')}/{bad}", headers=headers), 404)
     await error(await http.get(f"{messages_path('ghost')}/{mid}", headers=headers), 404)
+
+
+async def test_handlers_take_now_from_the_apps_clock(settings: Settings, headers: Headers) -> None:
+    clock = ManualClock()
+    async with TestClient(TestServer(create_app(settings, clock))) as http:
+        [mid] = await post(http, headers, "clocked", [{"body": 1, "ttl": 300}])
+        clock.advance(120)
+        one = await ok_json(await http.get(f"{messages_path('clocked')}/{mid}", headers=headers))
+        page = await list_page(http, messages_path("clocked") + "?echo=true", headers)
+    assert one["age"] == 120
+    assert [m["age"] for m in page["messages"]] == [120]
 
 
 async def test_message_ids_are_scoped_by_queue_and_project(http: Client, headers: Headers) -> None:

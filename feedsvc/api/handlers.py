@@ -17,6 +17,7 @@ from aiohttp import web
 
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
+from feedsvc.appkeys import CLOCK, SETTINGS, STORE
 from feedsvc.config import Settings
 from feedsvc.errors import (
     BadRequest,
@@ -27,10 +28,6 @@ from feedsvc.errors import (
     Unavailable,
 )
 from feedsvc.storage.base import FeedStore, ListQuery, Message, MessageSummary
-from feedsvc.storage.redis_store import now_ms
-
-STORE = web.AppKey("store", FeedStore)
-SETTINGS = web.AppKey("settings", Settings)
 
 API_VERSION = "2"
 DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
@@ -57,6 +54,11 @@ def _store(request: web.Request) -> FeedStore:
 
 def _settings(request: web.Request) -> Settings:
     return request.app[SETTINGS]
+
+
+def _now(request: web.Request) -> int:
+    """Milliseconds since the epoch, from the app's clock (the one the store uses)."""
+    return request.app[CLOCK].now_ms()
 
 
 def _queue_href(queue: str) -> str:
@@ -259,7 +261,7 @@ async def get_queue_stats(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     stats = await _store(request).queue_stats(project, queue)
-    now = now_ms()
+    now = _now(request)
     messages: dict[str, Any] = {
         "claimed": stats.claimed,
         "free": stats.free,
@@ -303,7 +305,7 @@ async def get_messages(request: web.Request) -> web.Response:
     query = request.query
     store = _store(request)
     ids = v.id_list(query, "ids", settings.max_messages_per_page)
-    now = now_ms()
+    now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
         if not found:
@@ -349,7 +351,7 @@ async def get_message(request: web.Request) -> web.Response:
         found = await _store(request).get_messages(project, queue, [message_id])
     if not found:
         raise MessageNotFound(message_id)
-    return json_response(_message_json(queue, found[0], now_ms()))
+    return json_response(_message_json(queue, found[0], _now(request)))
 
 
 async def delete_message(request: web.Request) -> web.Response:
@@ -375,7 +377,7 @@ async def delete_messages(request: web.Request) -> web.Response:
     if pop is not None:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
         popped = await _store(request).pop_messages(project, queue, limit)
-        now = now_ms()
+        now = _now(request)
         return json_response(
             {
                 "messages": [
@@ -412,7 +414,7 @@ async def post_claim(request: web.Request) -> web.Response:
     claim = await _store(request).claim_messages(project, queue, ttl, grace, limit)
     if claim is None:
         return web.Response(status=204)
-    now = now_ms()
+    now = _now(request)
     body = orjson.dumps({"messages": [_message_json(queue, m, now) for m in claim.messages]})
     return web.Response(
         status=201,
@@ -433,7 +435,7 @@ async def get_claim(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     claim = await _store(request).get_claim(project, queue, _claim_id(request))
-    now = now_ms()
+    now = _now(request)
     return json_response(
         {
             "age": claim.age(now),

@@ -18,10 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from feedsvc.appkeys import METRICS_REGISTRY, METRICS_REQUESTS, STORE
 from feedsvc.storage.base import FeedStore
-
-REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
-REQUESTS = web.AppKey("metrics_requests", Histogram)
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -31,8 +29,6 @@ class StoreCollector(Collector):
         self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        from feedsvc.api.handlers import STORE
-
         store: FeedStore | None = self._app.get(STORE)
         if store is None:
             return
@@ -62,8 +58,8 @@ class StoreCollector(Collector):
 
 def setup_metrics(app: web.Application) -> None:
     registry = CollectorRegistry()
-    app[REGISTRY] = registry
-    app[REQUESTS] = Histogram(
+    app[METRICS_REGISTRY] = registry
+    app[METRICS_REQUESTS] = Histogram(
         "feedsvc_http_request_duration_seconds",
         "HTTP requests by method, route and status",
         ["method", "route", "status"],
@@ -84,13 +80,13 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        request.app[REQUESTS].labels(request.method, route, str(status)).observe(
+        request.app[METRICS_REQUESTS].labels(request.method, route, str(status)).observe(
             time.perf_counter() - started
         )
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY])
+    body = generate_latest(request.app[METRICS_REGISTRY])
     response = web.Response(body=body)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
     return response

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from feedsvc import __version__
 from feedsvc.api import validation as v
-from feedsvc.api.handlers import SETTINGS
+from feedsvc.appkeys import SETTINGS
 from feedsvc.config import Settings
 from feedsvc.storage.base import RESERVED_FIELDS
 

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
+from feedsvc.appkeys import AUTH_TOKENS
 from feedsvc.config import Settings
 from feedsvc.errors import BadRequest, Conflict, Unauthorized, UnsupportedMediaType
 from feedsvc.storage.base import NewMessage
@@ -50,9 +51,6 @@ def client_id(request: web.Request) -> str:
         raise BadRequest("Malformed hexadecimal UUID in Client-ID.") from None
 
 
-AUTH_TOKENS = web.AppKey("auth_tokens", dict)
-
-
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; Client-ID is checked first, as Zaqar does.
 
@@ -60,7 +58,7 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     token); routes that show no data (ping, home, health) pass authenticate=False.
     """
     client = client_id(request)
-    tokens: dict[str, str] = request.app[AUTH_TOKENS]
+    tokens = request.app[AUTH_TOKENS]
     if tokens and authenticate:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         project = tokens.get(token.strip()) if scheme.lower() == "bearer" else None

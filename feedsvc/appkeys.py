@@ -1,0 +1,28 @@
+"""The application's typed state keys: what ``create_app`` puts on the app.
+
+A leaf module, as aiohttp-demos' ``polls/typedefs.py``: every part of the
+HTTP layer (and ``feedsvc.app``) may import it, and it imports only lower
+layers (config, clock, the storage interface) and never ``feedsvc.api``, so
+reading a key never ties two handler modules together.
+``tests/test_layers.py`` keeps it so.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+
+from feedsvc.clock import Clock
+from feedsvc.config import Settings
+from feedsvc.storage.base import FeedStore
+
+SETTINGS = web.AppKey("settings", Settings)
+#: "now" for every handler (ages, expiry shown to clients); a test may pass a ManualClock.
+CLOCK: web.AppKey[Clock] = web.AppKey("clock")
+#: Set by the storage cleanup context once the store is open; absent before.
+STORE = web.AppKey("store", FeedStore)
+#: Bearer token -> project (``--auth-token``); empty means no authentication.
+AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
+#: This app's own Prometheus registry (several apps in one process do not collide).
+METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
+METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)
