@@ -1,11 +1,12 @@
--- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py).
+-- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py,
+-- after the generated names: F_* the record's fields, S_* the key suffixes).
 -- KEYS[1..6] are always the queue's fixed keys, in the order of
 -- QueueKeys.fixed(): meta, seq, idx, exp, claimed, claims. Per-message and
--- per-claim keys live under the same hash tag: prefix .. ':m:' .. id.
+-- per-claim keys live under the same hash tag: prefix .. S_MESSAGE .. id.
 local K_META, K_SEQ, K_IDX, K_EXP, K_CLAIMED, K_CLAIMS = 1, 2, 3, 4, 5, 6
-local PREFIX = string.sub(KEYS[K_META], 1, -3)
+local PREFIX = string.sub(KEYS[K_META], 1, -1 - #S_META)
 local GC_BATCH = 100
-local IDEMPOTENCY = PREFIX .. ':idem'
+local IDEMPOTENCY = PREFIX .. S_IDEMPOTENCY
 
 -- Numbers handed to redis.call must be formatted by hand: Lua's own
 -- conversion would print a 16-digit seq in exponent notation.
@@ -14,11 +15,19 @@ local function int(x)
 end
 
 local function message_key(id)
-  return PREFIX .. ':m:' .. id
+  return PREFIX .. S_MESSAGE .. id
 end
 
 local function claim_key(id)
-  return PREFIX .. ':c:' .. id
+  return PREFIX .. S_CLAIM .. id
+end
+
+-- A claimed message's new expiry (ms) and ttl (s): it lives at least until
+-- the claim expires plus grace, never shorter than it would have
+-- (record.claim_extension in Python is the same rule).
+local function extend_for_claim(expires, created, claim_expires, grace)
+  local keep = math.max(expires, claim_expires + grace * 1000)
+  return keep, math.floor((keep - created) / 1000 + 0.5)
 end
 
 -- Whether a message can be claimed or popped: m holds its fields

@@ -22,13 +22,13 @@ local max_claims = tonumber(ARGV[7])
 local dlq_ttl = tonumber(ARGV[8])
 local dlq = ARGV[9]
 local dead_letters = ARGV[10] == '1'
-local q = redis.call('HMGET', KEYS[K_META], 'mcc', 'dlq', 'dlqttl')
+local q = redis.call('HMGET', KEYS[K_META], F_MAX_CLAIMS, F_DEAD_LETTER_QUEUE,
+  F_DEAD_LETTER_TTL)
 if (q[1] or '') ~= ARGV[7] or (q[2] or '') ~= dlq or (q[3] or '') ~= ARGV[8] then
   return {'retry'}
 end
 collect_garbage(ARGV[1])
 local claim_expires = now + ttl * 1000
-local keep_until = claim_expires + grace * 1000
 local out = {}
 local parked = {}
 local claimed_ids = {}
@@ -41,12 +41,13 @@ while #claimed_ids < limit and scanned < scan_limit do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
     local key = message_key(id)
-    local m = redis.call('HMGET', key, 'b', 't', 'c', 'e', 'd', 'k', 'x', 'n', 'u')
+    local m = redis.call('HMGET', key, F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_DUE, F_CLAIM,
+      F_CLAIM_EXPIRES, F_CLAIM_COUNT, F_AUTHOR)
     if is_free(m, now) then
       local expires = tonumber(m[4])
       local count = tonumber(m[8]) or 0
       if dead_letters and max_claims and count >= max_claims then
-        redis.call('HSET', key, 'k', claim_id, 'x', int(claim_expires))
+        redis.call('HSET', key, F_CLAIM, claim_id, F_CLAIM_EXPIRES, int(claim_expires))
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
         parked[#parked + 1] = id
         parked[#parked + 1] = m[1]
@@ -54,11 +55,9 @@ while #claimed_ids < limit and scanned < scan_limit do
         parked[#parked + 1] = int(dlq_ttl or tonumber(m[2]))
         parked[#parked + 1] = int(count)
       else
-        local new_expires = math.max(expires, keep_until)
-        local created = tonumber(m[3])
-        local new_ttl = math.floor((new_expires - created) / 1000 + 0.5)
-        redis.call('HSET', key, 'k', claim_id, 'x', int(claim_expires), 'n', int(count + 1),
-          'e', int(new_expires), 't', int(new_ttl))
+        local new_expires, new_ttl = extend_for_claim(expires, tonumber(m[3]), claim_expires, grace)
+        redis.call('HSET', key, F_CLAIM, claim_id, F_CLAIM_EXPIRES, int(claim_expires),
+          F_CLAIM_COUNT, int(count + 1), F_EXPIRES, int(new_expires), F_TTL, int(new_ttl))
         redis.call('PEXPIREAT', key, int(new_expires))
         redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
@@ -76,8 +75,8 @@ while #claimed_ids < limit and scanned < scan_limit do
 end
 if #claimed_ids > 0 then
   local ckey = claim_key(claim_id)
-  redis.call('HSET', ckey, 't', int(ttl), 'g', int(grace), 'c', ARGV[1],
-    'x', int(claim_expires), 'ids', table.concat(claimed_ids, ' '))
+  redis.call('HSET', ckey, F_TTL, int(ttl), F_GRACE, int(grace), F_CREATED, ARGV[1],
+    F_CLAIM_EXPIRES, int(claim_expires), F_HELD, table.concat(claimed_ids, ' '))
   redis.call('PEXPIREAT', ckey, int(claim_expires))
   redis.call('ZADD', KEYS[K_CLAIMS], int(claim_expires), claim_id)
 end

@@ -9,7 +9,7 @@ local now = tonumber(ARGV[1])
 local claim_id = ARGV[2]
 local check = ARGV[3] == '1'
 if check then
-  local m = redis.call('HMGET', KEYS[7], 'k', 'x', 's')
+  local m = redis.call('HMGET', KEYS[7], F_CLAIM, F_CLAIM_EXPIRES, F_SEQ)
   if m[3] then
     local claimed = m[1] and m[1] ~= '' and (tonumber(m[2]) or 0) > now
     if claim_id == '' then

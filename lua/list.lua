@@ -30,7 +30,8 @@ while count < limit and scanned < scan_limit do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
     last = seq
-    local m = redis.call('HMGET', message_key(id), 'b', 't', 'c', 'e', 'u', 'd', 'k', 'x', 'n')
+    local m = redis.call('HMGET', message_key(id), F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_AUTHOR,
+      F_DUE, F_CLAIM, F_CLAIM_EXPIRES, F_CLAIM_COUNT)
     if m[1] and (tonumber(m[4]) or 0) > now then
       local claimed = m[7] and m[7] ~= '' and (tonumber(m[8]) or 0) > now
       if (echo or m[5] ~= client)

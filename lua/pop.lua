@@ -14,7 +14,8 @@ while taken < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local m = redis.call('HMGET', message_key(id), 'b', 't', 'c', 'e', 'd', 'k', 'x')
+    local m = redis.call('HMGET', message_key(id), F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_DUE,
+      F_CLAIM, F_CLAIM_EXPIRES)
     if is_free(m, now) then
       forget(id)
       offset = offset - 1

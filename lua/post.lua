@@ -36,9 +36,9 @@ if token ~= '' then
 end
 collect_garbage(ARGV[1])
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
-  redis.call('HSET', KEYS[K_META], 'c', ARGV[1])
+  redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1])
 end
-local q = redis.call('HMGET', KEYS[K_META], 'dttl', 'ddelay', 'mps')
+local q = redis.call('HMGET', KEYS[K_META], F_DEFAULT_TTL, F_DEFAULT_DELAY, F_MAX_POST_SIZE)
 if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
 local default_ttl = tonumber(q[1] or ARGV[2])
 local default_delay = tonumber(q[2] or ARGV[3])
@@ -52,14 +52,15 @@ for i = 1, n do
   local id = ARGV[4 + 3 * i]
   local ttl = tonumber(ARGV[5 + 3 * i]) or default_ttl
   local delay = tonumber(ARGV[6 + 3 * i]) or default_delay
-  local seq = tonumber(redis.call('HGET', key, 's'))
+  local seq = tonumber(redis.call('HGET', key, F_SEQ))
   if seq == nil then
     seq = redis.call('INCR', KEYS[K_SEQ])
     local expires = now + ttl * 1000
     local due = 0
     if delay > 0 then due = now + delay * 1000 end
-    redis.call('HSET', key, 's', int(seq), 't', int(ttl), 'c', ARGV[1],
-      'e', int(expires), 'd', int(due), 'k', '', 'x', '0', 'n', '0')
+    redis.call('HSET', key, F_SEQ, int(seq), F_TTL, int(ttl), F_CREATED, ARGV[1],
+      F_EXPIRES, int(expires), F_DUE, int(due), F_CLAIM, '', F_CLAIM_EXPIRES, '0',
+      F_CLAIM_COUNT, '0')
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)

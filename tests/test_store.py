@@ -21,8 +21,8 @@ from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys, escape_project, registry_key
 from feedsvc.storage.lua_store import LuaStore
-from feedsvc.storage.redis_store import RedisStore
 from feedsvc.storage.scripts import load_script
+from feedsvc.storage.transport import Transport
 from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
@@ -413,25 +413,24 @@ def test_registry_key_and_queue_keys_share_no_slot_tag() -> None:
 async def test_a_conflict_backoff_gives_the_pool_slot_back(redis_url: str) -> None:
     """A writer sleeping between conflicting attempts holds no connection slot,
     so a crowd of them cannot starve other requests of Redis connections."""
-    store = make_store(make_settings(redis_url, driver="watch", pool_size=2))  # one slot
-    assert isinstance(store, RedisStore)
+    transport = Transport(make_settings(redis_url, driver="watch", pool_size=2))  # one slot
     other_ran = asyncio.Event()
 
     async def other() -> None:
-        async with store._slot():
+        async with transport.slot():
             other_ran.set()
 
     try:
-        async with store._slot():
+        async with transport.slot():
             waiting = asyncio.create_task(other())
             await asyncio.sleep(0.01)
             assert not other_ran.is_set()  # the one slot is ours
-            await store._backoff(6)
+            await transport.backoff(6)
             assert other_ran.is_set()  # it got the slot while we slept
             await waiting
-        assert store.stats()["pool_in_use"] == 0
+        assert transport.stats()["pool_in_use"] == 0
     finally:
-        await store.close()
+        await transport.close()
 
 
 async def test_the_pooled_path_without_coalescing(

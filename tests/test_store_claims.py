@@ -13,7 +13,8 @@ import pytest
 from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.redis_store import Parked, RedisStore
+from feedsvc.storage.record import Parked
+from feedsvc.storage.redis_store import RedisStore
 from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())

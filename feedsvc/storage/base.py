@@ -1,6 +1,8 @@
 """The storage interface (:class:`FeedStore`) and the Redis schema both drivers share.
 
-Redis schema (``Q`` = ``fs:{<escaped project>/<queue>}``, see ``keys.py``)::
+Redis schema (``Q`` = ``fs:{<escaped project>/<queue>}``, see ``keys.py``;
+the hash field names below are owned by ``record.py``, which generates them
+into the Lua scripts too)::
 
     key                  type    contents
     -------------------  ------  ------------------------------------------------
@@ -159,7 +161,9 @@ class FeedStore(Protocol):
     """
 
     name: str
-    counters: StoreCounters
+
+    @property
+    def counters(self) -> StoreCounters: ...
 
     async def open(self) -> None:
         """Get ready to serve (the lua driver loads its scripts). Redis being

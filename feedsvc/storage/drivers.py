@@ -15,7 +15,7 @@ from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import DRIVER_NAMES, Settings
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.lua_store import LuaStore
-from feedsvc.storage.redis_store import connect
+from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_store import WatchStore
 
 DRIVERS: dict[str, Callable[..., FeedStore]] = {"lua": LuaStore, "watch": WatchStore}
@@ -26,4 +26,4 @@ def make_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
     """The driver settings.driver names, on settings.redis_url; call open() next."""
     if settings.redis_url is None:
         raise ValueError("make_store needs settings.redis_url")
-    return DRIVERS[settings.driver](connect(settings, settings.redis_url), settings, clock)
+    return DRIVERS[settings.driver](Transport(settings), settings, clock)

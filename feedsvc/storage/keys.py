@@ -3,8 +3,9 @@
 All keys of one queue share the hash tag ``{<project>/<queue>}`` so that every
 script and every WATCH/MULTI transaction touches a single cluster slot. The
 per-message and per-claim keys are derived from the queue prefix inside the
-Lua scripts too (``prefix .. ':m:' .. id``), so the two must agree: the
-suffixes are defined here and passed to the scripts as ARGV where needed.
+Lua scripts too (``prefix .. S_MESSAGE .. id``), so the two must agree: the
+suffixes are defined here and generated into the scripts as ``S_*`` locals
+(see ``record.lua_prelude``).
 
 Projects are free text (1..256 characters) and may contain characters that
 would change a key's meaning (``{`` and ``}`` move the hash tag) or collide
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 NAMESPACE = "fs"
 
+META_SUFFIX = ":q"
 MESSAGE_INFIX = ":m:"
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
@@ -46,7 +48,7 @@ class QueueKeys:
 
     @property
     def meta(self) -> str:
-        return self.prefix + ":q"
+        return self.prefix + META_SUFFIX
 
     @property
     def seq(self) -> str:

@@ -23,6 +23,7 @@ from feedsvc.errors import (
     StorageUnavailable,
     Unavailable,
 )
+from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
@@ -33,14 +34,7 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.redis_store import (
-    Parked,
-    RedisStore,
-    idempotency_token,
-    new_id,
-    parse_seq,
-    text,
-)
+from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 
 log = logging.getLogger("feedsvc")
@@ -66,16 +60,11 @@ class LuaStore(RedisStore):
     async def load_scripts(self) -> None:
         """Load every script (on every primary of a cluster) so that the
         first calls find them cached."""
-        await self._servers.ready()
         load = [("SCRIPT", "LOAD", load_script(name).source) for name in script_names()]
-        for node in self._servers.primaries():
-            async with self._errors():
-                for reply in await self._exchange(node, load):
-                    if isinstance(reply, Exception):
-                        raise reply
+        await self._transport.on_every_primary(load)
 
     async def _script(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
-        [reply] = await self._call([("EVALSHA", script.sha, len(keys), *keys, *args)])
+        [reply] = await self._transport.call([("EVALSHA", script.sha, len(keys), *keys, *args)])
         return await self._script_reply(script, keys, args, reply)
 
     async def _script_reply(
@@ -88,20 +77,20 @@ class LuaStore(RedisStore):
             # Load and run again, on the server that owns the keys; a SCRIPT
             # FLUSH can strike between the two, so try a few times, then
             # answer 503 rather than fail.
-            self.counters.noscript_reloads += 1
-            loaded, reply = await self._call(
+            self._transport.counters.noscript_reloads += 1
+            loaded, reply = await self._transport.call(
                 [
                     ("SCRIPT", "LOAD", script.source),
                     ("EVALSHA", script.sha, len(keys), *keys, *args),
                 ]
             )
             if isinstance(loaded, Exception):
-                async with self._errors():
+                async with self._transport.errors():
                     raise loaded
         if isinstance(reply, NoScriptError):
             raise StorageUnavailable("Redis keeps losing its script cache; retry.")
         if isinstance(reply, Exception):
-            async with self._errors():
+            async with self._transport.errors():
                 raise reply
         return reply
 
@@ -111,7 +100,7 @@ class LuaStore(RedisStore):
         fixed = keys.fixed()
         args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
         args += [item for pair in reserved_fields(metadata).items() for item in pair]
-        replies = await self._call(
+        replies = await self._transport.call(
             [
                 ("ZADD", registry_key(project), 0, queue),
                 ("EVALSHA", script.sha, len(fixed), *fixed, *args),
@@ -121,7 +110,7 @@ class LuaStore(RedisStore):
 
     async def delete_queue(self, project: str, queue: str) -> None:
         keys = QueueKeys.of(project, queue)
-        await self._call_checked([("ZREM", registry_key(project), queue)])
+        await self._transport.call_checked([("ZREM", registry_key(project), queue)])
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "0"]):
             pass
 
@@ -156,7 +145,7 @@ class LuaStore(RedisStore):
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
-            commands.append(("HSET", key, "b", message.body, "u", client_id))
+            commands.append(("HSET", key, r.BODY, message.body, r.AUTHOR, client_id))
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = message.ttl or settings.max_message_ttl
@@ -169,14 +158,14 @@ class LuaStore(RedisStore):
             ]
         commands.append(("ZADD", registry_key(project), 0, queue))
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
-        replies = await self._call(commands)
-        async with self._errors():
+        replies = await self._transport.call(commands)
+        async with self._transport.errors():
             for reply in replies[:-1]:
                 if isinstance(reply, Exception):
                     raise reply
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"replay":
-            return [text(i) for i in seqs[1:]]
+            return [r.text(i) for i in seqs[1:]]
         if seqs and seqs[0] == b"toolarge":
             raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):
@@ -195,21 +184,7 @@ class LuaStore(RedisStore):
             _flag(query.include_delayed),
             self._settings.scan_limit,
         ]
-        out = await self._script(load_script("list"), keys.fixed(), args)
-        messages = [
-            Message(
-                id=out[i].decode(),
-                seq=parse_seq(out[i + 1]),
-                body=out[i + 2],
-                ttl=int(out[i + 3]),
-                created_ms=int(out[i + 4]),
-                claim_id=out[i + 5].decode() or None,
-                claim_count=int(out[i + 6]),
-            )
-            for i in range(1, len(out), 7)
-        ]
-        next_marker = parse_seq(out[0]) if out[0] else None
-        return MessagePage(messages, next_marker)
+        return r.list_reply(await self._script(load_script("list"), keys.fixed(), args))
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -231,9 +206,8 @@ class LuaStore(RedisStore):
         keys = QueueKeys.of(project, queue)
         unique = list(dict.fromkeys(ids))
         all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
-        await self._script(
-            load_script("delete"), all_keys, [self._clock.now_ms(), "", "0", *unique]
-        )
+        now = self._clock.now_ms()
+        await self._script(load_script("delete"), all_keys, [now, "", "0", *unique])
 
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -242,8 +216,10 @@ class LuaStore(RedisStore):
         claim_id = new_id()
         script = load_script("claim")
         for _ in range(self._settings.watch_retries):
-            [row] = await self._call_checked([("HMGET", keys.meta, "mcc", "dlq", "dlqttl")])
-            max_claims, dlq, dlq_ttl = ("" if v is None else text(v) for v in row)
+            [row] = await self._transport.call_checked(
+                [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
+            )
+            max_claims, dlq, dlq_ttl = ("" if v is None else r.text(v) for v in row)
             # a queue that names itself as its dead-letter queue keeps its messages
             dead_letters = bool(max_claims and dlq) and dlq != queue
             now = self._clock.now_ms()
@@ -254,40 +230,12 @@ class LuaStore(RedisStore):
                 break
         else:
             raise StorageUnavailable("The queue's dead-letter settings kept changing.")
-        start = 2 + 5 * int(out[1])
-        parked = [
-            Parked(text(out[i]), out[i + 1], out[i + 2], int(out[i + 3]), int(out[i + 4]))
-            for i in range(2, start, 5)
-        ]
+        claim, parked = r.claim_reply(out, claim_id, ttl, grace, now)
         if parked:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        if not out[0]:
-            return None
-        messages = [
-            Message(
-                id=text(out[i]),
-                seq=parse_seq(out[i + 1]),
-                body=out[i + 2],
-                ttl=int(out[i + 3]),
-                created_ms=int(out[i + 4]),
-                claim_id=claim_id,
-                claim_count=int(out[i + 5]),
-            )
-            for i in range(start, len(out), 6)
-        ]
-        return Claim(claim_id, ttl, grace, now, messages)
+        return claim
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
-        out = await self._script(load_script("pop"), keys.fixed(), args)
-        return [
-            Message(
-                id=text(out[i]),
-                seq=parse_seq(out[i + 1]),
-                body=out[i + 2],
-                ttl=int(out[i + 3]),
-                created_ms=int(out[i + 4]),
-            )
-            for i in range(0, len(out), 5)
-        ]
+        return r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args))

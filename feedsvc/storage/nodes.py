@@ -18,7 +18,8 @@ event loop, so feedsvc drives each node's connections itself.
 Every script and transaction names keys of one queue only, which share one
 hash tag and so one slot; the only cross-slot writes (a project's queue
 registry, dead-lettering into another queue) are separate exchanges, see
-``feedsvc.storage.base``.
+``feedsvc.storage.claim_upkeep``. Which of the two a URL names is decided
+once, in ``transport.py``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ class Servers(Protocol):
 
     def primaries(self) -> list[Node]: ...
 
+    def route(self, commands: Sequence[Command]) -> list[tuple[Node, list[int]]]:
+        """Commands grouped by the node that serves them, order kept in each group."""
+        ...
+
     async def redirected(self, error: rexc.AskError) -> None: ...
 
     async def lost(self) -> None: ...
@@ -141,6 +146,9 @@ class SingleServer:
 
     def primaries(self) -> list[Node]:
         return [self._node]
+
+    def route(self, commands: Sequence[Command]) -> list[tuple[Node, list[int]]]:
+        return [(self._node, list(range(len(commands))))]
 
     async def redirected(self, error: rexc.AskError) -> None:
         return None
@@ -210,6 +218,23 @@ class ClusterServers:
 
     def primaries(self) -> list[Node]:
         return [self._node(server) for server in self._redis.get_primaries()]
+
+    def route(self, commands: Sequence[Command]) -> list[tuple[Node, list[int]]]:
+        """By each command's key slot; a keyless command goes with its keyed
+        neighbours (the next one, else the previous one)."""
+        keys = [command_key(c) for c in commands]
+        nodes: list[Node | None] = [None if k is None else self.node_for(k) for k in keys]
+        following: Node | None = None
+        for i in reversed(range(len(nodes))):
+            following = nodes[i] = nodes[i] or following
+        previous: Node | None = None
+        for i, node in enumerate(nodes):
+            previous = nodes[i] = node or previous
+        groups: dict[str, tuple[Node, list[int]]] = {}
+        for i, found in enumerate(nodes):
+            node = found or self.default_node()
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        return list(groups.values())
 
     async def redirected(self, error: rexc.AskError) -> None:
         if isinstance(error, rexc.MovedError):

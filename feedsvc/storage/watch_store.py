@@ -7,11 +7,7 @@ write, ``MULTI ... EXEC`` in a second. A conflicting transaction makes EXEC
 answer nil; the attempt is counted in ``counters.watch_retries`` and repeated
 after a jittered backoff, at most ``watch_retries`` times, then the request
 gets a 503. A transaction that was not executed wrote nothing, so retrying it
-cannot write twice.
-
-Transactions run on a connection taken from the pool directly; a connection
-whose conversation was interrupted (error, timeout, cancelled request) is
-closed, never returned with unread replies.
+cannot write twice. The engine for all this is ``Transport.optimistic``.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from typing import Any
 import orjson
 
 from feedsvc.errors import InvalidClaim, MessageIsClaimed, PayloadTooLarge
+from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
@@ -32,27 +29,19 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.redis_store import (
-    MESSAGE_FIELDS,
-    Conflicted,
-    Parked,
-    Plan,
-    RedisStore,
-    forget_commands,
-    idempotency_token,
-    message_from_fields,
-    new_id,
-    parse_seq,
-    text,
-)
+from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
+from feedsvc.storage.transport import Conflicted, Plan
 
 GC_BATCH = 100
 DROP_BATCH = 500
+# A claim transaction's result: the claim (None: nothing claimed), the
+# messages parked for the dead-letter queue, and that queue.
+Taken = tuple[Claim | None, list[r.Parked], str | None]
 
 
 def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
     """The writes that forget expired messages and claims (see _lib.lua)."""
-    commands = forget_commands(keys, dead) if dead else []
+    commands = r.forget_commands(keys, dead) if dead else []
     commands.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
     commands.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
     return commands
@@ -68,15 +57,16 @@ class WatchStore(RedisStore):
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
             if replies[1]:
                 return None, False
-            fields = [item for pair in reserved_fields(metadata).items() for item in pair]
-            return [("HSET", keys.meta, "c", now, "m", orjson.dumps(metadata), *fields)], True
+            fields = r.flat(reserved_fields(metadata))
+            meta = orjson.dumps(metadata)
+            return [("HSET", keys.meta, r.CREATED, now, r.METADATA, meta, *fields)], True
 
         registry = await self._registry_add(project, queue)
-        async with self._slot():
-            return await self._optimistic([keys.meta], [registry, ("EXISTS", keys.meta)], plan)
+        reads: list[Command] = [registry, ("EXISTS", keys.meta)]
+        return await self._transport.optimistic([keys.meta], reads, plan)
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        await self._call_checked([("ZREM", registry_key(project), queue)])
+        await self._transport.call_checked([("ZREM", registry_key(project), queue)])
         await self._drop(QueueKeys.of(project, queue), keep_queue=False)
 
     async def purge_queue(self, project: str, queue: str) -> None:
@@ -84,21 +74,22 @@ class WatchStore(RedisStore):
 
     async def _drop(self, keys: QueueKeys, keep_queue: bool) -> None:
         """Delete messages and claims in batches, then the queue's own keys."""
+        transport = self._transport
         while True:
-            [ids] = await self._call_checked([("ZRANGE", keys.index, 0, DROP_BATCH - 1)])
+            [ids] = await transport.call_checked([("ZRANGE", keys.index, 0, DROP_BATCH - 1)])
             if not ids:
                 break
-            await self._transaction(forget_commands(keys, ids))
+            await transport.transaction(r.forget_commands(keys, ids))
         while True:
-            [claims] = await self._call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
+            [claims] = await transport.call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
                 break
-            await self._transaction(
-                [("DEL", *(keys.claim(text(c)) for c in claims)), ("ZREM", keys.claims, *claims)]
+            await transport.transaction(
+                [("DEL", *(keys.claim(r.text(c)) for c in claims)), ("ZREM", keys.claims, *claims)]
             )
         kept = {keys.meta, keys.seq, keys.idempotency} if keep_queue else set()
         everything = [*keys.fixed(), keys.idempotency]
-        await self._call_checked([("DEL", *(k for k in everything if k not in kept))])
+        await transport.call_checked([("DEL", *(k for k in everything if k not in kept))])
 
     async def post_messages(
         self,
@@ -121,11 +112,13 @@ class WatchStore(RedisStore):
             if token is not None:
                 seen, sample = replies[5], replies[6]
                 if seen is not None:
-                    until, *first_ids = text(seen).split()
+                    until, *first_ids = r.text(seen).split()
                     if int(until) > now:
                         return None, first_ids
                 forget = [
-                    field for field, value in pairs(sample) if int(text(value).split()[0]) <= now
+                    field
+                    for field, value in r.pairs(sample)
+                    if int(r.text(value).split()[0]) <= now
                 ]
             if mps is not None and request_size > int(mps):
                 raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
@@ -134,22 +127,19 @@ class WatchStore(RedisStore):
             seq = int(last) if last is not None else now * 1000
             writes = gc_commands(keys, dead, now)
             if not exists:
-                writes.append(("HSET", keys.meta, "c", now))
+                writes.append(("HSET", keys.meta, r.CREATED, now))
             for message_id, message in zip(ids, messages, strict=True):
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                expires = now + ttl * 1000
-                due = now + delay * 1000 if delay > 0 else 0
+                fields = r.posted_fields(ttl, now, seq, delay)
                 key = keys.message(message_id)
                 writes.append(
-                    ("HSET", key, "b", message.body, "u", client_id, "s", seq,
-                     "t", ttl, "c", now, "e", expires, "d", due,
-                     "k", "", "x", 0, "n", 0)
-                )  # fmt: skip
-                writes.append(("PEXPIREAT", key, expires))
+                    ("HSET", key, r.BODY, message.body, r.AUTHOR, client_id, *r.flat(fields))
+                )
+                writes.append(("PEXPIREAT", key, fields[r.EXPIRES]))
                 writes.append(("ZADD", keys.index, seq, message_id))
-                writes.append(("ZADD", keys.expiry, expires, message_id))
+                writes.append(("ZADD", keys.expiry, fields[r.EXPIRES], message_id))
             writes.append(("SET", keys.seq, seq))
             if token is not None:
                 record = f"{now + settings.idempotency_window * 1000} {' '.join(ids)}"
@@ -162,7 +152,7 @@ class WatchStore(RedisStore):
             await self._registry_add(project, queue),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
-            ("HMGET", keys.meta, "dttl", "ddelay", "mps"),
+            ("HMGET", keys.meta, *r.POST_SETTINGS),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
         ]
         watch = [keys.seq, keys.meta]
@@ -170,8 +160,7 @@ class WatchStore(RedisStore):
             reads.append(("HGET", keys.idempotency, token))
             reads.append(("HRANDFIELD", keys.idempotency, 5, "WITHVALUES"))
             watch.append(keys.idempotency)
-        async with self._slot():
-            return await self._optimistic(watch, reads, plan)
+        return await self._transport.optimistic(watch, reads, plan)
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = QueueKeys.of(project, queue)
@@ -184,29 +173,28 @@ class WatchStore(RedisStore):
         chunk = query.limit + 2
         while len(found) < query.limit and scanned < scan_limit:
             want = min(chunk, scan_limit - scanned)
-            [raw] = await self._call_checked(
+            [raw] = await self._transport.call_checked(
                 [("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)]
             )
-            entries = pairs(raw)
+            entries = r.pairs(raw)
             if not entries:
                 break
-            rows = await self._call_checked(
-                [("HMGET", keys.message(text(m)), *MESSAGE_FIELDS, "u", "d") for m, _ in entries]
+            rows = await self._transport.call_checked(
+                [("HMGET", keys.message(r.text(m)), *r.ROW) for m, _ in entries]
             )
-            for (member, score), row in zip(entries, rows, strict=True):
+            for (member, score), raw_row in zip(entries, rows, strict=True):
                 scanned += 1
-                last = parse_seq(score)
-                message = message_from_fields(text(member), row[:-2], now)
-                if message is None:
+                last = r.parse_seq(score)
+                row = r.Row.read(r.text(member), raw_row)
+                if row is None or not row.alive(now):
                     continue
-                author, due = row[-2], int(row[-1] or 0)
-                if not query.echo and author is not None and text(author) == query.client_id:
+                if not query.echo and row.author.decode() == query.client_id:
                     continue
-                if not query.include_claimed and message.claim_id is not None:
+                if not query.include_claimed and row.claimed(now):
                     continue
-                if not query.include_delayed and due > now:
+                if not query.include_delayed and row.due > now:
                     continue
-                found.append(message)
+                found.append(row.message(now))
                 if len(found) == query.limit:
                     break
             if len(entries) < want:
@@ -229,17 +217,12 @@ class WatchStore(RedisStore):
                 claimed = bool(holder) and int(claim_expires or 0) > now
                 if claim_id is None and claimed:
                     return None, "claimed"
-                if claim_id is not None and (not claimed or text(holder) != claim_id):
+                if claim_id is not None and (not claimed or r.text(holder) != claim_id):
                     return None, "badclaim"
-            return [
-                ("DEL", key),
-                ("ZREM", keys.index, message_id),
-                ("ZREM", keys.expiry, message_id),
-                ("ZREM", keys.claimed, message_id),
-            ], "ok"
+            return r.forget_commands(keys, [message_id]), "ok"
 
-        async with self._slot():
-            outcome = await self._optimistic([key], [("HMGET", key, "k", "x", "s")], plan)
+        reads: list[Command] = [("HMGET", key, r.CLAIM, r.CLAIM_EXPIRES, r.SEQ)]
+        outcome = await self._transport.optimistic([key], reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
                 f"Message {message_id} is claimed; give its claim_id to delete it."
@@ -251,7 +234,7 @@ class WatchStore(RedisStore):
         if not ids:
             return
         keys = QueueKeys.of(project, queue)
-        await self._transaction(forget_commands(keys, list(dict.fromkeys(ids))))
+        await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
 
     async def _free_candidates(
         self, keys: QueueKeys, now: int, limit: int, max_claims: int | None = None
@@ -265,175 +248,147 @@ class WatchStore(RedisStore):
         counted = 0
         offset, scanned, budget = 0, 0, self._claim_scan_limit()
         while counted < limit and scanned < budget:
-            ids: list[Any] = await self._redis.zrange(keys.index, offset, offset + 99)
+            [ids] = await self._transport.call_checked(
+                [("ZRANGE", keys.index, offset, offset + 99)]
+            )
             if not ids:
                 break
             offset += len(ids)
-            pipe = self._redis.pipeline(transaction=False)
-            for raw in ids:
-                pipe.hmget(keys.message(text(raw)), list(FREE_FIELDS))
-            for raw, row in zip(ids, await pipe.execute(), strict=True):
+            rows = await self._transport.call_checked(
+                [("HMGET", keys.message(r.text(i)), *r.ROW) for i in ids]
+            )
+            for raw, raw_row in zip(ids, rows, strict=True):
                 scanned += 1
-                if is_free(row, now):
-                    found.append(text(raw))
-                    if max_claims is None or int(row[5] or 0) < max_claims:
+                row = r.Row.read(r.text(raw), raw_row)
+                if row is not None and row.free(now):
+                    found.append(row.id)
+                    if max_claims is None or row.count < max_claims:
                         counted += 1
                     if counted == limit:
                         break
         return found
+
+    async def _take(self, keys: QueueKeys, limit: int, plan_for: Any) -> Any:
+        """Find free candidates, then run plan_for(now, candidates, meta) over
+        them in a transaction; again after a backoff on conflict. None when
+        nothing is free."""
+        transport = self._transport
+        attempt = 0
+        async with transport.slot():
+            while True:
+                now = self._clock.now_ms()
+                [meta] = await transport.call_checked(
+                    [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
+                )
+                plan, max_claims = plan_for(now, meta)
+                candidates = await self._free_candidates(keys, now, limit, max_claims)
+                if not candidates:
+                    return None
+                watch = [keys.meta, *(keys.message(i) for i in candidates)]
+                reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
+                reads += [("HMGET", keys.message(i), *r.ROW) for i in candidates]
+                done, result = await transport.attempt(watch, reads, plan(candidates))
+                if done and result is not None:
+                    return result
+                await transport.backoff(attempt)
+                attempt += 1
 
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | None:
         keys = QueueKeys.of(project, queue)
         claim_id = new_id()
-        attempt = 0
-        async with self._slot():
-            while True:
-                now = self._clock.now_ms()
-                meta: list[Any] = await self._redis.hmget(keys.meta, ["mcc", "dlq", "dlqttl"])
-                dlq = text(meta[1]) if meta[0] and meta[1] and text(meta[1]) != queue else None
-                max_claims = int(meta[0]) if dlq is not None else None
-                candidates = await self._free_candidates(keys, now, limit, max_claims)
-                if not candidates:
-                    return None
-                plan = self._claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
-                watch = [keys.meta, *(keys.message(i) for i in candidates)]
-                reads: list[Command] = [("HMGET", keys.meta, "mcc", "dlq", "dlqttl")]
-                reads += [("HMGET", keys.message(i), *CLAIM_FIELDS) for i in candidates]
-                done, result = await self._attempt(watch, reads, plan)
-                if done and result is not None:
-                    break
-                await self._backoff(attempt)
-                attempt += 1
-        claim, parked = result
+
+        def plan_for(now: int, meta: list[Any]) -> tuple[Any, int | None]:
+            # a queue that names itself as its dead-letter queue keeps its messages
+            dlq = r.text(meta[1]) if meta[0] and meta[1] and r.text(meta[1]) != queue else None
+            max_claims = int(meta[0]) if dlq is not None else None
+
+            def plan(candidates: list[str]) -> Plan[Taken]:
+                return _claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
+
+            return plan, max_claims
+
+        taken = await self._take(keys, limit, plan_for)
+        if taken is None:
+            return None
+        claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return claim
-
-    def _claim_plan(
-        self,
-        keys: QueueKeys,
-        claim_id: str,
-        now: int,
-        ttl: int,
-        grace: int,
-        candidates: list[str],
-        meta: list[Any],
-        dlq: str | None,
-    ) -> Plan[tuple[Claim | None, list[Parked]]]:
-        """The claim transaction; its result is (the claim, the messages parked
-        for the dead-letter queue: see RedisStore._dead_letter)."""
-        claim_expires = now + ttl * 1000
-        keep_until = claim_expires + grace * 1000
-
-        def plan(
-            replies: list[Any],
-        ) -> tuple[list[Command] | None, tuple[Claim | None, list[Parked]]]:
-            if replies[0] != meta:
-                raise Conflicted
-            rows = replies[1 : 1 + len(candidates)]
-            writes: list[Command] = []
-            claimed: list[Message] = []
-            parked: list[Parked] = []
-            for message_id, row in zip(candidates, rows, strict=True):
-                body, ttl_s, created, expires, _due, _k, _x, count, author, seq = row
-                if not is_free([*row[3:7], seq], now):
-                    raise Conflicted
-                key = keys.message(message_id)
-                n = int(count or 0)
-                if dlq is not None and n >= int(meta[0]):
-                    # claimed too often: hold it under this claim id, unlisted,
-                    # until it is copied to the dead-letter queue
-                    dttl = int(meta[2]) if meta[2] else int(ttl_s)
-                    parked.append(Parked(message_id, body, author or b"", dttl, n))
-                    writes.append(("HSET", key, "k", claim_id, "x", claim_expires))
-                    writes.append(("ZADD", keys.claimed, claim_expires, message_id))
-                    continue
-                keep = max(int(expires), keep_until)
-                new_ttl = round((keep - int(created)) / 1000)
-                writes.append(
-                    ("HSET", key, "k", claim_id, "x", claim_expires, "n", n + 1,
-                     "e", keep, "t", new_ttl)
-                )  # fmt: skip
-                writes.append(("PEXPIREAT", key, keep))
-                writes.append(("ZADD", keys.expiry, keep, message_id))
-                writes.append(("ZADD", keys.claimed, claim_expires, message_id))
-                claimed.append(
-                    Message(
-                        message_id, parse_seq(seq), body, new_ttl, int(created), claim_id, n + 1
-                    )
-                )
-            if not claimed:
-                return writes or None, (None, parked)
-            ckey = keys.claim(claim_id)
-            ids = " ".join(m.id for m in claimed)
-            writes.append(
-                ("HSET", ckey, "t", ttl, "g", grace, "c", now, "x", claim_expires, "ids", ids)
-            )
-            writes.append(("PEXPIREAT", ckey, claim_expires))
-            writes.append(("ZADD", keys.claims, claim_expires, claim_id))
-            return writes, (Claim(claim_id, ttl, grace, now, claimed), parked)
-
-        return plan
+        return claim  # type: ignore[no-any-return]
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
-        attempt = 0
-        async with self._slot():
-            while True:
-                now = self._clock.now_ms()
-                candidates = await self._free_candidates(keys, now, limit)
-                if not candidates:
-                    return []
 
-                def plan(
-                    replies: list[Any], now: int = now, candidates: list[str] = candidates
-                ) -> tuple[list[Command] | None, list[Message]]:
-                    writes: list[Command] = []
-                    popped: list[Message] = []
-                    for message_id, row in zip(candidates, replies, strict=True):
-                        body, ttl_s, created, _e, _d, _k, _x, _n, _u, seq = row
-                        if not is_free([*row[3:7], seq], now):
-                            raise Conflicted
-                        writes += _forget(keys, message_id)
-                        popped.append(
-                            Message(message_id, parse_seq(seq), body, int(ttl_s), int(created))
-                        )
-                    return writes, popped
+        def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
+            def plan(candidates: list[str]) -> Plan[list[Message]]:
+                def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
+                    rows = [
+                        r.Row.read(i, raw) for i, raw in zip(candidates, replies[1:], strict=True)
+                    ]
+                    if not all(row is not None and row.free(now) for row in rows):
+                        raise Conflicted
+                    popped = [row.message(now) for row in rows if row is not None]
+                    return r.forget_commands(keys, candidates), popped
 
-                watch = [keys.message(i) for i in candidates]
-                reads: list[Command] = [
-                    ("HMGET", keys.message(i), *CLAIM_FIELDS) for i in candidates
-                ]
-                done, result = await self._attempt(watch, reads, plan)
-                if done:
-                    return result or []
-                await self._backoff(attempt)
-                attempt += 1
+                return run
+
+            return plan, None
+
+        popped = await self._take(keys, limit, plan_for)
+        return [] if popped is None else popped
 
 
-# Fields read to decide whether a message is free: e, d, k, x, s.
-FREE_FIELDS = ("e", "d", "k", "x", "s", "n")
-CLAIM_FIELDS = ("b", "t", "c", "e", "d", "k", "x", "n", "u", "s")
+def _claim_plan(
+    keys: QueueKeys,
+    claim_id: str,
+    now: int,
+    ttl: int,
+    grace: int,
+    candidates: list[str],
+    meta: list[Any],
+    dlq: str | None,
+) -> Plan[Taken]:
+    """The claim transaction; its result is (the claim, the messages parked
+    for the dead-letter queue, that queue: see ClaimUpkeep._dead_letter)."""
+    claim_expires = now + ttl * 1000
 
+    def plan(replies: list[Any]) -> tuple[list[Command] | None, Taken]:
+        if replies[0] != meta:
+            raise Conflicted
+        writes: list[Command] = []
+        claimed: list[Message] = []
+        parked: list[r.Parked] = []
+        for message_id, raw in zip(candidates, replies[1:], strict=True):
+            row = r.Row.read(message_id, raw)
+            if row is None or not row.free(now):
+                raise Conflicted
+            if dlq is not None and row.count >= int(meta[0]):
+                # claimed too often: hold it under this claim id, unlisted,
+                # until it is copied to the dead-letter queue
+                dttl = int(meta[2]) if meta[2] else row.ttl
+                parked.append(r.Parked(message_id, row.body, row.author, dttl, row.count))
+                key = keys.message(message_id)
+                writes.append(("HSET", key, r.CLAIM, claim_id, r.CLAIM_EXPIRES, claim_expires))
+                writes.append(("ZADD", keys.claimed, claim_expires, message_id))
+                continue
+            keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
+            writes += r.extend_commands(
+                keys, message_id, claim_id, claim_expires, keep, new_ttl, row.count + 1
+            )
+            assert row.seq is not None
+            claimed.append(
+                Message(
+                    message_id, row.seq, row.body, new_ttl, row.created, claim_id, row.count + 1
+                )
+            )
+        if not claimed:
+            return writes or None, (None, parked, dlq)
+        ckey = keys.claim(claim_id)
+        ids = [m.id for m in claimed]
+        writes.append(("HSET", ckey, *r.claim_record(ttl, grace, now, claim_expires, ids)))
+        writes.append(("PEXPIREAT", ckey, claim_expires))
+        writes.append(("ZADD", keys.claims, claim_expires, claim_id))
+        return writes, (Claim(claim_id, ttl, grace, now, claimed), parked, dlq)
 
-def pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:
-    """Field/value or member/score pairs: RESP2 answers a flat list, RESP3 a list of pairs."""
-    if reply and isinstance(reply[0], list):
-        return [(a, b) for a, b in reply]
-    return list(zip(reply[::2], reply[1::2], strict=True))
-
-
-def is_free(row: Sequence[Any], now: int) -> bool:
-    """Indexed, alive, due and held by no live claim (row = FREE_FIELDS[:5])."""
-    expires, due, holder, claim_expires, seq = row[:5]
-    if seq is None or expires is None or int(expires) <= now:
-        return False
-    if int(due or 0) > now:
-        return False
-    return not (holder and int(claim_expires or 0) > now)
-
-
-def _forget(keys: QueueKeys, message_id: str) -> list[Command]:
-    return forget_commands(keys, [message_id])
+    return plan

@@ -1,0 +1,220 @@
+"""Claim upkeep both drivers share: reading, renewing and releasing a claim,
+and moving messages claimed too often to the dead-letter queue.
+
+Making a claim differs per driver (a script, or a WATCH transaction); what
+happens to a claim afterwards is rare and uncontended, so both drivers run
+it as WATCH/MULTI transactions, which are correct against the lua driver's
+scripts too (a script touching a watched key aborts the transaction).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from feedsvc.clock import Clock
+from feedsvc.config import Settings
+from feedsvc.errors import ClaimNotFound, Unavailable
+from feedsvc.storage import record as r
+from feedsvc.storage.base import Claim
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.transport import Conflicted, Plan, Transport
+
+log = logging.getLogger("feedsvc")
+T = TypeVar("T")
+
+
+class ClaimUpkeep:
+    """Mixed into RedisStore: everything a claim needs after it was made."""
+
+    _transport: Transport
+    _settings: Settings
+    _clock: Clock
+
+    async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
+        keys = QueueKeys.of(project, queue)
+        now = self._clock.now_ms()
+        fields = (r.TTL, r.GRACE, r.CREATED, r.CLAIM_EXPIRES, r.HELD)
+        [row] = await self._transport.call_checked([("HMGET", keys.claim(claim_id), *fields)])
+        ttl, grace, created, expires, ids = row
+        if expires is None or int(expires) <= now:
+            raise ClaimNotFound(claim_id)
+        held = r.text(ids).split() if ids else []
+        rows = (
+            await self._transport.call_checked([("HMGET", keys.message(i), *r.ROW) for i in held])
+            if held
+            else []
+        )
+        found = (r.live_message(i, row, now) for i, row in zip(held, rows, strict=True))
+        messages = [m for m in found if m is not None and m.claim_id == claim_id]
+        return Claim(claim_id, int(ttl), int(grace), int(created), messages)
+
+    async def _claim_transaction(
+        self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]
+    ) -> T:
+        """Run a transaction over a claim and the messages it lists."""
+        transport = self._transport
+        claim_key = keys.claim(claim_id)
+        attempt = 0
+        async with transport.slot():
+            while True:
+                [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
+                held = r.text(raw).split() if raw else []
+                watch = [claim_key, *(keys.message(i) for i in held)]
+                reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
+                reads += [("HMGET", keys.message(i), *r.ROW) for i in held]
+                done, result = await transport.attempt(watch, reads, plan_for(held))
+                if done:
+                    return result  # type: ignore[return-value]
+                await transport.backoff(attempt)
+                attempt += 1
+
+    async def renew_claim(
+        self, project: str, queue: str, claim_id: str, ttl: int, grace: int
+    ) -> None:
+        keys = QueueKeys.of(project, queue)
+        now = self._clock.now_ms()
+        claim_expires = now + ttl * 1000
+
+        def plan_for(held: list[str]) -> Plan[bool]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
+                expires, ids = replies[0]
+                if expires is None or int(expires) <= now:
+                    return None, False
+                if (r.text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                writes: list[Command] = []
+                for message_id, raw in zip(held, replies[1:], strict=True):
+                    row = r.Row.read(message_id, raw)
+                    if row is None or row.claim != claim_id:
+                        continue
+                    # never shorten a message's life, only extend it
+                    keep, new_ttl = r.claim_extension(
+                        row.expires, row.created, claim_expires, grace
+                    )
+                    writes += r.extend_commands(
+                        keys, message_id, claim_id, claim_expires, keep, new_ttl
+                    )
+                claim_key = keys.claim(claim_id)
+                writes.append(
+                    ("HSET", claim_key, r.TTL, ttl, r.GRACE, grace, r.CLAIM_EXPIRES, claim_expires)
+                )
+                writes.append(("PEXPIREAT", claim_key, claim_expires))
+                writes.append(("ZADD", keys.claims, claim_expires, claim_id))
+                return writes, True
+
+            return plan
+
+        if not await self._claim_transaction(keys, claim_id, plan_for):
+            raise ClaimNotFound(claim_id)
+
+    async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
+        keys = QueueKeys.of(project, queue)
+
+        def plan_for(held: list[str]) -> Plan[None]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+                _, ids = replies[0]
+                if (r.text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                writes: list[Command] = []
+                for message_id, raw in zip(held, replies[1:], strict=True):
+                    row = r.Row.read(message_id, raw)
+                    if row is not None and row.claim == claim_id:
+                        key = keys.message(message_id)
+                        writes.append(("HSET", key, r.CLAIM, "", r.CLAIM_EXPIRES, 0))
+                        writes.append(("ZREM", keys.claimed, message_id))
+                writes.append(("DEL", keys.claim(claim_id)))
+                writes.append(("ZREM", keys.claims, claim_id))
+                return writes, None
+
+            return plan
+
+        await self._claim_transaction(keys, claim_id, plan_for)
+
+    async def _dead_letter(
+        self, project: str, queue: str, dlq: str, claim_id: str, parked: Sequence[r.Parked]
+    ) -> None:
+        """Move parked messages to the dead-letter queue (steps 2 and 3).
+
+        Step 1 happened in the claim, atomically on the queue's slot: each
+        message claimed too often was *parked*, held by the new claim id but
+        not listed in the claim. The dead-letter queue may live in another
+        slot (on a cluster, on another server), so the move is two
+        transactions, copy first, then forget:
+
+        2. copy each parked message into the dead-letter queue under its own
+           id, unless a copy with that id is already there;
+        3. forget the originals still held by this claim id.
+
+        If the service stops between the steps, the parked messages are freed
+        when the claim's ttl runs out and a later claim moves them again; the
+        copy step then finds them already copied. So a message is never lost
+        and, unless its first copy was already consumed from the dead-letter
+        queue, never doubled. A failure here is logged, not raised: the claim
+        itself was made.
+        """
+        if not parked:
+            return
+        source, target = QueueKeys.of(project, queue), QueueKeys.of(project, dlq)
+        now = self._clock.now_ms()
+
+        def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            last, exists, *seqs = replies
+            seq = r.parse_seq(last) if last is not None else now * 1000
+            writes: list[Command] = []
+            for message, have in zip(parked, seqs, strict=True):
+                if have is not None:
+                    continue
+                seq += 1
+                fields = r.posted_fields(message.ttl, now, seq, delay=0)
+                fields[r.CLAIM_COUNT] = message.count
+                key = target.message(message.id)
+                expires = fields[r.EXPIRES]
+                writes.append(
+                    ("HSET", key, r.BODY, message.body, r.AUTHOR, message.author, *r.flat(fields))
+                )
+                writes.append(("PEXPIREAT", key, expires))
+                writes.append(("ZADD", target.index, seq, message.id))
+                writes.append(("ZADD", target.expiry, expires, message.id))
+            if not writes:
+                return None, None
+            writes.append(("SET", target.seq, seq))
+            if not exists:
+                writes.append(("HSET", target.meta, r.CREATED, now, r.METADATA, "{}"))
+            return writes, None
+
+        def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            held = [
+                m.id
+                for m, holder in zip(parked, replies, strict=True)
+                if holder is not None and r.text(holder) == claim_id
+            ]
+            return (r.forget_commands(source, held) if held else None), None
+
+        transport = self._transport
+        try:
+            await transport.optimistic(
+                [target.seq, target.meta, *(target.message(m.id) for m in parked)],
+                [
+                    ("GET", target.seq),
+                    ("EXISTS", target.meta),
+                    *(("HGET", target.message(m.id), r.SEQ) for m in parked),
+                ],
+                copy,
+            )
+            await transport.optimistic(
+                [source.message(m.id) for m in parked],
+                [("HGET", source.message(m.id), r.CLAIM) for m in parked],
+                forget,
+            )
+            await transport.call_checked([("ZADD", registry_key(project), 0, dlq)])
+        except Unavailable as exc:
+            log.warning(
+                "dead-lettering %d message(s) of %s to %s is left for a later claim: %s",
+                len(parked),
+                queue,
+                dlq,
+                exc,
+            )

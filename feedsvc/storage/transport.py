@@ -1,0 +1,382 @@
+"""Every conversation feedsvc has with Redis goes through one :class:`Transport`.
+
+It owns:
+
+* the client and its pools, one per process, built once from the URL: a
+  plain server or a Redis Cluster is decided here, from
+  ``Settings.redis_cluster()``, and nowhere else (``nodes.py`` holds the two
+  routing strategies);
+* the **gate**: a FIFO-fair limit of ``--pool-size`` calls in flight, coalesced
+  or not, waited for at most ``--pool-timeout`` (then 503);
+* **error translation**: lost connections, timeouts, a loading or read-only
+  server, a cluster reconfiguring all become :class:`StorageUnavailable`
+  (503 with Retry-After); a real bug stays a 500;
+* **exchanges**: commands written at once, replies read in order with error
+  replies as values, routed per command to the node owning its slot, with
+  MOVED followed a few times;
+* the **WATCH engine**: optimistic transactions (WATCH + reads in one write,
+  MULTI..EXEC in a second) with jittered, bounded retries that give the pool
+  slot back while they sleep;
+* the counters ``/metrics`` reads.
+
+The drivers above it build commands (with ``record.py`` and ``keys.py``) and
+never touch a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import redis.exceptions as rexc
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from feedsvc.config import Settings
+from feedsvc.errors import PoolExhausted, StorageUnavailable, TooMuchContention
+from feedsvc.storage.base import StoreCounters
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.nodes import ClusterServers, Node, Servers, SingleServer
+
+# Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
+_TRANSIENT_PREFIXES = (
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "READONLY",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "NOREPLICAS",
+    "OOM",
+)
+# Cluster replies and client errors that mean "the topology is changing".
+_CLUSTER_TROUBLE = (
+    rexc.AskError,  # and MovedError
+    rexc.TryAgainError,
+    rexc.ClusterError,
+    rexc.SlotNotCoveredError,
+)
+_LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+# How many times a command answered MOVED is sent on to the slot's new owner.
+MOVED_RESENDS = 3
+BACKOFF_BASE = 0.0005
+BACKOFF_CAP = 0.05
+
+T = TypeVar("T")
+# A plan looks at the replies to the reads and returns the commands to run in
+# MULTI/EXEC (None: write nothing) and the operation's result.
+Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
+
+
+class Conflicted(Exception):
+    """Raised by a transaction plan whose reads show a concurrent writer."""
+
+
+class _Lease:
+    """Whether a task holds its gate slot (see slot and backoff). A task
+    started inside slot() inherits the context variable, not the slot: the
+    lease names its task."""
+
+    __slots__ = ("held", "task")
+
+    def __init__(self) -> None:
+        self.held = True
+        self.task = asyncio.current_task()
+
+    def ours(self) -> bool:
+        return self.held and self.task is asyncio.current_task()
+
+
+_LEASE: ContextVar[_Lease | None] = ContextVar("feedsvc_pool_lease", default=None)
+
+
+def pool_slots(settings: Settings) -> int:
+    """Connections the pool may open: --pool-size, less the coalescer's own."""
+    return settings.pool_size - 1 if settings.coalesce else settings.pool_size
+
+
+def _client(settings: Settings) -> Redis | RedisCluster:
+    """redis-py retries failed commands by default; a retried index script or
+    transaction could write twice, so retries are off and a failure becomes a
+    503 that the client may retry knowingly. (Scripts and transactions never
+    go through redis-py's command retries anyway: see ``nodes.py``.)"""
+    assert settings.redis_url is not None
+    common: dict[str, Any] = {
+        "max_connections": pool_slots(settings),
+        "socket_timeout": settings.redis_timeout,
+        "socket_connect_timeout": settings.redis_connect_timeout,
+        "health_check_interval": 0,
+    }
+    if settings.redis_cluster():
+        return RedisCluster.from_url(settings.redis_url.replace("+cluster://", "://", 1), **common)
+    pool = ConnectionPool.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **common)
+    return Redis(connection_pool=pool)
+
+
+async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
+    """Send commands in one write and read one reply each (an error reply raises)."""
+    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    return [await conn.read_response() for _ in commands]
+
+
+class Transport:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._redis = _client(settings)
+        slots = pool_slots(settings)
+        self._gate = asyncio.Semaphore(slots)
+        self._servers: Servers = (
+            ClusterServers(self._redis, settings.coalesce, settings.redis_timeout, slots)
+            if isinstance(self._redis, RedisCluster)
+            else SingleServer(self._redis, settings.coalesce, settings.redis_timeout)
+        )
+        self.cluster = self._servers.cluster
+        self.counters = StoreCounters()
+
+    @asynccontextmanager
+    async def errors(self) -> AsyncIterator[None]:
+        """Translate Redis trouble into 503s."""
+        try:
+            yield
+        except _LOST as exc:
+            await self._servers.lost()
+            raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
+        except _CLUSTER_TROUBLE as exc:
+            # a slot on the move, a failover, a cluster without quorum
+            self.counters.cluster_redirects += 1
+            await self._servers.lost()
+            raise StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}") from exc
+        except rexc.ResponseError as exc:
+            if str(exc).startswith(_TRANSIENT_PREFIXES):
+                raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
+            raise
+
+    async def _acquire(self) -> None:
+        try:
+            async with asyncio.timeout(self._settings.pool_timeout):
+                await self._gate.acquire()
+        except TimeoutError:
+            raise PoolExhausted("No Redis connection became free in time.") from None
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one gate slot (unless this task holds one already) and
+        translate Redis trouble to 503s; counts the call."""
+        outer = _LEASE.get()
+        nested = outer is not None and outer.ours()
+        if not nested:
+            await self._acquire()
+        lease = _Lease()
+        token = _LEASE.set(lease) if not nested else None
+        started = time.perf_counter()
+        try:
+            async with self.errors():
+                yield
+        finally:
+            if token is not None:
+                _LEASE.reset(token)
+                if lease.held:
+                    self._gate.release()
+            self.counters.redis_calls += 1
+            self.counters.redis_seconds += time.perf_counter() - started
+
+    async def call(self, commands: Sequence[Command]) -> list[Any]:
+        """Commands in one round trip per server (shared with concurrent
+        callers when coalescing); replies in order, error replies as values.
+
+        On a cluster the commands are split by the node owning each one's
+        slot and the groups run side by side. A command answered MOVED was
+        not executed: the slot table is updated and just those commands are
+        sent again to the new owner, in their order (a few times, then the
+        MOVED reply stands and becomes a 503). ASK and TRYAGAIN (a slot
+        halfway through a migration) are left as replies: 503, retry.
+        """
+        servers = self._servers
+        if not self.cluster:
+            return (await self._exchange([(servers.default_node(), list(commands))]))[0]
+        async with self.errors():
+            await servers.ready()
+        replies: list[Any] = [None] * len(commands)
+        todo = list(range(len(commands)))
+        for _ in range(MOVED_RESENDS):
+            groups = servers.route([commands[i] for i in todo])
+            batches = [(node, [commands[todo[j]] for j in idx]) for node, idx in groups]
+            done = await self._exchange(batches)
+            moved: list[int] = []
+            for (_node, idx), got in zip(groups, done, strict=True):
+                for j, reply in zip(idx, got, strict=True):
+                    replies[todo[j]] = reply
+                    if isinstance(reply, rexc.MovedError):
+                        self.counters.cluster_redirects += 1
+                        moved.append(todo[j])
+                        await servers.redirected(reply)
+            if not moved:
+                break
+            todo = sorted(moved)
+        return replies
+
+    async def _exchange(self, batches: Sequence[tuple[Node, list[Command]]]) -> list[list[Any]]:
+        """Each batch on its node, in one gate slot: coalesced batches side by
+        side; pooled ones one after another (holding a pooled connection
+        while waiting for a second could deadlock)."""
+        async with self.slot():
+            if self._settings.coalesce:
+                futures = []
+                for node, batch in batches:
+                    assert node.coalescer is not None
+                    futures.append(node.coalescer.submit(batch))
+                try:
+                    return [await future for future in futures]
+                finally:
+                    for future in futures:  # a failed or cancelled wait leaves nothing behind
+                        if not future.done():
+                            future.cancel()
+                        elif not future.cancelled():
+                            future.exception()
+            return [await node.exchange(batch) for node, batch in batches]
+
+    async def call_checked(self, commands: Sequence[Command]) -> list[Any]:
+        """Like call, but an error reply raises (translated like any other)."""
+        replies = await self.call(commands)
+        async with self.errors():
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    async def transaction(self, commands: Sequence[Command]) -> list[Any]:
+        """Commands in MULTI/EXEC (keys of one slot), in one exchange; their replies."""
+        replies = await self.call_checked([("MULTI",), *commands, ("EXEC",)])
+        executed: list[Any] = replies[-1]
+        async with self.errors():
+            for reply in executed:
+                if isinstance(reply, Exception):
+                    raise reply
+        return executed
+
+    async def on_every_primary(self, commands: Sequence[Command]) -> None:
+        """Run commands on each primary (e.g. SCRIPT LOAD); an error reply raises."""
+        async with self.errors():
+            await self._servers.ready()
+        for node in self._servers.primaries():
+            [replies] = await self._exchange([(node, list(commands))])
+            async with self.errors():
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+
+    # -- the WATCH engine ---------------------------------------------------
+
+    async def optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
+        """WATCH, read, plan, MULTI/EXEC; again after a backoff on conflict."""
+        attempt = 0
+        async with self.slot():
+            while True:
+                done, result = await self.attempt(watch, reads, plan)
+                if done:
+                    return result  # type: ignore[return-value]
+                await self.backoff(attempt)
+                attempt += 1
+
+    async def attempt(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
+
+        Call it inside slot(). A plan raises Conflicted when the reads show
+        another writer got there first (the same as EXEC answering nil). The
+        transaction runs on a connection to the server owning the watched
+        keys' slot; if the slot has moved (MOVED, ASK, TRYAGAIN) nothing was
+        written, so it counts as a conflict and is tried again on the new owner.
+        """
+        await self._servers.ready()
+        try:
+            return await self._converse(watch, reads, plan)
+        except (rexc.AskError, rexc.TryAgainError) as redirect:
+            self.counters.cluster_redirects += 1
+            if isinstance(redirect, rexc.AskError):
+                await self._servers.redirected(redirect)
+            return False, None
+
+    async def _converse(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        async with self._servers.node_for(watch[0]).connection() as conn:
+            replies = await _send(conn, ("WATCH", *watch), *reads)
+            try:
+                writes, result = plan(replies[1:])
+            except Conflicted:
+                await _send(conn, ("UNWATCH",))
+                return False, None
+            if writes is None:
+                await _send(conn, ("UNWATCH",))
+                return True, result
+            executed = (await _send(conn, ("MULTI",), *writes, ("EXEC",)))[-1]
+            if executed is None:
+                return False, None
+            for reply in executed:
+                if isinstance(reply, Exception):
+                    raise reply
+            return True, result
+
+    async def backoff(self, attempt: int) -> None:
+        """Count a conflict and wait a jittered, growing while; 503 when out of tries."""
+        self.counters.watch_retries += 1
+        if attempt + 1 >= self._settings.watch_retries:
+            self.counters.watch_conflicts_exhausted += 1
+            raise TooMuchContention(
+                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
+            )
+        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+        # give the slot back while sleeping: a crowd of conflicting writers
+        # must not starve everyone else of connections
+        lease = _LEASE.get()
+        if lease is not None and not lease.ours():
+            lease = None
+        if lease is not None:
+            self._gate.release()
+            lease.held = False
+        await asyncio.sleep(random.uniform(0, ceiling))
+        if lease is not None:
+            await self._acquire()
+            lease.held = True
+
+    # -- the rest -------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        counters = self.counters
+        slots = pool_slots(self._settings)
+        waiters = getattr(self._gate, "_waiters", None) or ()
+        out = {
+            "watch_retries": counters.watch_retries,
+            "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
+            "noscript_reloads": counters.noscript_reloads,
+            "cluster_redirects": counters.cluster_redirects,
+            "redis_calls": counters.redis_calls,
+            "redis_seconds": counters.redis_seconds,
+            "pool_size": self._settings.pool_size,
+            "pool_in_use": slots - self._gate._value,
+            "pool_waiting": len(waiters),
+            "coalesced_batches": 0,
+            "coalesced_calls": 0,
+        }
+        for node in self._servers.primaries():
+            if node.coalescer is not None:
+                out["coalesced_batches"] += node.coalescer.batches
+                out["coalesced_calls"] += node.coalescer.calls
+        return out
+
+    async def close(self) -> None:
+        await self._servers.close()
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.aclose()
+        else:
+            await self._redis.aclose(close_connection_pool=True)
