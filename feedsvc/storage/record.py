@@ -259,19 +259,24 @@ class Parked:
     count: int  # how often it was claimed
 
 
+def _message(out: list[Any], i: int, claim_id: str | None = None, count: int = 0) -> Message:
+    """The five fields every script reply starts a message with: id, seq,
+    body, ttl, created."""
+    return Message(
+        id=text(out[i]),
+        seq=parse_seq(out[i + 1]),
+        body=out[i + 2],
+        ttl=int(out[i + 3]),
+        created_ms=int(out[i + 4]),
+        claim_id=claim_id,
+        claim_count=count,
+    )
+
+
 def list_reply(out: list[Any]) -> MessagePage:
     """list.lua: {next marker or '', then id, seq, body, ttl, created, claim, count...}."""
     messages = [
-        Message(
-            id=out[i].decode(),
-            seq=parse_seq(out[i + 1]),
-            body=out[i + 2],
-            ttl=int(out[i + 3]),
-            created_ms=int(out[i + 4]),
-            claim_id=out[i + 5].decode() or None,
-            claim_count=int(out[i + 6]),
-        )
-        for i in range(1, len(out), 7)
+        _message(out, i, text(out[i + 5]) or None, int(out[i + 6])) for i in range(1, len(out), 7)
     ]
     return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
 
@@ -288,33 +293,13 @@ def claim_reply(
     ]
     if not out[0]:
         return None, parked
-    messages = [
-        Message(
-            id=text(out[i]),
-            seq=parse_seq(out[i + 1]),
-            body=out[i + 2],
-            ttl=int(out[i + 3]),
-            created_ms=int(out[i + 4]),
-            claim_id=claim_id,
-            claim_count=int(out[i + 5]),
-        )
-        for i in range(start, len(out), 6)
-    ]
+    messages = [_message(out, i, claim_id, int(out[i + 5])) for i in range(start, len(out), 6)]
     return Claim(claim_id, ttl, grace, now, messages), parked
 
 
 def pop_reply(out: list[Any]) -> list[Message]:
     """pop.lua: {id, seq, body, ttl, created...}."""
-    return [
-        Message(
-            id=text(out[i]),
-            seq=parse_seq(out[i + 1]),
-            body=out[i + 2],
-            ttl=int(out[i + 3]),
-            created_ms=int(out[i + 4]),
-        )
-        for i in range(0, len(out), 5)
-    ]
+    return [_message(out, i) for i in range(0, len(out), 5)]
 
 
 def pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:
