@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage.base import FeedStore
@@ -95,8 +96,17 @@ def settings(redis_url: str, driver: str) -> Settings:
 
 
 @pytest.fixture
-async def store(settings: Settings) -> AsyncIterator[FeedStore]:
-    feed = make_store(settings)
+def clock() -> ManualClock:
+    """The time the ``store`` and ``http`` under test see: it stands still
+    until a test calls ``clock.advance(seconds)``, so tests of ttl, delay,
+    claim expiry and the idempotency window move time on instead of sleeping.
+    (A few ``slow`` tests keep real sleeps, end to end.)"""
+    return ManualClock()
+
+
+@pytest.fixture
+async def store(settings: Settings, clock: ManualClock) -> AsyncIterator[FeedStore]:
+    feed = make_store(settings, clock)
     await feed.open()
     yield feed
     await feed.close()
@@ -118,8 +128,10 @@ def headers(project: str, client_id: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def http(settings: Settings) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    async with TestClient(TestServer(create_app(settings))) as client:
+async def http(
+    settings: Settings, clock: ManualClock
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    async with TestClient(TestServer(create_app(settings, clock))) as client:
         yield client
 
 

@@ -20,6 +20,8 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
 from tests.conftest import make_settings
 from tests.test_api import (
     RESERVED_DEFAULTS,
@@ -437,20 +439,49 @@ async def test_concurrent_pops_are_exclusive(http: Client, headers: Headers) -> 
 # -- claim expiry (short limits) -----------------------------------------------------------
 
 
+def quick_settings(redis_url: str, driver: str) -> Settings:
+    """A service whose claims may last 1 s, so short claims can be tested."""
+    return make_settings(redis_url, driver=driver, min_claim_ttl=1, min_claim_grace=0)
+
+
 @pytest.fixture
-async def quick(redis_url: str, driver: str) -> AsyncIterator[Client]:
-    """A service whose claims may last 1 s, so expiry can be seen quickly."""
-    settings = make_settings(redis_url, driver=driver, min_claim_ttl=1, min_claim_grace=0)
-    async with TestClient(TestServer(create_app(settings))) as client:
+async def quick(redis_url: str, driver: str, clock: ManualClock) -> AsyncIterator[Client]:
+    """The short-claims service on the test's clock."""
+    app = create_app(quick_settings(redis_url, driver), clock)
+    async with TestClient(TestServer(app)) as client:
         yield client
 
 
-async def test_expired_claim_frees_its_messages(quick: Client, headers: Headers) -> None:
+async def test_expired_claim_frees_its_messages(
+    quick: Client, headers: Headers, clock: ManualClock
+) -> None:
     [mid] = await post(quick, headers, "e", [{"body": "m", "ttl": 1}])
     claim_id, [claimed] = await claim(quick, headers, "e", body={"ttl": 1, "grace": 3})
     # The claim keeps the message alive until claim expiry + grace.
     assert claimed["ttl"] >= 4
-    await asyncio.sleep(1.5)
+    clock.advance(0.9)
+    assert ids_of((await get_claim(quick, headers, "e", claim_id))["messages"]) == [mid]
+    await nothing_claimable(quick, headers, "e")
+    clock.advance(0.2)
+    await check_claim_expired(quick, headers, claim_id, mid)
+
+
+@pytest.mark.slow
+async def test_expired_claim_frees_its_messages_in_real_time(
+    redis_url: str, driver: str, headers: Headers
+) -> None:
+    """End to end on the host's clock: the claim's ttl really passes."""
+    app = create_app(quick_settings(redis_url, driver))
+    async with TestClient(TestServer(app)) as quick:
+        [mid] = await post(quick, headers, "e", [{"body": "m", "ttl": 1}])
+        claim_id, [claimed] = await claim(quick, headers, "e", body={"ttl": 1, "grace": 3})
+        assert claimed["ttl"] >= 4
+        await asyncio.sleep(1.5)
+        await check_claim_expired(quick, headers, claim_id, mid)
+
+
+async def check_claim_expired(quick: Client, headers: Headers, claim_id: str, mid: str) -> None:
+    """After claim expiry, within the grace: the claim is gone, its message is free."""
     await error(await quick.get(f"{claims_path('e')}/{claim_id}", headers=headers), 404)
     one = await ok_json(await quick.get(f"{messages_path('e')}/{mid}", headers=headers))
     assert one["href"] == f"{messages_path('e')}/{mid}"
@@ -463,10 +494,14 @@ async def test_expired_claim_frees_its_messages(quick: Client, headers: Headers)
     assert again["id"] == mid
 
 
-async def test_expired_claim_cannot_touch_the_next_claim(quick: Client, headers: Headers) -> None:
+async def test_expired_claim_cannot_touch_the_next_claim(
+    quick: Client, headers: Headers, clock: ManualClock
+) -> None:
     [mid] = await post_bodies(quick, headers, "nx", ["m"])
     old_id, _ = await claim(quick, headers, "nx", body={"ttl": 1, "grace": 0})
-    await asyncio.sleep(1.3)
+    clock.advance(0.9)
+    await nothing_claimable(quick, headers, "nx")
+    clock.advance(0.2)
     new_id, [taken] = await claim(quick, headers, "nx")
     assert taken["id"] == mid
     # The expired claim can neither renew, nor release, nor delete with,
@@ -483,18 +518,24 @@ async def test_expired_claim_cannot_touch_the_next_claim(quick: Client, headers:
     await nothing_claimable(quick, headers, "nx")
 
 
-async def test_renewed_claim_keeps_its_messages_alive(quick: Client, headers: Headers) -> None:
+async def test_renewed_claim_keeps_its_messages_alive(
+    quick: Client, headers: Headers, clock: ManualClock
+) -> None:
     [mid] = await post(quick, headers, "rn", [{"body": "m", "ttl": 1}])
     claim_id, _ = await claim(quick, headers, "rn", body={"ttl": 1, "grace": 0})
     url = f"{claims_path('rn')}/{claim_id}"
     await no_content(await quick.patch(url, json={"ttl": 60, "grace": 0}, headers=headers))
-    await asyncio.sleep(1.5)
+    clock.advance(1.5)
     # Past both the message's own ttl and the first claim's: held by the renewal.
     doc = await get_claim(quick, headers, "rn", claim_id)
     assert ids_of(doc["messages"]) == [mid]
     one = await ok_json(await quick.get(f"{messages_path('rn')}/{mid}", headers=headers))
     assert one["href"].endswith(f"?claim_id={claim_id}")
     assert await stats(quick, headers, "rn") == (1, 0, 1)
+    # ... until the renewal's ttl (60 s) passes; then the message's own ttl is over too.
+    clock.advance(59)
+    await error(await quick.get(url, headers=headers), 404)
+    await error(await quick.get(f"{messages_path('rn')}/{mid}", headers=headers), 404)
 
 
 # -- deleting under claims -----------------------------------------------------------------
@@ -632,7 +673,9 @@ async def test_delayed_messages_cannot_be_claimed_until_due(http: Client, header
     assert await listed_ids(http, reader, "dl", both) == ids
 
 
-async def test_due_and_expired_messages_in_claims_and_pops(quick: Client, headers: Headers) -> None:
+async def test_due_and_expired_messages_in_claims_and_pops(
+    quick: Client, headers: Headers, clock: ManualClock
+) -> None:
     messages: list[dict[str, Any]] = [
         {"body": "gone", "ttl": 1},
         {"body": "soon", "delay": 1},
@@ -644,7 +687,9 @@ async def test_due_and_expired_messages_in_claims_and_pops(quick: Client, header
     claim_id, claimed = await claim(quick, headers, "due", limit=1, body=body)
     assert ids_of(claimed) == [gone]
     await no_content(await quick.delete(f"{claims_path('due')}/{claim_id}", headers=headers))
-    await asyncio.sleep(1.3)
+    clock.advance(0.9)
+    assert await listed_ids(quick, other_client(headers), "due") == [gone, b]
+    clock.advance(0.2)
     # Now "soon" is due and "gone" has expired (its claim kept it only until
     # claim expiry + grace, 1 s).
     assert await listed_ids(quick, other_client(headers), "due") == [soon, b]

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from feedsvc.clock import ManualClock
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import escape_project
@@ -56,12 +57,17 @@ async def test_concurrent_retries_post_once(store: FeedStore, project: str) -> N
     assert [m.id for m in page.messages] == results[0]
 
 
-async def test_the_window_ends(redis_url: str, driver: str, project: str) -> None:
-    store = make_store(make_settings(redis_url, driver=driver, idempotency_window=1))
+async def test_the_window_ends(
+    redis_url: str, driver: str, project: str, clock: ManualClock
+) -> None:
+    store = make_store(make_settings(redis_url, driver=driver, idempotency_window=1), clock)
     await store.open()
     try:
         first = await store.post_messages(project, "q", WRITER, batch(1), 0, "k")
-        await asyncio.sleep(1.1)
+        clock.advance(0.9)
+        again = await store.post_messages(project, "q", WRITER, batch(1), 0, "k")
+        assert again == first, "the window ended early"
+        clock.advance(0.2)
         later = await store.post_messages(project, "q", WRITER, batch(1), 0, "k")
         assert later != first
         assert (await store.queue_stats(project, "q")).total == 2

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.errors import InvalidClaim
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
@@ -160,31 +161,62 @@ async def test_bounded_scan_gives_a_forward_marker(redis_url: str, driver: str) 
         await store.close()
 
 
-async def test_expired_messages_are_never_returned(store: FeedStore, project: str) -> None:
-    short = await store.post_messages(project, "q", WRITER, [msg("short", ttl=1)])
-    long = await store.post_messages(project, "q", WRITER, [msg("long", ttl=300)])
-    await asyncio.sleep(1.1)
+async def check_only_long_is_left(store: FeedStore, project: str, short: str, long: str) -> None:
     page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
-    assert [m.id for m in page.messages] == long
-    assert await store.get_messages(project, "q", short + long) == [
-        m for m in await store.get_messages(project, "q", long)
+    assert [m.id for m in page.messages] == [long]
+    assert await store.get_messages(project, "q", [short, long]) == [
+        m for m in await store.get_messages(project, "q", [long])
     ]
     stats = await store.queue_stats(project, "q")
     assert (stats.total, stats.free, stats.claimed) == (1, 1, 0)
-    assert stats.oldest is not None and stats.oldest.id == long[0]
+    assert stats.oldest is not None and stats.oldest.id == long
+
+
+async def test_expired_messages_are_never_returned(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    [short] = await store.post_messages(project, "q", WRITER, [msg("short", ttl=60)])
+    [long] = await store.post_messages(project, "q", WRITER, [msg("long", ttl=300)])
+    clock.advance(59.9)
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+    assert [m.id for m in page.messages] == [short, long], "gone before its ttl"
+    assert len(await store.get_messages(project, "q", [short, long])) == 2
+    assert (await store.queue_stats(project, "q")).total == 2
+    clock.advance(0.2)
+    await check_only_long_is_left(store, project, short, long)
+
+
+@pytest.mark.slow
+async def test_expired_messages_are_never_returned_in_real_time(
+    settings: Settings, project: str
+) -> None:
+    """End to end on the host's clock: the ttl really passes."""
+    store = make_store(settings)
+    await store.open()
+    try:
+        [short] = await store.post_messages(project, "q", WRITER, [msg("short", ttl=1)])
+        [long] = await store.post_messages(project, "q", WRITER, [msg("long", ttl=300)])
+        await asyncio.sleep(1.1)
+        await check_only_long_is_left(store, project, short, long)
+    finally:
+        await store.close()
 
 
 async def test_expired_entries_are_collected(
-    store: FeedStore, project: str, redis_url: str
+    store: FeedStore, project: str, redis_url: str, clock: ManualClock
 ) -> None:
-    await post_n(store, project, "q", 5, ttl=1)
-    await asyncio.sleep(1.1)
-    await post_n(store, project, "q", 1)
     keys = QueueKeys.of(project, "q")
     client = direct_client(redis_url)
     try:
-        assert await client.zcard(keys.index) == 1
-        assert await client.zcard(keys.expiry) == 1
+        await post_n(store, project, "q", 5, ttl=1)
+        clock.advance(0.9)
+        await post_n(store, project, "q", 1)
+        assert await client.zcard(keys.index) == 6, "live entries were collected"
+        assert await client.zcard(keys.expiry) == 6
+        clock.advance(0.2)
+        await post_n(store, project, "q", 1)
+        assert await client.zcard(keys.index) == 2
+        assert await client.zcard(keys.expiry) == 2
     finally:
         await client.aclose()
 
@@ -265,10 +297,15 @@ async def test_delete_queue_leaves_no_keys(store: FeedStore, project: str, redis
     assert (await store.list_messages(project, "q", ListQuery(READER))).messages == []
 
 
-async def test_recreated_queue_does_not_reuse_markers(store: FeedStore, project: str) -> None:
+async def test_recreated_queue_does_not_reuse_markers(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
     await post_n(store, project, "q", 3)
     _, marker = await read_all(store, project, "q", 10)
     await store.delete_queue(project, "q")
+    # Markers of a new queue start at its creation time in microseconds
+    # (storage/base.py): re-created one clock tick (1 ms) later.
+    clock.advance(0.001)
     fresh = await post_n(store, project, "q", 2)
     seen, _ = await read_all(store, project, "q", 10, marker=marker)
     assert seen == fresh
