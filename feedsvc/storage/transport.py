@@ -62,7 +62,7 @@ _CLUSTER_TROUBLE = (
     rexc.AskError,  # and MovedError
     rexc.TryAgainError,
     rexc.ClusterError,
-    rexc.SlotNotCoveredError,
+    rexc.RedisClusterException,  # no node reachable yet, slots not covered, ...
 )
 _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
 # How many times a command answered MOVED is sent on to the slot's new owner.

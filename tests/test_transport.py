@@ -1,0 +1,122 @@
+"""Redis that is not there yet, goes away, or comes back: the transport's
+503s and its recovery, on a single server and on a Cluster, both drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from feedsvc.errors import Unavailable
+from feedsvc.redis_server import pick_free_port
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
+from tests.cluster import LocalCluster
+from tests.conftest import make_settings
+
+READER = str(uuid.uuid4())
+
+
+async def assert_unavailable(store: FeedStore, project: str) -> None:
+    """Every kind of call answers Unavailable (a 503), none anything else."""
+    with pytest.raises(Unavailable):
+        await store.ping()
+    with pytest.raises(Unavailable):
+        await store.post_messages(project, "q", READER, [NewMessage(b"1")])
+    with pytest.raises(Unavailable):
+        await store.list_messages(project, "q", ListQuery(READER))
+    with pytest.raises(Unavailable):
+        await store.get_queue_metadata(project, "q")
+    with pytest.raises(Unavailable):
+        await store.claim_messages(project, "q", 60, 60, 1)
+
+
+async def recovers(store: FeedStore, project: str, deadline: float = 30.0) -> list[str]:
+    """Post until the store answers (it must recover by itself); the ids posted."""
+    give_up = time.monotonic() + deadline
+    while True:
+        try:
+            return await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
+        except Unavailable:
+            if time.monotonic() > give_up:
+                raise
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_a_single_server_not_up_yet_is_503_until_it_is(driver: str, tmp_path: Path) -> None:
+    from feedsvc.redis_server import RedisServer
+
+    port = pick_free_port()
+    store = make_store(make_settings(f"redis://127.0.0.1:{port}/0", driver=driver))
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()  # logs, does not raise
+        await assert_unavailable(store, project)
+        server = RedisServer(tmp_path, port=port, appendfsync="no")
+        server.start()
+        try:
+            ids = await recovers(store, project)
+            page = await store.list_messages(project, "q", ListQuery(READER))
+            assert [m.id for m in page.messages] == ids
+        finally:
+            server.stop()
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("down-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cluster_ok(cluster: LocalCluster) -> bool:
+    try:
+        info = cluster.client(0).cluster("info")
+    except redis.RedisError:
+        return False
+    return bool(info.get("cluster_state") == "ok")
+
+
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_a_cluster_down_or_not_up_yet_is_503_then_recovers(
+    driver: str, own_cluster: LocalCluster
+) -> None:
+    """Started while the cluster is down (as compose may start it), the store
+    answers 503 to everything, then serves once the cluster is back."""
+    own_cluster.stop()
+    store = make_store(make_settings(own_cluster.url, driver=driver))
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()  # logs, does not raise
+        await assert_unavailable(store, project)
+        for node in own_cluster.nodes:
+            node.start()
+        give_up = time.monotonic() + 30
+        while not cluster_ok(own_cluster) and time.monotonic() < give_up:
+            await asyncio.sleep(0.2)
+        ids = await recovers(store, project)
+        page = await store.list_messages(project, "q", ListQuery(READER))
+        assert [m.id for m in page.messages] == ids
+        # and going down again while it runs is a 503 too, not a 500
+        for node in own_cluster.nodes:
+            node.stop()
+        await assert_unavailable(store, project)
+        for node in own_cluster.nodes:
+            node.start()
+        give_up = time.monotonic() + 30
+        while not cluster_ok(own_cluster) and time.monotonic() < give_up:
+            await asyncio.sleep(0.2)
+        assert len(await recovers(store, project)) == 1
+    finally:
+        await store.close()
