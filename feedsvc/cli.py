@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -18,6 +19,7 @@ from feedsvc import __version__
 from feedsvc.app import create_app
 from feedsvc.config import Settings, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
+from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
 from feedsvc.workers import run_workers
 
@@ -48,11 +50,23 @@ def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop]
     return None
 
 
-async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
+#: Called once the service accepts connections, with the address bound (host, port).
+OnListening = Callable[[str, int], None]
+
+
+async def serve(
+    settings: Settings,
+    sock: socket.socket | None = None,
+    on_listening: OnListening | None = None,
+    on_stopping: Callable[[], None] | None = None,
+) -> None:
     """Serve until SIGTERM (or SIGINT, unless ignored), then drain and close.
 
     With sock (a worker of --workers), accept on that already bound socket.
-    The stop sequence is :class:`feedsvc.drain.Drain`'s.
+    ``on_listening`` runs once the socket accepts and the stop signals are
+    handled, so whoever it tells may send SIGTERM at once; ``on_stopping``
+    runs when the stop begins. The stop sequence is
+    :class:`feedsvc.drain.Drain`'s.
     """
     app = create_app(settings)
     runner = web.AppRunner(
@@ -93,9 +107,14 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
     sweeper = asyncio.create_task(drop_silent_connections(runner, settings.client_timeout))
     try:
+        if on_listening is not None:
+            host, port = runner.addresses[0][:2]
+            on_listening(str(host), int(port))
         await stop.wait()
     finally:
         log.info("shutting down")
+        if on_stopping is not None:
+            on_stopping()
         sweeper.cancel()
         await drain.run()
         await runner.cleanup()
@@ -142,16 +161,30 @@ def run_serve(settings: Settings) -> int:
         count = settings.worker_count()
         if count > 1:
             return run_workers(settings, count, serve_on)
-        serve_on(settings)
+        ready_file = settings.ready_file
+        if ready_file is None:
+            serve_on(settings)
+        else:
+
+            def announce(host: str, port: int) -> None:
+                ready = Ready.listening(host, port, os.getpid(), 1, settings.redis_url)
+                write_ready_file(ready_file, ready)
+
+            serve_on(settings, None, announce, lambda: remove_ready_file(ready_file))
     finally:
         if embedded is not None:
             embedded.stop()
     return 0
 
 
-def serve_on(settings: Settings, sock: socket.socket | None = None) -> None:
+def serve_on(
+    settings: Settings,
+    sock: socket.socket | None = None,
+    on_listening: OnListening | None = None,
+    on_stopping: Callable[[], None] | None = None,
+) -> None:
     with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
-        runner.run(serve(settings, sock))
+        runner.run(serve(settings, sock, on_listening, on_stopping))
 
 
 ACCESS_FORMAT = '%a "%r" %s %b %Tf %{X-Openstack-Request-Id}o'

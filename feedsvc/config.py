@@ -39,6 +39,12 @@ class Settings:
         "seconds a stopping process (SIGTERM) gives requests in flight to finish",
         minimum=0.0,
     )
+    ready_file: Path | None = _opt(
+        None,
+        "once the service accepts connections (with --workers, once every worker does), "
+        "write {url, host, port, pid, workers, redis_url} as JSON to this path, atomically "
+        "(it holds the real port with --port 0); removed when the service stops",
+    )
     redis_url: str | None = _opt(
         None,
         "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
@@ -240,7 +246,7 @@ def _converter(f: dataclasses.Field[Any]) -> Any:
         return float
     if kind == "bool":
         return _parse_bool
-    if kind == "Path":
+    if kind in ("Path", "Path | None"):
         return Path
     return str
 

@@ -15,6 +15,10 @@ flight (up to ``--shutdown-grace`` seconds, then cuts off the rest; see
 have stopped accepting, new connections are refused. A worker still alive
 ``KILL_AFTER_GRACE`` seconds after the grace period is killed, and the exit
 code is then 1. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
+
+Each worker tells the parent over a pipe when it serves on the socket
+(its number and pid, one line); once every current worker has, the parent
+writes ``--ready-file`` (:mod:`feedsvc.readiness`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import time
@@ -30,6 +35,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
 from feedsvc.config import Settings
+from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import _make_pdeathsig_preexec
 
 log = logging.getLogger("feedsvc.workers")
@@ -38,9 +44,10 @@ RESTART_BACKOFF_MAX = 5.0
 #: Seconds past --shutdown-grace a stopping worker has to exit before it is killed.
 KILL_AFTER_GRACE = 5.0
 
-#: What a worker runs: serve on the shared listening socket until SIGTERM
+#: What a worker runs: serve on the shared listening socket until SIGTERM,
+#: calling the third argument with (host, port) once it accepts
 #: (``feedsvc.cli.serve_on``; passed in, so this module needs nothing above it).
-ServeOn = Callable[[Settings, socket.socket], None]
+ServeOn = Callable[[Settings, socket.socket, Callable[[str, int], None]], None]
 
 
 def bind(settings: Settings) -> socket.socket:
@@ -59,6 +66,7 @@ def _worker(
     number: int,
     die_with_parent: Callable[[], None] | None,
     serve_on: ServeOn,
+    listening_fd: int,
 ) -> None:
     # A forked worker keeps the parent's logging set-up (feedsvc.cli.main's).
     if die_with_parent is not None:
@@ -66,7 +74,12 @@ def _worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     log.info("worker %d started (pid %d)", number, os.getpid())
-    serve_on(settings, sock)
+
+    def tell_parent(host: str, port: int) -> None:
+        # one short line per write: a pipe write below PIPE_BUF is never interleaved
+        os.write(listening_fd, f"{number} {os.getpid()}\n".encode())
+
+    serve_on(settings, sock, tell_parent)
 
 
 class Supervisor:
@@ -78,6 +91,12 @@ class Supervisor:
         self._context = multiprocessing.get_context("fork")
         self._workers: dict[int, BaseProcess] = {}
         self._stopping = False
+        # workers write "<number> <pid>" here once they serve (see _worker)
+        self._listening_read, self._listening_write = os.pipe()
+        os.set_blocking(self._listening_read, False)
+        self._listening: dict[int, int] = {}  # worker number -> pid that said so
+        self._unread = b""
+        self._announced = False
 
     @property
     def port(self) -> int:
@@ -88,7 +107,14 @@ class Supervisor:
         die_with_parent = _make_pdeathsig_preexec()
         process = self._context.Process(
             target=_worker,
-            args=(self.settings, self.sock, number, die_with_parent, self._serve_on),
+            args=(
+                self.settings,
+                self.sock,
+                number,
+                die_with_parent,
+                self._serve_on,
+                self._listening_write,
+            ),
             daemon=False,
         )
         process.start()
@@ -96,6 +122,31 @@ class Supervisor:
 
     def _stop(self, *_: object) -> None:
         self._stopping = True
+
+    def _wait_for_listening(self, timeout: float) -> None:
+        """Up to timeout: read what workers said; announce once every current worker serves."""
+        readable, _, _ = select.select([self._listening_read], [], [], timeout)
+        if not readable:
+            return
+        try:
+            self._unread += os.read(self._listening_read, 4096)
+        except BlockingIOError:
+            return
+        *lines, self._unread = self._unread.split(b"\n")
+        for line in lines:
+            number, pid = (int(field) for field in line.split())
+            self._listening[number] = pid
+        everyone = all(
+            self._listening.get(number) == process.pid for number, process in self._workers.items()
+        )
+        if everyone and not self._announced and not self._stopping:
+            self._announced = True
+            if self.settings.ready_file is not None:
+                host = str(self.sock.getsockname()[0])
+                ready = Ready.listening(
+                    host, self.port, os.getpid(), self.count, self.settings.redis_url
+                )
+                write_ready_file(self.settings.ready_file, ready)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._stop)
@@ -110,7 +161,7 @@ class Supervisor:
             self._start(number)
         backoff = 0.0
         while not self._stopping:
-            time.sleep(0.1)
+            self._wait_for_listening(0.1)
             for number, process in list(self._workers.items()):
                 if process.exitcode is None or self._stopping:
                     continue
@@ -131,6 +182,8 @@ class Supervisor:
         # Our copy of the listening socket goes first: a stopping worker
         # closes its own before it drains, so once every worker has, the
         # port refuses new connections instead of queueing them for nobody.
+        if self.settings.ready_file is not None:
+            remove_ready_file(self.settings.ready_file)
         self.sock.close()
         grace = self.settings.shutdown_grace
         log.info("stopping %d workers (grace %g s)", len(self._workers), grace)
@@ -148,6 +201,8 @@ class Supervisor:
                 process.kill()
                 process.join(5)
                 killed += 1
+        os.close(self._listening_read)
+        os.close(self._listening_write)
         return 1 if killed else 0
 
 

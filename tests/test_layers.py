@@ -29,10 +29,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.api.*",),
     # create_app: wires the api to a store
     ("feedsvc.app",),
-    # running processes: drain on SIGTERM, --workers, the embedded redis-server
-    ("feedsvc.drain", "feedsvc.workers", "feedsvc.redis_server"),
+    # running processes: drain on SIGTERM, --workers, the embedded redis-server,
+    # the ready file
+    ("feedsvc.drain", "feedsvc.workers", "feedsvc.redis_server", "feedsvc.readiness"),
     # the command line
     ("feedsvc.cli", "feedsvc.__main__"),
+    # for tests, bench and loadtest: feedsvc serve as a child process, a local cluster
+    ("feedsvc.testing.*",),
 ]
 
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
