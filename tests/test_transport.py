@@ -122,3 +122,35 @@ async def test_a_cluster_down_or_not_up_yet_is_503_then_recovers(
         assert len(await recovers(store, project)) == 1
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_reads_after_a_redis_restart_do_not_fail_on_stale_connections(
+    driver: str, coalesce: bool, tmp_path: Path
+) -> None:
+    """Connections opened before a restart are dead after it; a read that
+    meets one is retried once on a fresh connection instead of failing."""
+    from feedsvc.redis_server import RedisServer
+
+    server = RedisServer(tmp_path, appendfsync="always")
+    server.start()
+    settings = make_settings(server.url, driver=driver, coalesce=coalesce, pool_size=4)
+    store = make_store(settings)
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()
+        [posted] = await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
+        # open several pooled connections, so some stay idle in the pool
+        await asyncio.gather(*(store.get_queue_metadata(project, "q") for _ in range(8)))
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)
+        for _ in range(3):
+            assert await store.get_queue_metadata(project, "q") == {}
+            page = await store.list_messages(project, "q", ListQuery(READER))
+            assert [m.id for m in page.messages] == [posted]
+            assert [m.id for m in await store.get_messages(project, "q", [posted])] == [posted]
+            await store.ping()
+    finally:
+        await store.close()
+        server.stop()

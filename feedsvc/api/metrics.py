@@ -38,6 +38,7 @@ class StoreCollector(Collector):
             ("watch_conflicts_exhausted", "writes answered 503 after too many conflicts"),
             ("noscript_reloads", "scripts loaded again after NOSCRIPT"),
             ("cluster_redirects", "Redis Cluster MOVED, ASK and TRYAGAIN replies met"),
+            ("read_retries", "reads sent again after finding their connection closed"),
             (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",

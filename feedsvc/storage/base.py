@@ -149,6 +149,7 @@ class StoreCounters:
     watch_conflicts_exhausted: int = 0
     noscript_reloads: int = 0
     cluster_redirects: int = 0
+    read_retries: int = 0  # reads sent again after finding their connection closed
     redis_calls: int = 0
     redis_seconds: float = 0.0
 

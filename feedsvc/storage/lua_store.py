@@ -63,8 +63,11 @@ class LuaStore(RedisStore):
         load = [("SCRIPT", "LOAD", load_script(name).source) for name in script_names()]
         await self._transport.on_every_primary(load)
 
-    async def _script(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
-        [reply] = await self._transport.call([("EVALSHA", script.sha, len(keys), *keys, *args)])
+    async def _script(
+        self, script: LuaScript, keys: list[str], args: list[Any], idempotent: bool = False
+    ) -> Any:
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        [reply] = await self._transport.call([command], idempotent)
         return await self._script_reply(script, keys, args, reply)
 
     async def _script_reply(
@@ -184,7 +187,8 @@ class LuaStore(RedisStore):
             _flag(query.include_delayed),
             self._settings.scan_limit,
         ]
-        return r.list_reply(await self._script(load_script("list"), keys.fixed(), args))
+        script = load_script("list")  # reads only: may be sent again
+        return r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None

@@ -97,6 +97,10 @@ class Node:
         async with self.connection() as conn:
             return await exchange(conn, commands)
 
+    async def drop_idle(self) -> None:
+        """Close the idle pooled connections (the coalescer reconnects by itself)."""
+        await self._pool.disconnect(inuse_connections=False)
+
     async def close(self) -> None:
         if self.coalescer is not None:
             await self.coalescer.close()

@@ -65,6 +65,11 @@ _CLUSTER_TROUBLE = (
     rexc.RedisClusterException,  # no node reachable yet, slots not covered, ...
 )
 _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+# Commands that only read: sent again once if their connection was found closed.
+READ_ONLY = frozenset(
+    {"PING", "GET", "EXISTS", "HGET", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
+     "ZRANGEBYLEX", "ZSCORE"}
+)  # fmt: skip
 # How many times a command answered MOVED is sent on to the slot's new owner.
 MOVED_RESENDS = 3
 BACKOFF_BASE = 0.0005
@@ -188,7 +193,7 @@ class Transport:
             self.counters.redis_calls += 1
             self.counters.redis_seconds += time.perf_counter() - started
 
-    async def call(self, commands: Sequence[Command]) -> list[Any]:
+    async def call(self, commands: Sequence[Command], idempotent: bool | None = None) -> list[Any]:
         """Commands in one round trip per server (shared with concurrent
         callers when coalescing); replies in order, error replies as values.
 
@@ -198,10 +203,16 @@ class Transport:
         sent again to the new owner, in their order (a few times, then the
         MOVED reply stands and becomes a 503). ASK and TRYAGAIN (a slot
         halfway through a migration) are left as replies: 503, retry.
+
+        idempotent says whether the commands may be sent twice (see
+        _exchange); by default, when every one of them only reads.
         """
+        if idempotent is None:
+            idempotent = all(str(c[0]).upper() in READ_ONLY for c in commands)
         servers = self._servers
         if not self.cluster:
-            return (await self._exchange([(servers.default_node(), list(commands))]))[0]
+            batch = [(servers.default_node(), list(commands))]
+            return (await self._exchange(batch, idempotent))[0]
         async with self.errors():
             await servers.ready()
         replies: list[Any] = [None] * len(commands)
@@ -209,7 +220,7 @@ class Transport:
         for _ in range(MOVED_RESENDS):
             groups = servers.route([commands[i] for i in todo])
             batches = [(node, [commands[todo[j]] for j in idx]) for node, idx in groups]
-            done = await self._exchange(batches)
+            done = await self._exchange(batches, idempotent)
             moved: list[int] = []
             for (_node, idx), got in zip(groups, done, strict=True):
                 for j, reply in zip(idx, got, strict=True):
@@ -223,29 +234,50 @@ class Transport:
             todo = sorted(moved)
         return replies
 
-    async def _exchange(self, batches: Sequence[tuple[Node, list[Command]]]) -> list[list[Any]]:
-        """Each batch on its node, in one gate slot: coalesced batches side by
-        side; pooled ones one after another (holding a pooled connection
-        while waiting for a second could deadlock)."""
-        async with self.slot():
-            if self._settings.coalesce:
-                futures = []
-                for node, batch in batches:
-                    assert node.coalescer is not None
-                    futures.append(node.coalescer.submit(batch))
-                try:
-                    return [await future for future in futures]
-                finally:
-                    for future in futures:  # a failed or cancelled wait leaves nothing behind
-                        if not future.done():
-                            future.cancel()
-                        elif not future.cancelled():
-                            future.exception()
-            return [await node.exchange(batch) for node, batch in batches]
+    async def _exchange(
+        self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool = False
+    ) -> list[list[Any]]:
+        """Each batch on its node, in one gate slot.
 
-    async def call_checked(self, commands: Sequence[Command]) -> list[Any]:
+        A connection found closed means the server restarted (or a proxy cut
+        it), so every idle connection to that server is suspect: they are
+        dropped and, for commands that only read, the exchange is tried once
+        more on fresh connections. A write is never sent twice.
+        """
+        async with self.slot():
+            try:
+                return await self._send(batches)
+            except rexc.ConnectionError:
+                for node, _ in batches:
+                    await node.drop_idle()
+                if not idempotent:
+                    raise
+                self.counters.read_retries += 1
+            return await self._send(batches)
+
+    async def _send(self, batches: Sequence[tuple[Node, list[Command]]]) -> list[list[Any]]:
+        """Coalesced batches side by side; pooled ones one after another
+        (holding a pooled connection while waiting for a second could deadlock)."""
+        if not self._settings.coalesce:
+            return [await node.exchange(batch) for node, batch in batches]
+        futures = []
+        for node, batch in batches:
+            assert node.coalescer is not None
+            futures.append(node.coalescer.submit(batch))
+        try:
+            return [await future for future in futures]
+        finally:
+            for future in futures:  # a failed or cancelled wait leaves nothing behind
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()
+
+    async def call_checked(
+        self, commands: Sequence[Command], idempotent: bool | None = None
+    ) -> list[Any]:
         """Like call, but an error reply raises (translated like any other)."""
-        replies = await self.call(commands)
+        replies = await self.call(commands, idempotent)
         async with self.errors():
             for reply in replies:
                 if isinstance(reply, Exception):
@@ -360,6 +392,7 @@ class Transport:
             "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
             "noscript_reloads": counters.noscript_reloads,
             "cluster_redirects": counters.cluster_redirects,
+            "read_retries": counters.read_retries,
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
