@@ -5,17 +5,20 @@ give up break nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.coalescer import Coalescer
+from feedsvc.storage.coalescer import Coalescer, CoalescerBusy
 
 
 @pytest.fixture
@@ -108,6 +111,7 @@ async def test_cancelled_callers_break_nothing(coalescer: Coalescer) -> None:
     assert await coalescer.execute([("PING",), ("GET", f"{p}2")]) == [b"PONG", b"2"]
 
 
+@pytest.mark.process  # a redis-server of its own
 async def test_connection_failure_fails_the_batch_then_recovers(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis", appendonly=False)
     server.start()
@@ -126,3 +130,206 @@ async def test_connection_failure_fails_the_batch_then_recovers(tmp_path: Path) 
     finally:
         await redis.aclose()
         server.stop()
+
+
+# -- bounded work, back-pressure and the reply deadline -------------------------------
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Poll until condition holds; the bound only keeps a broken test from hanging."""
+    async with asyncio.timeout(10):
+        while not await condition():  # noqa: ASYNC110 - the state is in Redis
+            await asyncio.sleep(0.01)
+
+
+async def blocked_clients(client: aioredis.Redis) -> int:
+    return int((await client.info("clients"))["blocked_clients"])
+
+
+async def test_calls_beyond_the_bound_wait_for_room(client: aioredis.Redis) -> None:
+    p = prefix()
+    coalescer = Coalescer(client.connection_pool.make_connection, 30.0, max_in_flight=3)
+    try:
+        # BLPOP holds the connection: Redis runs nothing behind it until the list gets an item
+        blocking = coalescer.submit([("BLPOP", p + "gate", 0)])
+        behind = [coalescer.submit([("INCR", p + "n")]) for _ in range(2)]
+        extra = coalescer.submit([("INCR", p + "n")])
+        assert (coalescer.in_flight, coalescer.waiting_for_room) == (3, 1)
+
+        async def blocked() -> bool:
+            return await blocked_clients(client) > 0
+
+        await wait_until(blocked)
+        assert coalescer.calls == 3, "the call beyond the bound was written"
+        assert not extra.done()
+
+        await client.lpush(p + "gate", "go")
+        assert await blocking == [[(p + "gate").encode(), b"go"]]
+        assert [await f for f in behind] == [[1], [2]]
+        assert await extra == [3]
+        assert coalescer.calls == 4
+        assert (coalescer.in_flight, coalescer.waiting_for_room) == (0, 0)
+    finally:
+        await coalescer.close()
+
+
+async def test_no_room_in_time_is_coalescer_busy(client: aioredis.Redis) -> None:
+    p = prefix()
+    make = client.connection_pool.make_connection
+    coalescer = Coalescer(make, 30.0, max_in_flight=1, room_timeout=0.1)
+    try:
+        blocking = coalescer.submit([("BLPOP", p + "gate", 0)])
+        refused = coalescer.submit([("SET", p + "refused", 1)])
+        with pytest.raises(CoalescerBusy) as busy:
+            await asyncio.wait_for(refused, 10)
+        # a ConnectionError, so the store's translation makes it a 503 with Retry-After
+        assert isinstance(busy.value, RedisConnectionError)
+        assert coalescer.refused == 1
+        assert not blocking.done()
+        assert (coalescer.in_flight, coalescer.waiting_for_room) == (1, 0)
+
+        await client.lpush(p + "gate", "go")
+        assert await blocking == [[(p + "gate").encode(), b"go"]]
+        assert await coalescer.execute([("EXISTS", p + "refused")]) == [0]
+        assert coalescer.calls == 2
+    finally:
+        await coalescer.close()
+
+
+async def test_a_caller_that_gives_up_waiting_for_room_is_never_sent(
+    client: aioredis.Redis,
+) -> None:
+    p = prefix()
+    coalescer = Coalescer(client.connection_pool.make_connection, 30.0, max_in_flight=1)
+    try:
+        blocking = coalescer.submit([("BLPOP", p + "gate", 0)])
+        gone = coalescer.submit([("SET", p + "gone", 1)])
+        kept = coalescer.submit([("SET", p + "kept", 1)])
+        gone.cancel()
+        assert coalescer.waiting_for_room == 1
+        await client.lpush(p + "gate", "go")
+        await blocking
+        assert await kept == [b"OK"]
+        assert await client.exists(p + "gone", p + "kept") == 1
+        assert coalescer.calls == 2
+        assert coalescer.in_flight == 0
+    finally:
+        await coalescer.close()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, which it may stop (SIGSTOP) and resume."""
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.pid is not None:
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
+
+
+def freeze(server: RedisServer) -> None:
+    """Stop the server's process: it accepts TCP connections (the kernel does) and
+    buffers what it is sent, but reads and answers nothing until thaw()."""
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+
+
+def thaw(server: RedisServer) -> None:
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGCONT)
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_a_slow_redis_pushes_back_on_writes(own_server: RedisServer) -> None:
+    redis = aioredis.Redis.from_url(own_server.url)
+    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
+    value = b"x" * (1 << 20)
+    count = 64  # 64 MiB: far more than the kernel's socket buffers hold
+    try:
+        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        freeze(own_server)
+        futures = []
+        for i in range(count):
+            futures.append(coalescer.submit([("SET", f"big:{i}", value)]))
+            await asyncio.sleep(0)  # let the flusher write what it will between calls
+        assert coalescer.drain_waits >= 1
+        written = coalescer.calls - 1
+        assert written < count, "every call was written into the buffer of a stalled Redis"
+        assert coalescer.in_flight == count
+        thaw(own_server)
+        async with asyncio.timeout(30):
+            assert [await f for f in futures] == [[b"OK"]] * count
+        assert coalescer.calls == count + 1
+        assert await redis.dbsize() == count
+    finally:
+        thaw(own_server)
+        await coalescer.close()
+        await redis.aclose()
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_time_spent_connecting_counts_against_the_reply_timeout(
+    own_server: RedisServer,
+) -> None:
+    # redis-py's own timeouts far beyond the coalescer's: its deadline must cut the connect short
+    redis = aioredis.Redis.from_url(own_server.url, socket_connect_timeout=60, socket_timeout=60)
+    coalescer = Coalescer(redis.connection_pool.make_connection, 0.5)
+    try:
+        freeze(own_server)  # the connection opens, but its handshake gets no answer
+        with pytest.raises(RedisTimeoutError):
+            await asyncio.wait_for(coalescer.execute([("SET", "k", 1)]), 10)
+        assert coalescer.calls == 0, "a call was written after its time ran out"
+        assert coalescer.in_flight == 0
+        thaw(own_server)
+        assert await coalescer.execute([("SET", "k", 2), ("GET", "k")]) == [b"OK", b"2"]
+    finally:
+        thaw(own_server)
+        await coalescer.close()
+        await redis.aclose()
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_overdue_replies_fail_in_the_order_the_calls_were_made(
+    own_server: RedisServer,
+) -> None:
+    """Each call's time counts from its own submit, whatever the reader did before.
+
+    The earlier reader waited in windows of reply_timeout, a new one after
+    every chunk it read (or every empty window), and failed a call only at
+    the end of a window in which it had waited the whole timeout: a call
+    written late in a window waited up to twice the timeout (a lua POST got
+    its 503 after 8.6 s under --redis-timeout 5). Here ``later`` is written
+    0.7 of a window after its connection's last reply and ``earlier`` 0.1
+    after its own, so with that bug ``later`` failed first, though made last.
+    """
+    redis = aioredis.Redis.from_url(own_server.url)
+    first = Coalescer(redis.connection_pool.make_connection, 1.0)
+    second = Coalescer(redis.connection_pool.make_connection, 1.0)
+    order: list[str] = []
+    try:
+        assert await first.execute([("PING",)]) == [b"PONG"]
+        await asyncio.sleep(0.6)
+        assert await second.execute([("PING",)]) == [b"PONG"]
+        await asyncio.sleep(0.1)
+        freeze(own_server)
+        earlier = second.submit([("PING",)])
+        earlier.add_done_callback(lambda _: order.append("earlier"))
+        await asyncio.sleep(0.01)
+        later = first.submit([("PING",)])
+        later.add_done_callback(lambda _: order.append("later"))
+        for future in (earlier, later):
+            with pytest.raises(RedisTimeoutError):
+                await asyncio.wait_for(future, 10)
+        assert order == ["earlier", "later"]
+        assert (first.in_flight, second.in_flight) == (0, 0)
+        thaw(own_server)
+        assert await first.execute([("PING",)]) == [b"PONG"]
+        assert await second.execute([("PING",)]) == [b"PONG"]
+    finally:
+        thaw(own_server)
+        await first.close()
+        await second.close()
+        await redis.aclose()

@@ -17,23 +17,37 @@ Guarantees:
 * Commands of one caller are sent contiguously and in order; batches are
   sent in the order they were formed, on one connection, so Redis executes
   them in that order.
-* A connection failure or a reply overdue by ``reply_timeout`` fails every
-  caller still waiting on that connection (they get ``ConnectionError`` /
-  ``TimeoutError``, i.e. a 503), closes it, and the next call reconnects.
+* **No call waits longer than ``reply_timeout`` in all**, counted from
+  ``submit()``: time spent waiting for room, for a connection, for the write
+  buffer to drain and for the replies all comes out of that one budget. A
+  call whose time runs out before it is written fails alone and is never
+  sent; a written call whose replies are overdue fails every caller still
+  waiting on that connection (``TimeoutError``, i.e. a 503), closes it, and
+  the next call reconnects. A lost connection fails them the same way with
+  ``ConnectionError``.
+* **Bounded work in flight.** At most ``max_in_flight`` calls are admitted
+  (waiting to be written or for their replies); callers beyond that wait for
+  room in arrival order, at most ``room_timeout``, and then fail with
+  :class:`CoalescerBusy` (a ``ConnectionError``: a 503 with Retry-After).
+* **A slow Redis pushes back.** When the socket's write buffer is above its
+  high-water mark after a batch, the flusher waits for it to drain before
+  writing the next one, so new calls collect in the (bounded) pending batch
+  instead of in an unbounded buffer.
 * A caller that gives up before its batch is written is left out of it;
-  after that its replies are read and dropped, so a cancelled request never
-  leaves the connection out of step.
+  after that its replies are read and dropped (its room is held until
+  then), so a cancelled request never leaves the connection out of step.
 
 The connection is made by redis-py (so AUTH, SELECT, TLS and unix sockets
 work as configured in the URL; ``make_connection`` is a pool's or a cluster
-node's factory); only the byte streams are driven here.
+node's factory); only the byte streams are driven here. ``submit`` stays
+synchronous: a caller may put commands on several coalescers before it
+waits for any of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,23 +59,61 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Command = tuple[Any, ...]
 _READ_SIZE = 1 << 16
+#: Calls admitted at once, by default. The store's own gate (--pool-size)
+#: usually keeps far fewer here; what can pile up beyond it are calls whose
+#: callers gave up after their commands were written.
+MAX_IN_FLIGHT = 1024
+
+
+class CoalescerBusy(RedisConnectionError):
+    """No room for another call within the time allowed: Redis is not keeping up.
+
+    A ``redis.exceptions.ConnectionError``, so the store answers it like any
+    other unavailable Redis: 503 with Retry-After.
+    """
 
 
 def _reply_error(message: str) -> Exception:
+    # redis-py's own mapping of an error reply to its exception class
+    # (NoScriptError, ...); private, watched by tests/test_canaries.py.
     from redis._parsers.base import BaseParser
 
     error: Exception = BaseParser.parse_error(message)  # type: ignore[no-untyped-call]
     return error
 
 
-class _Waiter:
-    __slots__ = ("future", "remaining", "replies", "sent")
+def _streams(conn: AbstractConnection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The connected socket's streams. redis-py has no public handle on them
+    (private attributes, watched by tests/test_canaries.py)."""
+    reader, writer = conn._reader, conn._writer
+    assert reader is not None and writer is not None, "not connected"
+    return reader, writer
 
-    def __init__(self, future: asyncio.Future[list[Any]], count: int, sent: float) -> None:
+
+class _Call:
+    """Commands submitted, not yet written."""
+
+    __slots__ = ("commands", "deadline", "future", "timer")
+
+    def __init__(
+        self, commands: Sequence[Command], future: asyncio.Future[list[Any]], deadline: float
+    ) -> None:
+        self.commands = commands
+        self.future = future
+        self.deadline = deadline  # loop time by which the caller has its replies or an error
+        self.timer: asyncio.TimerHandle | None = None  # set while it waits for room
+
+
+class _Waiter:
+    """A written call: its future and the replies still to come."""
+
+    __slots__ = ("deadline", "future", "remaining", "replies")
+
+    def __init__(self, future: asyncio.Future[list[Any]], count: int, deadline: float) -> None:
         self.future = future
         self.remaining = count
         self.replies: list[Any] = []
-        self.sent = sent
+        self.deadline = deadline
 
 
 class Coalescer:
@@ -70,17 +122,43 @@ class Coalescer:
         make_connection: Callable[[], AbstractConnection],
         reply_timeout: float,
         max_batch: int = 4096,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        room_timeout: float | None = None,
     ) -> None:
+        """reply_timeout bounds each call from submit to its replies;
+        room_timeout (at most reply_timeout, which it defaults to) bounds the
+        wait for one of the max_in_flight places."""
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
         self._make_connection = make_connection
         self._reply_timeout = reply_timeout
+        room_timeout = reply_timeout if room_timeout is None else room_timeout
+        self._room_timeout = min(room_timeout, reply_timeout)
         self._max_batch = max_batch
-        self._pending: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
+        self._max_in_flight = max_in_flight
+        self._admitted = 0  # calls in _pending or _waiting
+        self._queued: deque[_Call] = deque()  # waiting for room, in arrival order
+        self._pending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
         self._conn: AbstractConnection | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self._reader: asyncio.Task[None] | None = None
         self._waiting: deque[_Waiter] = deque()
+        # the reader's reply timer, re-aimed at the oldest written call's deadline
+        self._overdue: asyncio.Timeout | None = None
         self.batches = 0
         self.calls = 0
+        self.refused = 0  # calls failed with CoalescerBusy
+        self.drain_waits = 0  # times the flusher waited for the write buffer to drain
+
+    @property
+    def in_flight(self) -> int:
+        """Calls admitted and not yet answered (to be written, or awaiting replies)."""
+        return self._admitted
+
+    @property
+    def waiting_for_room(self) -> int:
+        return sum(not call.future.done() for call in self._queued)
 
     async def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Run commands in the next batch; replies in order, errors as values."""
@@ -89,11 +167,54 @@ class Coalescer:
     def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
         """Queue commands for the next batch; the future gets their replies.
         (Lets a caller put commands on several connections before waiting.)"""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((commands, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        now = loop.time()
+        call = _Call(commands, future, now + self._reply_timeout)
+        self._admit_queued()
+        if not self._queued and self._admitted < self._max_in_flight:
+            self._admit(call)
+        else:
+            call.timer = loop.call_at(now + self._room_timeout, self._refuse, call)
+            self._queued.append(call)
+        return future
+
+    # -- room ------------------------------------------------------------------
+
+    def _admit(self, call: _Call) -> None:
+        self._admitted += 1
+        self._pending.append(call)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
-        return future
+
+    def _admit_queued(self) -> None:
+        queued = self._queued
+        while queued and self._admitted < self._max_in_flight:
+            call = queued.popleft()
+            if call.timer is not None:
+                call.timer.cancel()
+            if not call.future.done():  # else the caller gave up, or was refused
+                self._admit(call)
+
+    def _release(self, count: int) -> None:
+        self._admitted -= count
+        if self._queued:
+            self._admit_queued()
+
+    def _refuse(self, call: _Call) -> None:
+        if not call.future.done():
+            self.refused += 1
+            call.future.set_exception(
+                CoalescerBusy(
+                    f"{self._admitted} Redis calls already in flight on this connection; "
+                    f"no room for another within {self._room_timeout:g} s"
+                )
+            )
+        # finished calls at the head hold nobody back, but would keep their memory
+        while self._queued and self._queued[0].future.done():
+            self._queued.popleft()
+
+    # -- writing ---------------------------------------------------------------
 
     async def _flush(self) -> None:
         try:
@@ -101,71 +222,122 @@ class Coalescer:
             await asyncio.sleep(0)
             while self._pending:
                 try:
-                    conn = await self._connected()
+                    writer = await self._connected(min(call.deadline for call in self._pending))
                 except Exception as exc:
                     batch, self._pending = self._pending, []
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+                    for call in batch:
+                        if not call.future.done():
+                            call.future.set_exception(exc)
+                    self._release(len(batch))
                     continue
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-                self._write(conn, batch)
+                self._write(writer, batch)
+                await self._push_back(writer)
         finally:
             self._flusher = None
 
-    def _write(
-        self,
-        conn: AbstractConnection,
-        batch: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]],
-    ) -> None:
+    def _write(self, writer: asyncio.StreamWriter, batch: list[_Call]) -> None:
         chunks: list[bytes] = []
-        now = time.monotonic()
-        for commands, future in batch:
-            if future.done():  # the caller gave up before anything was sent
+        now = asyncio.get_running_loop().time()
+        was_idle = not self._waiting
+        dropped = 0
+        for call in batch:
+            if call.future.done():  # the caller gave up before anything was sent
+                dropped += 1
                 continue
-            for command in commands:
+            if call.deadline <= now:  # its time ran out waiting to be sent
+                call.future.set_exception(RedisTimeoutError("Timeout waiting to write to Redis"))
+                dropped += 1
+                continue
+            for command in call.commands:
                 chunks.append(hiredis.pack_command(command))
-            self._waiting.append(_Waiter(future, len(commands), now))
+            self._waiting.append(_Waiter(call.future, len(call.commands), call.deadline))
             self.calls += 1
         if chunks:
             self.batches += 1
-            writer = conn._writer
-            assert writer is not None
             writer.write(b"".join(chunks))
+            if was_idle:
+                self._aim_overdue()
+        if dropped:
+            self._release(dropped)
 
-    async def _connected(self) -> AbstractConnection:
-        if self._conn is None:
-            conn = self._make_connection()
-            await conn.connect()  # type: ignore[no-untyped-call]
-            self._conn = conn
-            self._reader = asyncio.create_task(self._read(conn))
-        return self._conn
-
-    async def _read(self, conn: AbstractConnection) -> None:
-        parser = hiredis.Reader(replyError=_reply_error)
-        stream = conn._reader
-        assert stream is not None
+    async def _push_back(self, writer: asyncio.StreamWriter) -> None:
+        """Wait while the socket's write buffer is above its high-water mark."""
+        transport = writer.transport
+        _, high = transport.get_write_buffer_limits()
+        if transport.get_write_buffer_size() <= high:
+            return
+        self.drain_waits += 1
+        # Bytes stuck in the buffer belong to written calls, so the reader's
+        # timer (the oldest call's deadline) fails the connection and aborts
+        # the transport before the newest call's deadline; that wakes drain().
+        # The bound here only guards against that not happening.
+        newest = self._waiting[-1].deadline if self._waiting else None
         try:
-            while True:
-                try:
-                    data = await asyncio.wait_for(stream.read(_READ_SIZE), self._reply_timeout)
-                except TimeoutError:
-                    oldest = self._waiting[0].sent if self._waiting else None
-                    if oldest is not None and time.monotonic() - oldest >= self._reply_timeout:
-                        raise RedisTimeoutError("Timeout reading from Redis") from None
-                    continue
-                if not data:
-                    raise RedisConnectionError("Redis closed the connection")
-                parser.feed(data)
-                while (reply := parser.gets()) is not False:
-                    waiter = self._waiting[0]
-                    waiter.replies.append(reply)
-                    waiter.remaining -= 1
-                    if waiter.remaining == 0:
-                        self._waiting.popleft()
-                        if not waiter.future.done():
-                            waiter.future.set_result(waiter.replies)
+            async with asyncio.timeout_at(newest):
+                await writer.drain()
+        except TimeoutError:
+            transport.abort()  # the reader sees the connection end and fails its callers
+        except OSError:
+            pass  # the connection is gone: the reader fails its callers
+
+    async def _connected(self, deadline: float) -> asyncio.StreamWriter:
+        """The connection's writer; connecting (by deadline) if there is none."""
+        if self._conn is None or self._writer is None:
+            conn = self._make_connection()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await conn.connect()  # type: ignore[no-untyped-call]
+            except BaseException as exc:
+                await conn.disconnect(nowait=True)  # a connect cut short leaves no socket open
+                if isinstance(exc, TimeoutError):
+                    raise RedisTimeoutError("Timeout connecting to Redis") from None
+                raise
+            stream, self._writer = _streams(conn)
+            self._conn = conn
+            self._overdue = None
+            self._reader = asyncio.create_task(self._read(conn, stream))
+        return self._writer
+
+    # -- reading ---------------------------------------------------------------
+
+    def _aim_overdue(self) -> None:
+        """Point the reader's timer at the oldest written call's deadline (none if idle)."""
+        overdue = self._overdue
+        if overdue is None or overdue.expired():
+            return
+        when = self._waiting[0].deadline if self._waiting else None
+        if overdue.when() != when:
+            overdue.reschedule(when)
+
+    async def _read(self, conn: AbstractConnection, stream: asyncio.StreamReader) -> None:
+        parser = hiredis.Reader(replyError=_reply_error)
+        try:
+            try:
+                async with asyncio.timeout(None) as overdue:
+                    self._overdue = overdue
+                    self._aim_overdue()
+                    while True:
+                        data = await stream.read(_READ_SIZE)
+                        if not data:
+                            raise RedisConnectionError("Redis closed the connection")
+                        parser.feed(data)
+                        answered = 0
+                        while (reply := parser.gets()) is not False:
+                            waiter = self._waiting[0]
+                            waiter.replies.append(reply)
+                            waiter.remaining -= 1
+                            if waiter.remaining == 0:
+                                self._waiting.popleft()
+                                answered += 1
+                                if not waiter.future.done():
+                                    waiter.future.set_result(waiter.replies)
+                        self._aim_overdue()
+                        if answered:
+                            self._release(answered)
+            except TimeoutError:
+                raise RedisTimeoutError("Timeout reading from Redis") from None
         except asyncio.CancelledError:
             self._fail(conn, RedisConnectionError("The coalescer was closed"))
             raise
@@ -174,24 +346,44 @@ class Coalescer:
             await conn.disconnect(nowait=True)
 
     def _fail(self, conn: AbstractConnection, exc: Exception) -> None:
+        """Fail every caller waiting on conn, which is dropped (once, by its reader)."""
         if self._conn is conn:
-            self._conn = None
-            self._reader = None
+            writer = self._writer
+            self._conn = self._writer = self._reader = self._overdue = None
+            if writer is not None:
+                # unsent bytes go too, which also wakes a flusher waiting in drain()
+                writer.transport.abort()
         waiting, self._waiting = self._waiting, deque()
         for waiter in waiting:
             if not waiter.future.done():
                 waiter.future.set_exception(exc)
+        self._release(len(waiting))
 
     async def close(self) -> None:
-        """Let the replies already asked for arrive (bounded), then disconnect."""
-        deadline = time.monotonic() + self._reply_timeout
-        while self._waiting and time.monotonic() < deadline:  # noqa: ASYNC110 - shutdown only
+        """Let the calls already admitted finish (bounded), then disconnect.
+
+        Calls still waiting for room are refused at once."""
+        queued, self._queued = self._queued, deque()
+        for call in queued:
+            if call.timer is not None:
+                call.timer.cancel()
+            if not call.future.done():
+                call.future.set_exception(RedisConnectionError("The coalescer was closed"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reply_timeout
+        while self._admitted and loop.time() < deadline:  # noqa: ASYNC110 - shutdown only
             await asyncio.sleep(0.01)
-        conn, reader = self._conn, self._reader
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        flusher, conn, reader = self._flusher, self._conn, self._reader
+        for task in (flusher, reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        pending, self._pending = self._pending, []
+        for call in pending:
+            if not call.future.done():
+                call.future.set_exception(RedisConnectionError("The coalescer was closed"))
+        self._admitted -= len(pending)
         if conn is not None:
             await conn.disconnect(nowait=True)
-        self._conn = None
+        self._conn = self._writer = None
