@@ -154,3 +154,24 @@ async def test_reads_after_a_redis_restart_do_not_fail_on_stale_connections(
     finally:
         await store.close()
         server.stop()
+
+
+async def test_ping_on_a_cluster_asks_every_primary(own_cluster: LocalCluster) -> None:
+    """/v2/ping and /v2/health are healthy only if every primary answers: one
+    unreachable primary means a third of the slots cannot be served."""
+    await asyncio.to_thread(bring_back, own_cluster)
+    store = make_store(make_settings(own_cluster.url, driver="lua"))
+    try:
+        await store.open()
+        await store.ping()
+        default = store._transport._redis.get_default_node().port  # type: ignore[attr-defined]
+        [other] = [n for n in own_cluster.nodes if n.port != default][:1]
+        other.stop()
+        with pytest.raises(Unavailable):
+            await store.ping()
+        other.start()
+        await asyncio.to_thread(bring_back, own_cluster)
+        await recovers(store, "p-" + uuid.uuid4().hex)
+        await store.ping()
+    finally:
+        await store.close()

@@ -67,8 +67,7 @@ class RedisStore(ClaimUpkeep):
         return None
 
     async def ping(self) -> None:
-        # through the coalescer when it is on: a busy pool is not a Redis outage
-        await self._transport.call_checked([("PING",)])
+        await self._transport.ping()
 
     def stats(self) -> dict[str, float]:
         return self._transport.stats()

@@ -294,6 +294,15 @@ class Transport:
                     raise reply
         return executed
 
+    async def ping(self) -> None:
+        """PING the server, or every primary of a cluster: one that cannot
+        answer leaves its slots unserved, so the whole is not healthy.
+        Through the coalescer when it is on: a busy pool is not an outage."""
+        if self.cluster:
+            await self.on_every_primary([("PING",)])
+        else:
+            await self.call_checked([("PING",)])
+
     async def on_every_primary(self, commands: Sequence[Command]) -> None:
         """Run commands on each primary (e.g. SCRIPT LOAD); an error reply raises."""
         async with self.errors():
