@@ -70,7 +70,8 @@ class Settings:
     )
     pool_timeout: float = _opt(
         2.0,
-        "seconds a request may wait for a free Redis connection (then 503)",
+        "seconds a request may wait for a free Redis connection, or for room among the "
+        "coalesced calls in flight (then 503)",
         minimum=0.001,
     )
     redis_timeout: float = _opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)

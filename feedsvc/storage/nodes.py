@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -39,6 +39,9 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
 from feedsvc.storage.coalescer import Coalescer, Command
+
+# Makes a node's coalescer from its connection factory (None: no coalescing).
+Coalescing = Callable[[Callable[[], AbstractConnection]], Coalescer]
 
 # Commands that name no key: they go where the keyed commands next to them go.
 KEYLESS = frozenset({"PING", "MULTI", "EXEC", "DISCARD", "UNWATCH", "SCRIPT", "ASKING"})
@@ -71,12 +74,12 @@ class Node:
     its coalescer."""
 
     def __init__(
-        self, name: str, pool: ConnectionPool, coalesce: bool, reply_timeout: float, owned: bool
+        self, name: str, pool: ConnectionPool, coalescing: Coalescing | None, owned: bool
     ) -> None:
         self.name = name
         self._pool = pool
         self._owned = owned  # close the pool with the node
-        self.coalescer = Coalescer(pool.make_connection, reply_timeout) if coalesce else None
+        self.coalescer = None if coalescing is None else coalescing(pool.make_connection)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AbstractConnection]:
@@ -135,9 +138,9 @@ class SingleServer:
 
     cluster = False
 
-    def __init__(self, redis: Redis, coalesce: bool, reply_timeout: float) -> None:
+    def __init__(self, redis: Redis, coalescing: Coalescing | None) -> None:
         # the client's own pool: the client closes it
-        self._node = Node("redis", redis.connection_pool, coalesce, reply_timeout, owned=False)
+        self._node = Node("redis", redis.connection_pool, coalescing, owned=False)
 
     async def ready(self) -> None:
         return None
@@ -175,11 +178,10 @@ class ClusterServers:
     cluster = True
 
     def __init__(
-        self, redis: RedisCluster, coalesce: bool, reply_timeout: float, max_connections: int
+        self, redis: RedisCluster, coalescing: Coalescing | None, max_connections: int
     ) -> None:
         self._redis = redis
-        self._coalesce = coalesce
-        self._reply_timeout = reply_timeout
+        self._coalescing = coalescing
         self._max_connections = max_connections
         self._nodes: dict[str, Node] = {}
         self._started = False
@@ -208,7 +210,7 @@ class ClusterServers:
                 max_connections=self._max_connections,
                 **{**server.connection_kwargs, "retry": Retry(NoBackoff(), 0)},
             )
-            node = Node(server.name, pool, self._coalesce, self._reply_timeout, owned=True)
+            node = Node(server.name, pool, self._coalescing, owned=True)
             self._nodes[server.name] = node
         return node
 

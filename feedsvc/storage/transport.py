@@ -6,8 +6,9 @@ It owns:
   plain server or a Redis Cluster is decided here, from
   ``Settings.redis_cluster()``, and nowhere else (``nodes.py`` holds the two
   routing strategies);
-* the **gate**: a FIFO-fair limit of ``--pool-size`` calls in flight, coalesced
-  or not, waited for at most ``--pool-timeout`` (then 503);
+* the **gate**: a FIFO-fair limit of ``--pool-size`` conversations on pooled
+  connections, waited for at most ``--pool-timeout`` (then 503); coalesced
+  calls wait for room in their coalescer instead, as long at most;
 * **error translation**: lost connections, timeouts, a loading or read-only
   server, a cluster reconfiguring all become :class:`StorageUnavailable`
   (503 with Retry-After); a real bug stays a 500;
@@ -26,6 +27,7 @@ never touch a connection.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -43,8 +45,8 @@ from redis.backoff import NoBackoff
 from feedsvc.config import Settings
 from feedsvc.errors import PoolExhausted, StorageUnavailable, TooMuchContention
 from feedsvc.storage.base import StoreCounters
-from feedsvc.storage.coalescer import Command
-from feedsvc.storage.nodes import ClusterServers, Node, Servers, SingleServer
+from feedsvc.storage.coalescer import Coalescer, Command
+from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
 _TRANSIENT_PREFIXES = (
@@ -65,6 +67,7 @@ _CLUSTER_TROUBLE = (
     rexc.RedisClusterException,  # no node reachable yet, slots not covered, ...
 )
 _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
+_TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError)
 # Commands that only read: sent again once if their connection was found closed.
 READ_ONLY = frozenset(
     {"PING", "GET", "EXISTS", "HGET", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
@@ -138,10 +141,15 @@ class Transport:
         self._redis = _client(settings)
         slots = pool_slots(settings)
         self._gate = asyncio.Semaphore(slots)
+        coalescing: Coalescing | None = None
+        if settings.coalesce:
+            coalescing = functools.partial(
+                Coalescer, reply_timeout=settings.redis_timeout, room_timeout=settings.pool_timeout
+            )
         self._servers: Servers = (
-            ClusterServers(self._redis, settings.coalesce, settings.redis_timeout, slots)
+            ClusterServers(self._redis, coalescing, slots)
             if isinstance(self._redis, RedisCluster)
-            else SingleServer(self._redis, settings.coalesce, settings.redis_timeout)
+            else SingleServer(self._redis, coalescing)
         )
         self.cluster = self._servers.cluster
         self.counters = StoreCounters()
@@ -151,18 +159,25 @@ class Transport:
         """Translate Redis trouble into 503s."""
         try:
             yield
-        except _LOST as exc:
+        except _TROUBLE as exc:
+            unavailable = await self._unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+
+    async def _unavailable(self, exc: BaseException) -> StorageUnavailable | None:
+        """The 503 that Redis trouble means, or None: not trouble, a bug."""
+        if isinstance(exc, _LOST):
             await self._servers.lost()
-            raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
-        except _CLUSTER_TROUBLE as exc:
+            return StorageUnavailable(f"Redis is unavailable: {exc}")
+        if isinstance(exc, _CLUSTER_TROUBLE):
             # a slot on the move, a failover, a cluster without quorum
             self.counters.cluster_redirects += 1
             await self._servers.lost()
-            raise StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}") from exc
-        except rexc.ResponseError as exc:
-            if str(exc).startswith(_TRANSIENT_PREFIXES):
-                raise StorageUnavailable(f"Redis is unavailable: {exc}") from exc
-            raise
+            return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
+        if isinstance(exc, rexc.ResponseError) and str(exc).startswith(_TRANSIENT_PREFIXES):
+            return StorageUnavailable(f"Redis is unavailable: {exc}")
+        return None
 
     async def _acquire(self) -> None:
         try:
@@ -237,23 +252,45 @@ class Transport:
     async def _exchange(
         self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool = False
     ) -> list[list[Any]]:
-        """Each batch on its node, in one gate slot.
+        """Each batch on its node; Redis trouble becomes a 503.
+
+        Pooled exchanges hold a gate slot. Coalesced ones do not: a
+        coalescer bounds its own work in flight and makes a caller wait for
+        room as a slot would (at most --pool-timeout, then 503), so this,
+        the hot path, costs no more than it must.
 
         A connection found closed means the server restarted (or a proxy cut
         it), so every idle connection to that server is suspect: they are
         dropped and, for commands that only read, the exchange is tried once
         more on fresh connections. A write is never sent twice.
         """
-        async with self.slot():
-            try:
-                return await self._send(batches)
-            except rexc.ConnectionError:
-                for node, _ in batches:
-                    await node.drop_idle()
-                if not idempotent:
-                    raise
-                self.counters.read_retries += 1
+        if not self._settings.coalesce:
+            async with self.slot():
+                return await self._resending_reads(batches, idempotent)
+        started = time.perf_counter()
+        try:
+            return await self._resending_reads(batches, idempotent)
+        except _TROUBLE as exc:
+            unavailable = await self._unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        finally:
+            self.counters.redis_calls += 1
+            self.counters.redis_seconds += time.perf_counter() - started
+
+    async def _resending_reads(
+        self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool
+    ) -> list[list[Any]]:
+        try:
             return await self._send(batches)
+        except rexc.ConnectionError:
+            for node, _ in batches:
+                await node.drop_idle()
+            if not idempotent:
+                raise
+            self.counters.read_retries += 1
+        return await self._send(batches)
 
     async def _send(self, batches: Sequence[tuple[Node, list[Command]]]) -> list[list[Any]]:
         """Coalesced batches side by side; pooled ones one after another
@@ -414,6 +451,7 @@ class Transport:
             if node.coalescer is not None:
                 out["coalesced_batches"] += node.coalescer.batches
                 out["coalesced_calls"] += node.coalescer.calls
+                out["pool_waiting"] += node.coalescer.waiting_for_room
         return out
 
     async def close(self) -> None:
