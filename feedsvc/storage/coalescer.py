@@ -59,9 +59,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Command = tuple[Any, ...]
 _READ_SIZE = 1 << 16
-#: Calls admitted at once, by default. The store's own gate (--pool-size)
-#: usually keeps far fewer here; what can pile up beyond it are calls whose
-#: callers gave up after their commands were written.
+#: Calls admitted at once, by default: written or about to be, awaiting
+#: replies. Calls whose callers gave up after they were written count too,
+#: until their replies are read.
 MAX_IN_FLIGHT = 1024
 
 
