@@ -43,9 +43,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from feedsvc.config import Settings
-from feedsvc.errors import PoolExhausted, StorageUnavailable, TooMuchContention
+from feedsvc.errors import PoolExhausted, StorageUnavailable, TooMuchContention, Unavailable
 from feedsvc.storage.base import StoreCounters
-from feedsvc.storage.coalescer import Coalescer, Command
+from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
@@ -165,8 +165,10 @@ class Transport:
                 raise
             raise unavailable from exc
 
-    async def _unavailable(self, exc: BaseException) -> StorageUnavailable | None:
+    async def _unavailable(self, exc: BaseException) -> Unavailable | None:
         """The 503 that Redis trouble means, or None: not trouble, a bug."""
+        if isinstance(exc, CoalescerBusy):  # Redis is slow, not gone
+            return PoolExhausted(f"No room among the calls in flight to Redis: {exc}")
         if isinstance(exc, _LOST):
             await self._servers.lost()
             return StorageUnavailable(f"Redis is unavailable: {exc}")
