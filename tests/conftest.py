@@ -3,10 +3,17 @@ clients for both drivers.
 
 Every test works in a project of its own (a random X-Project-ID), so tests
 never see each other's data and no flushing is needed.
+
+Markers (pyproject.toml) let ``make test-fast`` leave out what needs more
+than the session's one redis-server: ``cluster`` is set here for every test
+on the Redis Cluster, ``process`` and ``slow`` in the test modules. Under a
+``-m`` that excludes ``process``, a test that starts a process anyway fails
+and says so (:class:`ProcessGuard`), so the fast loop stays what it claims.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -29,11 +36,50 @@ from tests.cluster import LocalCluster
 DRIVERS = ["lua", "watch"]
 
 
+class ProcessGuard:
+    """Fails any process start in this interpreter while armed (an audit hook).
+
+    Armed when the run deselects ``process`` tests; the session's redis-server
+    is started with :meth:`allowed`.
+    """
+
+    EVENTS = frozenset(
+        {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+         "os.system", "os.exec"}
+    )  # fmt: skip
+    armed = False
+
+    @classmethod
+    def audit(cls, event: str, args: tuple[object, ...]) -> None:
+        if cls.armed and event in cls.EVENTS:
+            raise RuntimeError(
+                f"{event}{args[:2]!r}: this test starts a process, so it needs "
+                "@pytest.mark.process (a run with -m 'not process' allows only the "
+                "session's redis-server)"
+            )
+
+    @classmethod
+    @contextlib.contextmanager
+    def allowed(cls) -> Iterator[None]:
+        armed, cls.armed = cls.armed, False
+        try:
+            yield
+        finally:
+            cls.armed = armed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "not process" in str(config.getoption("markexpr", "")):
+        sys.addaudithook(ProcessGuard.audit)
+        ProcessGuard.armed = True
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
     assert server.port != 6379
-    server.start()
+    with ProcessGuard.allowed():
+        server.start()
     yield server
     server.stop()
 
@@ -57,6 +103,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rpartition(".")[2]
     if "topology" in metafunc.fixturenames and module in CLUSTER_SUITES:
         metafunc.parametrize("topology", ["single", "cluster"], indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what needs the Redis Cluster ``cluster``, so that ``make test-fast``
+    can leave it out; ``process`` and ``slow`` are set in the test modules."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_cluster = callspec is not None and callspec.params.get("topology") == "cluster"
+        if on_cluster or "redis_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ import pytest
 from feedsvc.config import ENV_PREFIX, Settings, parse_settings
 from feedsvc.redis_server import pick_free_port
 
+pytestmark = pytest.mark.process  # starts python -m feedsvc, and feedsvc serve
+
 HEADERS = {
     "Client-ID": str(uuid.uuid4()),
     "X-Project-ID": "cli",

@@ -238,6 +238,8 @@ def replicated_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
+@pytest.mark.cluster  # a cluster with replicas, of its own
+@pytest.mark.process
 async def test_a_primary_failed_over_mid_run_loses_and_doubles_nothing(
     replicated_cluster: LocalCluster, driver: str, project: str
 ) -> None:

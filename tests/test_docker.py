@@ -45,6 +45,8 @@ from feedsvc.workers import KILL_AFTER_GRACE
 from tests.cluster import pick_node_port
 from tests.conftest import REPO_ROOT, build_wheel
 
+pytestmark = pytest.mark.process  # hadolint, check-jsonschema, pip, the compose services' commands
+
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 BIN = Path(sys.executable).parent

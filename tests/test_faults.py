@@ -71,7 +71,8 @@ BY_ID_SAMPLE = 300
 # has no body, health's 503 is the health document.
 BARE = ("/v2/ping", "/v2/health")
 
-pytestmark = pytest.mark.timeout(120)
+# feedsvc serve and redis-servers of its own, killed and paused
+pytestmark = [pytest.mark.timeout(120), pytest.mark.process]
 
 
 def report(test: str, **numbers: object) -> None:

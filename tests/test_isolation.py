@@ -28,6 +28,8 @@ from feedsvc.redis_server import RedisServer
 from feedsvc.storage.keys import escape_project
 from tests.conftest import DRIVERS, make_settings
 
+pytestmark = pytest.mark.process  # a redis-server of its own
+
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
 Snapshot = dict[bytes, tuple[bytes | None, int]]

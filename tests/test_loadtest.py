@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
@@ -193,6 +194,7 @@ print(idle.fileno(), alive(None, idle), alive(None, dirty), alive(None, closed))
 """
 
 
+@pytest.mark.process
 def test_pooled_connections_past_fd_1023_are_kept_alive() -> None:
     # geventhttpclient's select() check called every socket >= fd 1024 dead,
     # so Locust reconnected on each request of most of 3,000 users.
@@ -229,6 +231,7 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise AssertionError(log.read_text())
 
 
+@pytest.mark.process
 def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
     port = pick_free_port()
     base = f"http://127.0.0.1:{port}"

@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
@@ -71,6 +72,7 @@ async def test_unmatched_routes_are_one_label(
     assert sample(text, name, route="unmatched", status="404") == 2
 
 
+@pytest.mark.process
 def test_json_logs_carry_the_request_id(redis_url: str, tmp_path: Path) -> None:
     port = pick_free_port()
     log = tmp_path / "serve.log"

@@ -299,6 +299,7 @@ def fuzz(
     return calls
 
 
+@pytest.mark.process
 @pytest.mark.timeout(110)
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_fuzzing_finds_no_5xx_and_no_answer_off_the_document(
@@ -358,6 +359,7 @@ async def read_status(reader: asyncio.StreamReader, seconds: float) -> tuple[int
     return int(data.split(b" ", 2)[1]), data
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
 async def test_oversized_body_is_refused_while_streaming(
@@ -434,6 +436,7 @@ async def stall(port: int, payload: bytes) -> tuple[float | None, bytes]:
         writer.transport.abort()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 async def test_slow_clients_are_disconnected(services: dict[str, LiveService]) -> None:
     """Both drivers' services at once (the HTTP layer is the same; this saves the wait)."""
@@ -469,6 +472,7 @@ async def test_slow_clients_are_disconnected(services: dict[str, LiveService]) -
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_too_many_or_too_large_headers_are_4xx(
     driver: str, services: dict[str, LiveService]

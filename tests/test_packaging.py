@@ -7,7 +7,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT, build_wheel
+
+pytestmark = pytest.mark.process  # pip wheel
 
 
 def test_wheel_ships_lua_scripts_that_an_installed_copy_finds(tmp_path: Path) -> None:

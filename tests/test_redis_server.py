@@ -25,6 +25,8 @@ from feedsvc.redis_server import (
     find_redis_server,
 )
 
+pytestmark = pytest.mark.process  # redis-servers of its own
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_REDIS_PORT = 6379  # a shared Redis lives there: never start or touch it
 

@@ -27,6 +27,8 @@ from feedsvc.readiness import read_ready_file
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceError, ServiceProcess
 
+pytestmark = pytest.mark.process  # feedsvc serve, and redis-servers of its own
+
 HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "harness"}
 
 

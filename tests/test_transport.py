@@ -19,6 +19,8 @@ from feedsvc.storage.drivers import make_store
 from tests.cluster import LocalCluster
 from tests.conftest import make_settings
 
+pytestmark = pytest.mark.process  # redis-servers and clusters of its own
+
 READER = str(uuid.uuid4())
 
 
@@ -98,6 +100,7 @@ def bring_back(cluster: LocalCluster) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("driver", ["lua", "watch"])
 async def test_a_cluster_down_or_not_up_yet_is_503_then_recovers(
     driver: str, own_cluster: LocalCluster
@@ -156,6 +159,7 @@ async def test_reads_after_a_redis_restart_do_not_fail_on_stale_connections(
         server.stop()
 
 
+@pytest.mark.cluster
 async def test_ping_on_a_cluster_asks_every_primary(own_cluster: LocalCluster) -> None:
     """/v2/ping and /v2/health are healthy only if every primary answers: one
     unreachable primary means a third of the slots cannot be served."""

@@ -31,6 +31,8 @@ import redis
 
 from feedsvc.redis_server import RedisServer, pick_free_port
 
+pytestmark = pytest.mark.process  # feedsvc serve --workers, and a redis-server of its own
+
 HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "workers"}
 
 

@@ -33,6 +33,8 @@ from feedsvc.config import ENV_PREFIX
 from feedsvc.redis_server import RedisServer, pick_free_port
 from tests.conftest import DRIVERS
 
+pytestmark = pytest.mark.process  # feedsvc serve, for python-zaqarclient to talk to
+
 # A bound on items taken from a stream: a listing that loops shows up as a
 # failed assertion instead of a hang.
 MAX_ITEMS = 200
