@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.testing import ServiceProcess
 
 HERE = Path(__file__).resolve().parent
 WRK_DIR = HERE / "wrk"
@@ -109,37 +109,14 @@ def wrk(
     return WrkResult(rps, p50, p99, errors, requests)
 
 
-class Service:
+class Service(ServiceProcess):
     """A feedsvc serve process (with /bench/hello) against a given Redis."""
 
-    def __init__(self, redis_url: str, log: Path, *flags: str, netns: str | None = None) -> None:
-        self.port = pick_free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [
-            sys.executable,
-            "-m",
-            "feedsvc",
-            "serve",
-            "--port",
-            str(self.port),
-            "--redis-url",
-            redis_url,
-            "--bench-routes",
-            "--log-level",
-            "WARNING",
-            *flags,
-        ]
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(log.read_text())
-            time.sleep(0.05)
-        raise RuntimeError("feedsvc did not start:\n" + log.read_text())
+    def __init__(self, redis_url: str, log: Path, *flags: str) -> None:
+        super().__init__(
+            "--redis-url", redis_url, "--bench-routes", "--log-level", "WARNING", *flags,
+            log_path=log,
+        )  # fmt: skip
 
     def request(self, method: str, path: str, body: object = None, client: str = PRODUCER) -> bytes:
         data = None if body is None else json.dumps(body).encode()
@@ -148,18 +125,10 @@ class Service:
         with urllib.request.urlopen(req, timeout=10) as response:
             return bytes(response.read())
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
 
 @contextlib.contextmanager
 def service(redis_url: str, workdir: Path, *flags: str) -> Iterator[Service]:
-    svc = Service(redis_url, workdir / "feedsvc.log", *flags)
-    try:
+    with Service(redis_url, workdir / "feedsvc.log", *flags) as svc:
         svc.request("PUT", "/v2/queues/bget")
         svc.request(
             "POST",
@@ -167,8 +136,6 @@ def service(redis_url: str, workdir: Path, *flags: str) -> Iterator[Service]:
             {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
         )
         yield svc
-    finally:
-        svc.stop()
 
 
 class Suite:
@@ -323,7 +290,7 @@ class Suite:
         server, each as a ratio to hello, both drivers. All processes share
         the machine's cores, so this shows the cluster path's overhead, not
         the capacity a cluster of real machines adds."""
-        from tests.cluster import LocalCluster
+        from feedsvc.testing.cluster import LocalCluster
 
         cluster = LocalCluster(self.workdir / "cluster")
         cluster.start()

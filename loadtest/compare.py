@@ -49,7 +49,8 @@ from typing import Any
 import psutil
 
 from feedsvc import __version__ as feedsvc_version
-from feedsvc.redis_server import RedisServer, find_redis_server, pick_free_port
+from feedsvc.redis_server import RedisServer, find_redis_server
+from feedsvc.testing import ServiceProcess
 from loadtest import timings
 from loadtest.checker import FeedChecker, read_stamp
 
@@ -256,37 +257,24 @@ def health(base: str, patience: float = 30.0) -> dict[str, Any]:
         time.sleep(0.25)
 
 
-def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"feedsvc exited with {proc.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            if health(base, patience=0).get("storage_reachable"):
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"feedsvc did not answer in {timeout} s:\n{log.read_text()}")
-
-
 @contextlib.contextmanager
-def service(driver: str, workdir: Path, log: Path, serve_args: Sequence[str]) -> Iterator[Any]:
-    """A fresh Redis and a fresh ``feedsvc serve`` on free ports."""
-    with RedisServer(workdir / "redis", appendfsync="no") as redis:
-        port = pick_free_port()
-        base = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FEEDSVC_")}
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "feedsvc", "serve", "--redis-url", redis.url,
-                 "--driver", driver, "--port", str(port), "--log-level", "WARNING",
-                 *serve_args],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
+def service(
+    driver: str, workdir: Path, log: Path, serve_args: Sequence[str]
+) -> Iterator[tuple[str, int, int | None]]:
+    """A fresh Redis and a fresh ``feedsvc serve`` on free ports: (its URL,
+    its pid, Redis's pid)."""
+    log.unlink(missing_ok=True)  # the run's log only: it is read afterwards
+    with (
+        RedisServer(workdir / "redis", appendfsync="no") as redis,
+        ServiceProcess(
+            "--redis-url", redis.url, "--driver", driver, "--log-level", "WARNING", *serve_args,
+            log_path=log,
+        ) as feedsvc,
+    ):  # fmt: skip
         try:
-            wait_ready(base, proc, log)
-            yield base, proc.pid, redis.pid
+            yield feedsvc.url, feedsvc.pid, redis.pid
         finally:
-            code = stop_process(proc)
+            code = feedsvc.stop()
             if code not in (0, -signal.SIGTERM):
                 with log.open("a") as out:
                     out.write(f"\n[compare] feedsvc exited with code {code}\n")

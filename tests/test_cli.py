@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from feedsvc.config import ENV_PREFIX, Settings, parse_settings
-from feedsvc.redis_server import pick_free_port
+from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process  # starts python -m feedsvc, and feedsvc serve
 
@@ -88,33 +87,10 @@ def request(method: str, url: str, body: object = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def start_serve(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port), "--data-dir", data_dir],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
-def wait_listening(log: Path, proc: subprocess.Popen[bytes], count: int) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text()
-        if text.count("listening on") >= count:
-            found: list[str] = re.findall(r"embedded Redis at redis://127\.0\.0\.1:(\d+)", text)
-            return found[-1]
-        assert proc.poll() is None, text
-        time.sleep(0.05)
-    raise AssertionError(log.read_text())
-
-
-def pid_of_port(port: str) -> int:
+def pid_of_redis(url: str) -> int:
     import redis
 
-    client = redis.Redis(port=int(port), socket_timeout=5)
+    client = redis.Redis.from_url(url, socket_timeout=5)
     try:
         info = client.info("server")
     finally:
@@ -131,32 +107,26 @@ def gone(pid: int) -> bool:
 
 
 def test_serve_with_embedded_redis_keeps_data_across_restarts(tmp_path: Path) -> None:
-    data_dir, log, port = tmp_path / "data", tmp_path / "serve.log", pick_free_port()
-    base = f"http://127.0.0.1:{port}/v2/queues/cli.q/messages"
+    data_dir, log = tmp_path / "data", tmp_path / "serve.log"
+    path = "/v2/queues/cli.q/messages"
 
-    proc = start_serve(data_dir, port, log)
-    try:
-        redis_port = wait_listening(log, proc, 1)
-        redis_pid = pid_of_port(redis_port)
-        status, body = request("POST", base, {"messages": [{"body": {"kept": True}}]})
+    with ServiceProcess("--data-dir", str(data_dir), log_path=log) as svc:
+        assert svc.redis_url is not None
+        redis_pid = pid_of_redis(svc.redis_url)
+        status, body = request("POST", svc.url + path, {"messages": [{"body": {"kept": True}}]})
         assert status == 201, body
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    deadline = time.monotonic() + 10
-    while not gone(redis_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone(redis_pid), "the embedded Redis outlived the service"
+        assert svc.stop(signal.SIGTERM) == 0
+        # checked before the block ends: leaving it kills whatever is left
+        deadline = time.monotonic() + 10
+        while not gone(redis_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(redis_pid), "the embedded Redis outlived the service"
 
-    proc = start_serve(data_dir, port, log)
-    try:
-        wait_listening(log, proc, 2)
-        status, body = request("GET", base + "?echo=true")
+    with ServiceProcess("--data-dir", str(data_dir), log_path=log) as svc:
+        status, body = request("GET", svc.url + path + "?echo=true")
         assert status == 200
         assert [m["body"] for m in json.loads(body)["messages"]] == [{"kept": True}]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        assert svc.stop(signal.SIGINT) == 0
 
 
 def test_readme_configuration_table_lists_every_setting() -> None:

@@ -24,7 +24,7 @@ from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.watch_store import WatchStore
-from tests.cluster import LocalCluster
+from feedsvc.testing.cluster import LocalCluster
 from tests.conftest import make_settings
 
 WRITER, READER = str(uuid.uuid4()), str(uuid.uuid4())

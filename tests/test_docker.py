@@ -15,7 +15,6 @@ registry and PyPI reachable from the build) and container networking.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
@@ -34,15 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import redis
 import yaml
 
 from feedsvc.config import Settings
 from feedsvc.redis_server import find_redis_server, pick_free_port
+from feedsvc.testing import ServiceProcess
+from feedsvc.testing.cluster import pick_node_port
 from feedsvc.workers import KILL_AFTER_GRACE
-from tests.cluster import pick_node_port
 from tests.conftest import REPO_ROOT, build_wheel
 
 pytestmark = pytest.mark.process  # hadolint, check-jsonschema, pip, the compose services' commands
@@ -209,7 +208,8 @@ class Processes:
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.started: list[tuple[subprocess.Popen[bytes], list[psutil.Process]]] = []
+        self.started: list[subprocess.Popen[bytes]] = []
+        self.services: list[ServiceProcess] = []
 
     def start(
         self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
@@ -219,36 +219,34 @@ class Processes:
                 argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
-        self.started.append((proc, []))
+        self.started.append(proc)
         return proc
+
+    def serve(self, name: str, argv: list[str], env: dict[str, str]) -> ServiceProcess:
+        """feedsvc, run by argv, once it is ready (every worker serving); it
+        and its workers are stopped with the rest."""
+        service = ServiceProcess(
+            command=argv, port=None, env=env, log_path=self.logs / f"{name}.log", stop_timeout=20
+        )
+        self.services.append(service)
+        return service.start()
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
-    def note_children(self, proc: subprocess.Popen[bytes]) -> None:
-        """Remember proc's children (feedsvc's workers) to stop them too."""
-        for started, children in self.started:
-            if started is proc:
-                children[:] = psutil.Process(proc.pid).children(recursive=True)
-
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        for started, children in self.started:
-            if started is not proc:
-                continue
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-            for child in children:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-                        child.kill()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
     def stop_all(self) -> None:
-        for proc, _ in reversed(self.started):
+        for service in reversed(self.services):
+            service.close()
+        for proc in reversed(self.started):
             self.stop(proc)
 
 
@@ -312,7 +310,7 @@ def start_redis_service(
 
 @dataclass
 class Feedsvc:
-    proc: subprocess.Popen[bytes]
+    service: ServiceProcess
     port: int
     env: dict[str, str]
     healthcheck: list[str]
@@ -339,10 +337,10 @@ def start_feedsvc_service(
     healthcheck = healthcheck_argv(stage)
     assert healthcheck[0] == "python"
     healthcheck = [sys.executable, *healthcheck[1:]]
-    proc = processes.start(name, argv, env)
-    wait_healthy(healthcheck, env, name, processes, proc)
-    processes.note_children(proc)
-    return Feedsvc(proc, port, env, healthcheck)
+    started = processes.serve(name, argv, env)
+    assert started.port == port
+    wait_healthy(healthcheck, env, name, processes, started.process)
+    return Feedsvc(started, port, env, healthcheck)
 
 
 def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -694,7 +692,7 @@ def test_feedsvc_on_the_cluster_survives_down_and_up(
     )
     assert feedsvc.env["FEEDSVC_REDIS_URL"] == f"redis+cluster://{cluster.here['redis-c1:6379']}"
     queue, bodies = assert_round_trip(feedsvc.port)
-    processes.stop(feedsvc.proc)
+    feedsvc.service.close()
 
     cluster.restart_elsewhere()
     assert "already form a cluster" in cluster.init()
@@ -704,4 +702,4 @@ def test_feedsvc_on_the_cluster_survives_down_and_up(
     )
     assert listed_bodies(feedsvc.port, queue) == bodies
     assert_round_trip(feedsvc.port)
-    processes.stop(feedsvc.proc)
+    feedsvc.service.close()

@@ -36,9 +36,6 @@ import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -50,8 +47,8 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from feedsvc.config import ENV_PREFIX
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.redis_server import RedisServer
+from feedsvc.testing import ServiceProcess
 from tests.conftest import DRIVERS
 
 # The longest any one request may take before the test calls it a hang.
@@ -83,66 +80,20 @@ def report(test: str, **numbers: object) -> None:
 # -- processes -------------------------------------------------------------------------
 
 
-class LiveService:
-    """``python -m feedsvc serve`` as a child process on a free port."""
+class LiveService(ServiceProcess):
+    """``python -m feedsvc serve --redis-url ... --driver ...`` as a child
+    process on a port of its own, plus what the tests read from its log."""
 
     def __init__(self, redis_url: str, driver: str, log: Path, *args: str) -> None:
-        self.redis_url = redis_url
+        super().__init__(
+            "--redis-url", redis_url, "--driver", driver, "--host", "127.0.0.1", *args,
+            log_path=log,
+        )  # fmt: skip
         self.driver = driver
-        self.log = log
-        self.args = args
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-        for _ in range(3):
-            self.port = pick_free_port()
-            seen = self.log_text().count("listening on")
-            with self.log.open("ab") as out:
-                self.proc = subprocess.Popen(
-                    [
-                        sys.executable, "-m", "feedsvc", "serve",
-                        "--redis-url", self.redis_url,
-                        "--driver", self.driver,
-                        "--host", "127.0.0.1",
-                        "--port", str(self.port),
-                        *self.args,
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )  # fmt: skip
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.log_text().count("listening on") > seen:
-                    return
-                if self.proc.poll() is not None:
-                    break  # e.g. the port was taken meanwhile: try another
-                time.sleep(0.05)
-            self.stop()
-        raise AssertionError("feedsvc serve did not start:\n" + self.log_text()[-3000:])
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return self.url
 
     def unhandled(self) -> list[str]:
         """Log lines of requests that ended in a 500 (the middleware's 'unhandled error')."""
@@ -168,13 +119,6 @@ class LiveService:
         found = Counter(self.unhandled())
         problems += [f"{n} x 500 in the log: {what}" for what, n in found.most_common(5)]
         return sum(found.values())
-
-    def __enter__(self) -> LiveService:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

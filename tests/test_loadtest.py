@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from feedsvc.redis_server import pick_free_port
+from feedsvc.testing import ServiceProcess
 from loadtest import compare, timings
 from loadtest.checker import (
     DUPLICATE,
@@ -215,36 +215,21 @@ def test_pooled_connections_past_fd_1023_are_kept_alive() -> None:
 # -- a live run ----------------------------------------------------------------
 
 
-def wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "smoke"}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        try:
-            request = urllib.request.Request(base + "/v2/health", headers=headers)
-            with urllib.request.urlopen(request, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(log.read_text())
+def health_status(base: str) -> int:
+    request = urllib.request.Request(
+        base + "/v2/health", headers={"Client-ID": str(uuid.uuid4()), "X-Project-ID": "smoke"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return int(response.status)
 
 
 @pytest.mark.process
 def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
-    port = pick_free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
-    serve_log = tmp_path / "serve.log"
-    with serve_log.open("wb") as out:
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--redis-url", redis_url,
-             "--driver", driver, "--port", str(port), "--log-level", "WARNING"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    try:
-        wait_healthy(base, serve, serve_log)
+    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
+    with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
+        base = serve.url
+        assert health_status(base) == 200, serve.log_text()
         result = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
              "--headless", "--only-summary", "-u", "8", "-r", "8", "-t", "4s", "--host", base,
@@ -253,9 +238,7 @@ def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
              "--timings-dir", str(tmp_path / "timings")],
             capture_output=True, text=True, timeout=60, check=False, env=env, cwd=REPO_ROOT,
         )  # fmt: skip
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
+        serve.stop(signal.SIGTERM)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     with (tmp_path / "locust_stats.csv").open() as f:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -17,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from feedsvc.redis_server import pick_free_port
+from feedsvc.testing import ServiceProcess
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -74,22 +71,11 @@ async def test_unmatched_routes_are_one_label(
 
 @pytest.mark.process
 def test_json_logs_carry_the_request_id(redis_url: str, tmp_path: Path) -> None:
-    port = pick_free_port()
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port), "--redis-url",
-             redis_url, "--log-format", "json", "--access-log"],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("FEEDSVC_")},
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while "listening on" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+    flags = ("--redis-url", redis_url, "--log-format", "json", "--access-log")
+    with ServiceProcess(*flags, log_path=log) as svc:
         req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v2/queues/logs/messages",
+            f"{svc.url}/v2/queues/logs/messages",
             headers={"Client-ID": str(uuid.uuid4()), "X-Project-ID": "logs"},
         )
         with urllib.request.urlopen(req, timeout=10) as response:
@@ -98,9 +84,7 @@ def test_json_logs_carry_the_request_id(redis_url: str, tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while request_id not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert svc.stop(signal.SIGTERM) == 0
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
     access = [r for r in records if request_id in r["message"]]

@@ -244,16 +244,13 @@ def services(
 ) -> Iterator[dict[str, LiveService]]:
     """A live ``feedsvc serve`` of each driver, with default settings."""
     folder = tmp_path_factory.mktemp("openapi")
-    running: dict[str, LiveService] = {}
-    try:
-        for driver in DRIVERS:
-            service = LiveService(redis_server.url, driver, folder / f"{driver}.log")
-            service.start()
-            running[driver] = service
-        yield running
-    finally:
-        for service in running.values():
-            service.stop()
+    with contextlib.ExitStack() as stack:
+        yield {
+            driver: stack.enter_context(
+                LiveService(redis_server.url, driver, folder / f"{driver}.log")
+            )
+            for driver in DRIVERS
+        }
 
 
 def fuzz(

@@ -15,21 +15,19 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.redis_server import RedisServer
+from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve --workers, and a redis-server of its own
 
@@ -67,60 +65,34 @@ def post(port: int, body: bytes = b'{"messages": [{"body": 1}]}') -> int:
         return int(response.status)
 
 
-@contextmanager
-def serving(
-    redis_url: str, log: Path, *flags: str, workers: int = 2
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``feedsvc serve`` with its own log; killed (and its workers) on exit if still alive."""
-    port = pick_free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "feedsvc", "serve", "--port", str(port),
-             "--redis-url", redis_url, "--workers", str(workers), *flags],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        wait_for(lambda: log.read_text().count("listening on") == workers, "workers listening")
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid in worker_pids(log).values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def serving(redis_url: str, log: Path, *flags: str, workers: int = 2) -> ServiceProcess:
+    """``feedsvc serve --workers N`` with its own log (a context manager): ready
+    once every worker serves; it and its workers are gone after the block."""
+    return ServiceProcess("--redis-url", redis_url, "--workers", str(workers), *flags, log_path=log)
 
 
 @pytest.fixture
-def supervised(
-    redis_url: str, tmp_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    log = tmp_path / "serve.log"
-    with serving(redis_url, log, "--shutdown-grace", "10") as (proc, port):
-        yield proc, port, log
+def supervised(redis_url: str, tmp_path: Path) -> Iterator[ServiceProcess]:
+    with serving(redis_url, tmp_path / "serve.log", "--shutdown-grace", "10") as svc:
+        yield svc
 
 
-def test_a_crashed_worker_is_replaced(
-    supervised: tuple[subprocess.Popen[bytes], int, Path],
-) -> None:
-    proc, port, log = supervised
+def test_a_crashed_worker_is_replaced(supervised: ServiceProcess) -> None:
+    svc, log = supervised, supervised.log_path
     before = worker_pids(log)
     assert len(before) == 2 and all(alive(p) for p in before.values())
     os.kill(before[1], signal.SIGKILL)
     wait_for(lambda: worker_pids(log)[1] != before[1], "a new worker 1")
     wait_for(lambda: log.read_text().count("listening on") == 3, "the new worker listening")
-    assert all(post(port) == 201 for _ in range(10))
-    assert proc.poll() is None
+    assert all(post(svc.port) == 201 for _ in range(10))
+    assert svc.returncode is None
 
 
-def test_sigterm_stops_every_worker(
-    supervised: tuple[subprocess.Popen[bytes], int, Path],
-) -> None:
-    proc, port, log = supervised
+def test_sigterm_stops_every_worker(supervised: ServiceProcess) -> None:
+    svc, log = supervised, supervised.log_path
     workers = worker_pids(log)
-    assert post(port) == 201
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 0
+    assert post(svc.port) == 201
+    assert svc.stop(signal.SIGTERM, timeout=20) == 0
     wait_for(lambda: not any(alive(p) for p in workers.values()), "workers to exit", 10)
     assert "starting another" not in log.read_text()
 
@@ -181,8 +153,9 @@ def test_sigterm_drains_requests_in_flight(
     # the service is stopped first, so a failing test does not wait for its POSTs
     with (
         ThreadPoolExecutor(count) as pool,
-        serving(own_redis.url, log, *flags, workers=workers) as (proc, port),
+        serving(own_redis.url, log, *flags, workers=workers) as svc,
     ):
+        proc, port = svc.process, svc.port
         idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         idle.request("GET", "/v2/ping", headers=HEADERS)
         assert idle.getresponse().status == 204  # and the connection stays open
@@ -208,9 +181,9 @@ def test_sigterm_drains_requests_in_flight(
 
     # Every 201 is really stored: read the messages back through a fresh service.
     ids = [body["resources"][0].rpartition("/")[2] for _, _, body in replies]
-    with serving(own_redis.url, tmp_path / "reader.log", workers=1) as (_, port):
+    with serving(own_redis.url, tmp_path / "reader.log", workers=1) as reader:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v2/queues/{queue}/messages?ids={','.join(ids)}",
+            f"{reader.url}/v2/queues/{queue}/messages?ids={','.join(ids)}",
             headers=HEADERS,
         )
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -223,9 +196,10 @@ def test_a_request_outliving_the_grace_period_is_cut_off(
 ) -> None:
     log, count = tmp_path / "serve.log", 4
     flags = ("--shutdown-grace", "1", "--no-coalesce", "--redis-timeout", "120")
-    with ThreadPoolExecutor(count) as pool, serving(own_redis.url, log, *flags) as (proc, port):
+    with ThreadPoolExecutor(count) as pool, serving(own_redis.url, log, *flags) as svc:
+        proc = svc.process
         pids = list(worker_pids(log).values())
-        posts = hold_posts(pool, admin, port, "cut-off", count)
+        posts = hold_posts(pool, admin, svc.port, "cut-off", count)
         proc.send_signal(signal.SIGTERM)  # and Redis stays paused
         # 0: each worker cut its requests off itself; none had to be killed
         assert proc.wait(timeout=60) == 0
@@ -249,9 +223,10 @@ def test_a_body_still_arriving_when_the_drain_starts_is_read(
         + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
     )
     with (
-        serving(redis_url, log, "--shutdown-grace", "10", workers=1) as (proc, port),
-        socket.create_connection(("127.0.0.1", port), timeout=30) as sock,
+        serving(redis_url, log, "--shutdown-grace", "10", workers=1) as svc,
+        socket.create_connection(("127.0.0.1", svc.port), timeout=30) as sock,
     ):
+        proc = svc.process
         sock.sendall(head.encode())
         interim = b""
         while not interim.endswith(b"\r\n\r\n") and (chunk := sock.recv(1)):

@@ -11,17 +11,12 @@ reserved key, repeated ``ids``) are what is being checked.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +24,8 @@ from zaqarclient.queues import client as zaqar
 from zaqarclient.queues.v2 import message as zaqar_message
 from zaqarclient.transport import errors as zaqar_errors
 
-from feedsvc.config import ENV_PREFIX
 from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.testing import ServiceProcess
 from tests.conftest import DRIVERS
 
 pytestmark = pytest.mark.process  # feedsvc serve, for python-zaqarclient to talk to
@@ -48,16 +43,6 @@ RESERVED_KEYS = {
 }
 
 
-def wait_listening(log: Path, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if "listening on" in log.read_text():
-            return
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.05)
-    raise AssertionError(log.read_text())
-
-
 @pytest.fixture(scope="module", params=DRIVERS)
 def service(
     request: pytest.FixtureRequest,
@@ -66,26 +51,13 @@ def service(
 ) -> Iterator[str]:
     """The base URL of a running ``feedsvc serve`` using one driver."""
     driver = str(request.param)
-    port = pick_free_port()
     log = tmp_path_factory.mktemp(f"serve-{driver}") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    command = [sys.executable, "-m", "feedsvc", "serve", "--port", str(port)]
-    command += ["--redis-url", redis_server.url, "--driver", driver, "--min-message-ttl", "1"]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_listening(log, proc)
-        assert f"driver {driver}" in log.read_text()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-    assert code == 0, log.read_text()
+    flags = ("--redis-url", redis_server.url, "--driver", driver, "--min-message-ttl", "1")
+    with ServiceProcess(*flags, log_path=log) as svc:
+        assert f"driver {driver}" in svc.log_text()
+        yield svc.url
+        code = svc.stop(signal.SIGTERM)
+    assert code == 0, svc.log_text()
 
 
 def make_client(url: str, project: str) -> Any:
