@@ -29,6 +29,8 @@ from feedsvc.testing import ServiceError, ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve, and redis-servers of its own
 
+pytestmark = pytest.mark.process  # feedsvc serve, embedded redis-servers, a runner script
+
 HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "harness"}
 
 
