@@ -581,27 +581,27 @@ def _paths(s: Settings) -> dict[str, Schema]:
         "/v2/ping": {
             "get": _operation(
                 "ping",
-                "Is Redis reachable? (HEAD works too)",
+                "Is Redis reachable? (HEAD works too; no headers needed)",
                 {
                     "204": _response("Redis answered."),
-                    "400": _ref("responses", "BadRequest"),
                     "503": _response("Redis is unreachable (no body).", headers=RETRY_AFTER),
                 },
+                parameters=[],
             )
         },
         "/v2/health": {
             "get": _operation(
                 "getHealth",
-                "Storage reachability and driver counters",
+                "Storage reachability and driver counters (no headers needed)",
                 {
                     "200": _response("Redis is reachable.", _schema("Health")),
-                    "400": _ref("responses", "BadRequest"),
                     "503": _response(
                         "Redis is unreachable.",
                         _schema("Health"),
                         headers=RETRY_AFTER,
                     ),
                 },
+                parameters=[],
             )
         },
         "/v2/queues": {
@@ -853,8 +853,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "title": "feedsvc",
             "version": __version__,
             "description": "A Zaqar-v2-compatible message feed on Redis. Every /v2 route "
-            "except this document needs the Client-ID and X-Project-ID headers (with "
-            "--auth-token, a bearer token instead of X-Project-ID on the data routes). "
+            "except ping, health and this document needs the Client-ID and X-Project-ID "
+            "headers (with --auth-token, a bearer token instead of X-Project-ID on the "
+            "data routes). "
             "Errors are JSON {title, description}; every 503 carries Retry-After.",
         },
         "paths": _paths(settings),

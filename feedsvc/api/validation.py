@@ -55,7 +55,8 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; Client-ID is checked first, as Zaqar does.
 
     With --auth-token the project is the bearer token's (401 without a known
-    token); routes that show no data (ping, home, health) pass authenticate=False.
+    token); the home document, which shows no data, passes authenticate=False
+    (ping and health do not ask for a caller at all).
     """
     client = client_id(request)
     tokens = request.app[AUTH_TOKENS]
