@@ -22,11 +22,11 @@ the file once all N have. Connections made before that would only wait in
 the socket's backlog, but a supervisor that counts workers or their log
 lines may rely on every worker being up.
 
-The document goes to a temporary file in the same directory (mode 0600, as
-the Redis URL may carry a password), which is then renamed over PATH: a
-reader finds no file or the whole document, never a part of it. The file is
-removed when the service starts to stop, which is when it stops accepting
-connections.
+The document goes to a temporary file in PATH's directory (created if
+missing), which is then renamed over PATH: a reader finds no file or the
+whole document, never a part of it. The file's mode is 0600, as the Redis
+URL may carry a password. It is removed when the service starts to stop,
+which is when it stops accepting connections.
 
 Why a file, and not a log line or a file descriptor (the ``sd_notify`` or
 s6 ``notification-fd`` way):
@@ -99,6 +99,7 @@ def connect_url(host: str, port: int) -> str:
 
 def write_ready_file(path: Path, ready: Ready) -> None:
     """Write the document to path atomically: a temporary file, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from feedsvc.readiness import read_ready_file
+from feedsvc.readiness import Ready, connect_url, read_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceError, ServiceProcess
 
@@ -49,6 +49,21 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_ready_file_round_trips_and_its_url_reaches_a_wildcard_address(
+    tmp_path: Path,
+) -> None:
+    assert connect_url("0.0.0.0", 8888) == "http://127.0.0.1:8888"
+    assert connect_url("::", 8888) == "http://[::1]:8888"
+    assert connect_url("::1", 8888) == "http://[::1]:8888"
+    assert connect_url("10.0.0.5", 8888) == "http://10.0.0.5:8888"
+    ready = Ready.listening("0.0.0.0", 8888, 42, 2, None)
+    path = tmp_path / "run" / "feedsvc" / "ready.json"  # directories made as needed
+    write_ready_file(path, ready)
+    assert read_ready_file(path) == ready
+    assert [p.name for p in path.parent.iterdir()] == ["ready.json"]
+    assert read_ready_file(tmp_path / "absent.json") is None
 
 
 def test_the_ready_file_holds_the_real_port_until_the_service_stops(
