@@ -11,7 +11,6 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import orjson
 import pytest
@@ -228,9 +227,10 @@ async def test_a_slot_moved_mid_run_loses_and_doubles_nothing(
     print(f"CLUSTER slot move ({cluster_store.name}): {moved_keys} keys moved, {summary}")
 
 
-@pytest.fixture
-def replicated_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path / "cluster", replicas=True)
+@pytest.fixture(scope="module")
+def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One for both drivers: fail_over returns with the cluster ready for the next."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("replicated"), replicas=True)
     try:
         cluster.start()
         yield cluster

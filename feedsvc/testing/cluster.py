@@ -20,8 +20,12 @@ import redis
 from feedsvc.redis_server import RedisServer, pick_free_port
 
 BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000
+MANUAL_FAILOVER_WAIT = 6.0  # Redis gives up a CLUSTER FAILOVER after 5 s
 NODE_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "2000")  # fmt: skip
+             "--cluster-node-timeout", "2000",
+             # a replica's first sync starts at once, not after the default 5 s
+             # that diskless sync waits for more replicas to come along
+             "--repl-diskless-sync-delay", "0")  # fmt: skip
 
 
 def command(client: redis.Redis, *args: Any) -> Any:
@@ -120,25 +124,72 @@ class LocalCluster:
                 with self.client(i) as client:
                     if client.info("replication").get("master_link_status") != "up":
                         return False
-            return self._settled()
+            return self._settled() and self._pairs_known(ids)
 
         self._wait(in_sync, timeout, "the replicas did not catch up")
+
+    def _pairs_known(self, ids: list[str]) -> bool:
+        """Every node sees every replica as the replica of its primary. A
+        CLUSTER FAILOVER needs the primaries' votes, and a primary that has
+        not heard of the pairing yet refuses its vote."""
+        replicas = []
+        for node in range(len(self.nodes)):
+            with self.client(node) as client:
+                if command(client, "ROLE")[0] == b"slave":
+                    replicas.append(node)
+        if len(replicas) != len(self.nodes) - self.primaries:
+            return False
+        for node in range(len(self.nodes)):
+            with self.client(node) as client:
+                lines = command(client, "CLUSTER", "NODES").decode().splitlines()
+            seen = {fields[0]: fields for fields in map(str.split, lines)}
+            for replica in replicas:
+                fields = seen.get(ids[replica])
+                primary = ids[self.counterpart(replica)]
+                if fields is None or "slave" not in fields[2] or fields[3] != primary:
+                    return False
+        return True
+
+    def counterpart(self, node: int) -> int:
+        """The other node of a primary/replica pair (whichever is primary now)."""
+        return node + self.primaries if node < self.primaries else node - self.primaries
 
     def fail_over(self, primary: int, timeout: float = 30.0) -> int:
         """Promote ``primary``'s replica with a coordinated CLUSTER FAILOVER
         (the replica catches up first, so no acknowledged write is lost);
-        returns the index of the new primary."""
-        replica = primary + self.primaries if primary < self.primaries else primary - self.primaries
-        with self.client(replica) as client:
-            command(client, "CLUSTER", "FAILOVER")
+        returns the index of the new primary. Returns once the pair has
+        turned round (the old primary replicates the new one and every node
+        knows it), so the cluster is ready for the next failover."""
+        replica = self.counterpart(primary)
+        ids = self.node_ids()
 
         def promoted() -> bool:
             with self.client(replica) as client:
                 role = command(client, "ROLE")[0]
-            return bool(role == b"master") and self._settled()
+            with self.client(primary) as client:
+                link = client.info("replication").get("master_link_status")
+            return (
+                bool(role == b"master")
+                and link == "up"
+                and self._settled()
+                and self._pairs_known(ids)
+            )
 
-        self._wait(promoted, timeout, "the failover did not complete")
-        return replica
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.client(replica) as client:
+                if command(client, "ROLE")[0] == b"slave":
+                    command(client, "CLUSTER", "FAILOVER")
+            # A primary votes for a replica of the same primary at most once
+            # in twice the node timeout; a refused vote lets the manual
+            # failover lapse after 5 s, and then it is asked for again.
+            wait = min(MANUAL_FAILOVER_WAIT, deadline - time.monotonic())
+            try:
+                self._wait(promoted, wait, "the failover did not complete")
+                return replica
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def _join(self) -> None:
         """What ``redis-cli --cluster create`` does, for machines without
