@@ -15,12 +15,54 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 ENV_PREFIX = "FEEDSVC_"
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
 DRIVER_NAMES = ("lua", "watch")
-URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
+URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service``
+    (``rediss+sentinel://`` for TLS to the sentinels and the master); the
+    credentials are the master's."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    username: str | None
+    password: str | None
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        scheme, _, rest = url.partition("://")
+        where, _, service = rest.partition("/")
+        credentials, at, hosts = where.rpartition("@")
+        if not at:
+            credentials = ""
+        username, _, password = credentials.partition(":")
+        service = service.strip("/")
+        sentinels = []
+        for item in hosts.split(","):
+            host, colon, port = item.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"--redis-url: a sentinel must be host:port, got {item!r} in {url!r}"
+                )
+            sentinels.append((host.strip("[]"), int(port)))
+        if not service or "/" in service:
+            raise ValueError(f"--redis-url: name the sentinel service after the hosts: {url!r}")
+        return cls(
+            tuple(sentinels),
+            service,
+            unquote(username) or None,
+            unquote(password) or None,
+            scheme.startswith("rediss"),
+        )
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -48,8 +90,10 @@ class Settings:
     redis_url: str | None = _opt(
         None,
         "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
-        "rediss+cluster:// for a Redis Cluster, any node as the seed); unset = "
-        "start an embedded redis-server in --data-dir",
+        "rediss+cluster:// for a Redis Cluster, any node as the seed; "
+        "redis+sentinel://host:port[,host:port...]/service or rediss+sentinel:// for "
+        "a master found through Redis Sentinel); unset = start an embedded "
+        "redis-server in --data-dir",
     )
     data_dir: Path = _opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
     redis_fsync: str = _opt(
@@ -172,6 +216,7 @@ class Settings:
             raise ValueError(
                 f"--redis-url must start with {', '.join(URL_SCHEMES)}, got {self.redis_url!r}"
             )
+        self.redis_sentinel()  # fails early on a malformed sentinel URL
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
             ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
@@ -205,6 +250,12 @@ class Settings:
     def redis_cluster(self) -> bool:
         """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
         return self.redis_url is not None and self.redis_url.startswith(CLUSTER_SCHEMES)
+
+    def redis_sentinel(self) -> SentinelURL | None:
+        """The sentinels and service --redis-url names (redis+sentinel://), if it does."""
+        if self.redis_url is None or not self.redis_url.startswith(SENTINEL_SCHEMES):
+            return None
+        return SentinelURL.parse(self.redis_url)
 
     def auth_tokens(self) -> dict[str, str]:
         """token -> project, from auth_token (empty: authentication off)."""

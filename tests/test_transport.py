@@ -21,6 +21,7 @@ from tests.conftest import make_settings
 
 pytestmark = pytest.mark.process  # redis-servers and clusters of its own
 
+pytestmark = pytest.mark.process  # starts redis-servers and a cluster of its own
 READER = str(uuid.uuid4())
 
 

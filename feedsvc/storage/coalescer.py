@@ -359,6 +359,12 @@ class Coalescer:
                 waiter.future.set_exception(exc)
         self._release(len(waiting))
 
+    def drop_connection(self) -> None:
+        """Close the connection now (the calls written on it fail with a
+        ConnectionError); the next call connects anew."""
+        if self._writer is not None:
+            self._writer.transport.abort()
+
     async def close(self) -> None:
         """Let the calls already admitted finish (bounded), then disconnect.
 

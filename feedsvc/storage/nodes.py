@@ -104,6 +104,13 @@ class Node:
         """Close the idle pooled connections (the coalescer reconnects by itself)."""
         await self._pool.disconnect(inuse_connections=False)
 
+    async def reconnect(self) -> None:
+        """Drop every idle connection and the coalescer's: the server they
+        reach is no longer the one to talk to."""
+        await self.drop_idle()
+        if self.coalescer is not None:
+            self.coalescer.drop_connection()
+
     async def close(self) -> None:
         if self.coalescer is not None:
             await self.coalescer.close()
@@ -129,6 +136,10 @@ class Servers(Protocol):
     async def redirected(self, error: rexc.AskError) -> None: ...
 
     async def lost(self) -> None: ...
+
+    async def demoted(self) -> None:
+        """A server answered READONLY: it is a replica now."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -162,6 +173,10 @@ class SingleServer:
 
     async def lost(self) -> None:
         return None
+
+    async def demoted(self) -> None:
+        # behind Sentinel, new connections find the new master
+        await self._node.reconnect()
 
     async def close(self) -> None:
         await self._node.close()
@@ -247,6 +262,9 @@ class ClusterServers:
             await self._redis.nodes_manager.move_slot(error)
 
     async def lost(self) -> None:
+        self._stale = True
+
+    async def demoted(self) -> None:
         self._stale = True
 
     async def close(self) -> None:

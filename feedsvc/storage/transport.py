@@ -40,6 +40,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from feedsvc.config import Settings
@@ -111,7 +112,7 @@ def pool_slots(settings: Settings) -> int:
     return settings.pool_size - 1 if settings.coalesce else settings.pool_size
 
 
-def _client(settings: Settings) -> Redis | RedisCluster:
+def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
     """redis-py retries failed commands by default; a retried index script or
     transaction could write twice, so retries are off and a failure becomes a
     503 that the client may retry knowingly. (Scripts and transactions never
@@ -124,9 +125,27 @@ def _client(settings: Settings) -> Redis | RedisCluster:
         "health_check_interval": 0,
     }
     if settings.redis_cluster():
-        return RedisCluster.from_url(settings.redis_url.replace("+cluster://", "://", 1), **common)
+        url = settings.redis_url.replace("+cluster://", "://", 1)
+        return RedisCluster.from_url(url, **common), None
+    sentinel = settings.redis_sentinel()
+    if sentinel is not None:
+        # Each new connection asks the sentinels for the master first: after a
+        # failover the next connection reaches the new master (see demoted()).
+        timeouts = {k: v for k, v in common.items() if k.startswith("socket")}
+        manager = Sentinel(  # type: ignore[no-untyped-call]
+            sentinel.sentinels, sentinel_kwargs={**timeouts, "ssl": sentinel.tls}, **timeouts
+        )
+        master: Redis = manager.master_for(
+            sentinel.service,
+            username=sentinel.username,
+            password=sentinel.password,
+            ssl=sentinel.tls,
+            retry=Retry(NoBackoff(), 0),
+            **common,
+        )
+        return master, manager
     pool = ConnectionPool.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **common)
-    return Redis(connection_pool=pool)
+    return Redis(connection_pool=pool), None
 
 
 async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
@@ -138,7 +157,7 @@ async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
 class Transport:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._redis = _client(settings)
+        self._redis, self._sentinel = _client(settings)
         slots = pool_slots(settings)
         self._gate = asyncio.Semaphore(slots)
         coalescing: Coalescing | None = None
@@ -177,6 +196,9 @@ class Transport:
             self.counters.cluster_redirects += 1
             await self._servers.lost()
             return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
+        if isinstance(exc, rexc.ReadOnlyError):
+            # a master demoted to replica (a Sentinel failover): reconnect
+            await self._servers.demoted()
         if isinstance(exc, rexc.ResponseError) and str(exc).startswith(_TRANSIENT_PREFIXES):
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         return None
@@ -462,3 +484,5 @@ class Transport:
             await self._redis.aclose()
         else:
             await self._redis.aclose(close_connection_pool=True)
+        if self._sentinel is not None:
+            await self._sentinel.aclose()
