@@ -9,12 +9,14 @@ process behind: not the workers, not the embedded Redis.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import stat
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from contextlib import AbstractContextManager, nullcontext
@@ -100,10 +102,12 @@ def test_with_workers_the_file_comes_once_every_worker_serves(
 
 
 def test_a_service_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
-    svc = ServiceProcess("--pool-size", "1", log_path=tmp_path / "serve.log")
+    svc = ServiceProcess("--pool-size", "1", temp_parent=tmp_path)
     with pytest.raises(ServiceError, match=r"exited with code 2 before it was ready") as failed:
         svc.start()
     assert "--pool-size must be >= 2" in str(failed.value)
+    assert "--pool-size must be >= 2" in svc.log_text()  # the log outlives its directory
+    assert list(tmp_path.iterdir()) == []
     assert svc.live_pids() == []
 
 
@@ -169,3 +173,35 @@ def test_a_runner_that_ignores_sigint_still_stops_the_service(
     assert result.returncode == 0, result.stderr
     # SIGTERM, and SIGINT too: the service does not inherit the runner's SIG_IGN
     assert result.stdout.split() == ["0", "0"], result.stderr
+
+
+RUNNER = """
+import json, sys, time
+from pathlib import Path
+from feedsvc.testing import ServiceProcess
+svc = ServiceProcess("--redis-url", sys.argv[1], "--workers", "2", temp_parent=Path(sys.argv[2]))
+print(json.dumps(svc.start().live_pids()), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_runner_killed_without_cleaning_up_takes_the_service_along(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", RUNNER, redis_server.url, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as runner:
+        try:
+            assert runner.stdout is not None
+            line = runner.stdout.readline()  # bounded: start() has a ready timeout
+            pids = json.loads(line)
+            assert len(pids) == 3 and all(alive(pid) for pid in pids)  # supervisor, 2 workers
+        finally:
+            runner.kill()  # no with block ends, nothing is cleaned up
+    # SIGTERM from the kernel: the supervisor drains and stops its workers
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in pids if alive(pid)] == []

@@ -35,7 +35,12 @@ How it works:
   default, because a runner started with SIGINT ignored (``nohup``, ``&`` in
   a script) would otherwise pass the ignoring on, and the service respects
   an ignored SIGINT. Nothing here stops anything with SIGINT: ``stop()``
-  sends SIGTERM unless told otherwise.
+  sends SIGTERM unless told otherwise. On Linux the child also gets SIGTERM
+  (``PR_SET_PDEATHSIG``) if the runner dies without cleaning up (``kill
+  -9``, a CI time limit), so it drains and takes its workers and Redis
+  along; as with :class:`feedsvc.redis_server.RedisServer`, that signal
+  comes when the *thread* that called ``start()`` exits, so start the
+  service from a long-lived thread, normally the main one.
 * **Nothing left behind.** ``kill()``, a ``stop()`` that times out and the
   end of the ``with`` block SIGKILL every process of the child's session:
   its process group (``--workers`` children) and, on Linux, also the
@@ -55,13 +60,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from feedsvc.config import ENV_PREFIX
 from feedsvc.readiness import Ready, read_ready_file
+from feedsvc.redis_server import _make_pdeathsig_preexec
 
 __all__ = ["ServiceError", "ServiceProcess", "feedsvc_command"]
 
@@ -82,9 +88,18 @@ def feedsvc_command() -> list[str]:
     return [sys.executable, "-m", "feedsvc", "serve"]
 
 
-def _default_sigint() -> None:
-    # Runs in the child between fork and exec: one signal call, no locks.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _child_setup() -> Callable[[], None]:
+    """What the child does between fork and exec: SIGINT back to the
+    default, and (Linux) SIGTERM when the thread that started it exits."""
+    die_with_runner = _make_pdeathsig_preexec()  # resolved here, in the parent
+
+    def setup() -> None:
+        # one signal call and one prctl: no lock is taken, nothing is loaded
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if die_with_runner is not None:
+            die_with_runner()
+
+    return setup
 
 
 def session_members(sid: int) -> list[int]:
@@ -117,6 +132,9 @@ class ServiceProcess:
     ``python -m feedsvc serve`` (e.g. a ``feedsvc`` console script). The log
     (stdout and stderr) is appended to ``log_path``, by default a file in the
     temporary directory; :meth:`log_text` still reads it after the end.
+    The temporary directory (ready file, default log, the embedded Redis's
+    data) is made in ``temp_parent`` (default: the system's) and removed by
+    :meth:`close`.
     """
 
     def __init__(
@@ -127,6 +145,7 @@ class ServiceProcess:
         command: Sequence[str] | None = None,
         log_path: Path | None = None,
         cwd: Path | None = None,
+        temp_parent: Path | None = None,
         ready_timeout: float = 60.0,
         stop_timeout: float = 30.0,
     ) -> None:
@@ -135,6 +154,7 @@ class ServiceProcess:
         self.port_flag = port
         self.command = list(command) if command is not None else feedsvc_command()
         self.cwd = cwd
+        self.temp_parent = temp_parent
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self._log_path = log_path
@@ -228,7 +248,7 @@ class ServiceProcess:
                 raise ServiceError(f"already running (pid {self._proc.pid})")
             self._kill_session()
         if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix="feedsvc-service-"))
+            self._workdir = Path(tempfile.mkdtemp(prefix="feedsvc-service-", dir=self.temp_parent))
         if self._log_path is None:
             self._log_path = self._workdir / "serve.log"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,14 +274,14 @@ class ServiceProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
-                # The only way to undo an inherited SIG_IGN before exec; the
-                # hook makes one signal() call and takes no lock.
-                preexec_fn=_default_sigint,  # noqa: PLW1509
+                # From Python, the only way to undo an inherited SIG_IGN and
+                # to set PDEATHSIG in the child (see _child_setup).
+                preexec_fn=_child_setup(),  # noqa: PLW1509
             )
         try:
             self._ready = self._wait_ready(self._proc, ready_file)
         except BaseException:
-            self.kill()
+            self.close(graceful=False)  # the error carries the log's tail
             raise
         return self
 
