@@ -1,0 +1,320 @@
+"""Every example in README.md runs as written, against a live feedsvc.
+
+The examples are the blocks fenced as ``sh``, ``bash``, ``console`` or
+``python``. Each runs verbatim, in an empty directory, against a
+``feedsvc serve`` of its own (default settings, its own embedded Redis, a
+free port), the way a reader runs it after ``make run``:
+
+* ``console``: a bash session. ``$ `` starts a command (``> `` continues it
+  after a trailing backslash); the lines up to the next ``$ `` are what the
+  command prints, where ``...`` stands for any text (as doctest's ELLIPSIS).
+  Every command must exit 0 and print that; a command shown with no output
+  must print nothing.
+* ``sh`` (run by ``sh -e``: POSIX only), ``bash`` (``bash -e -o pipefail``)
+  and ``python``: must exit 0. A ``text`` block that is the next block with
+  no heading between is what the example prints (``...`` as above).
+
+The README tells the reader that its examples take the service's address
+from ``FEEDSVC_URL`` (default ``http://127.0.0.1:8888``, where ``make run``
+serves), so this test sets it to the service it started; an example that
+names a local address and not FEEDSVC_URL fails here rather than talk to
+whatever listens there, and one that names any other machine's address
+fails without running.
+
+A block that cannot run here (``make test``, a container engine, a cluster
+elsewhere) has the comment ``<!-- tests/test_readme.py skips this block:
+REASON -->`` on the line before its fence; keep those rare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from feedsvc.testing import ServiceProcess
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.process  # feedsvc serve, bash, curl, python
+
+README = REPO_ROOT / "README.md"
+RUNNABLE = ("console", "sh", "bash", "python")
+SKIP = re.compile(r"<!-- tests/test_readme\.py skips this block: (?P<reason>\S.*?) -->")
+FENCE = re.compile(r"^```(?P<info>\S*)\s*$")
+#: Set while an example runs: a README example that runs the test suite
+#: must not run the examples again.
+NESTED = "README_EXAMPLE_RUNNING"
+URL_VARIABLE = "FEEDSVC_URL"
+LOCAL_ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost|0\.0\.0\.0):\d+")
+# An IPv4 address or a URL's host: an example run here may reach this machine only.
+ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b|://(?:[^@/\s]*@)?([\w.-]+)")
+LOOPBACK = re.compile(r"127(?:\.\d{1,3}){3}|localhost")
+EXAMPLE_TIMEOUT = 90
+# A line no example prints: it ends each console command's output.
+DONE = "@@readme-example-command-done@@"
+
+
+@dataclass
+class Block:
+    language: str
+    line: int  # of the opening fence, 1-based
+    code: str
+    skip_reason: str | None = None
+    output: str | None = None  # the text block that shows what it prints
+
+    @property
+    def name(self) -> str:
+        return f"README.md:{self.line} {self.language}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """Every fenced block, with its skip marker and, for a runnable block,
+    the text block that shows its output."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    heading_since_last = False
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            heading_since_last |= lines[i].startswith("#")
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        assert end is not None, f"README.md:{i + 1}: a fence that is never closed"
+        above = lines[i - 1] if i else ""
+        marker = SKIP.fullmatch(above.strip())
+        assert marker or "test_readme" not in above, (
+            f"README.md:{i}: write the marker as "
+            "'<!-- tests/test_readme.py skips this block: REASON -->'"
+        )
+        block = Block(
+            opening.group("info"),
+            i + 1,
+            "\n".join(lines[i + 1 : end]) + "\n",
+            marker.group("reason") if marker else None,
+        )
+        previous = blocks[-1] if blocks else None
+        if (
+            block.language == "text"
+            and previous is not None
+            and previous.language in RUNNABLE
+            and previous.language != "console"
+            and not heading_since_last
+        ):
+            previous.output = block.code
+        blocks.append(block)
+        heading_since_last = False
+        i = end + 1
+    return blocks
+
+
+def examples() -> list[Block]:
+    return [b for b in readme_blocks(README.read_text()) if b.language in RUNNABLE]
+
+
+def remote_addresses(code: str) -> list[str]:
+    """Addresses in code that are not this machine's loopback."""
+    found = [m.group(1) or m.group(0) for m in ADDRESS.finditer(code)]
+    return [a for a in found if not LOOPBACK.fullmatch(a)]
+
+
+# -- comparing output ----------------------------------------------------------------
+
+
+def normalized(text: str) -> str:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    return "\n".join(lines).strip("\n")
+
+
+def matches(expected: str, actual: str) -> bool:
+    """doctest's ELLIPSIS: '...' in expected stands for any text."""
+    expected, actual = normalized(expected), normalized(actual)
+    pieces = expected.split("...")
+    if len(pieces) == 1:
+        return expected == actual
+    first, *middle, last = pieces
+    if len(first) + len(last) > len(actual):
+        return False
+    if not (actual.startswith(first) and actual.endswith(last)):
+        return False
+    position, stop = len(first), len(actual) - len(last)
+    for piece in middle:
+        found = actual.find(piece, position, stop)
+        if found < 0:
+            return False
+        position = found + len(piece)
+    return True
+
+
+# -- console blocks ------------------------------------------------------------------
+
+
+@dataclass
+class Command:
+    line: int
+    text: str
+    expected: str
+
+
+def console_commands(block: Block) -> list[Command]:
+    commands: list[Command] = []
+    continuing = False
+    for offset, line in enumerate(block.code.splitlines(), start=1):
+        if continuing:
+            assert line.startswith("> "), (
+                f"README.md:{block.line + offset}: continue a command with '> '"
+            )
+            commands[-1].text += "\n" + line[2:]
+        elif line.startswith("$ "):
+            commands.append(Command(block.line + offset, line[2:], ""))
+        else:
+            assert commands, f"README.md:{block.line + offset}: output before any '$ ' command"
+            commands[-1].expected += line + "\n"
+        continuing = (line.startswith(("$ ", "> "))) and line.endswith("\\")
+    return commands
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, stderr: int) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of argv, run in a session of its own whose
+    processes are all killed if it is still running after EXAMPLE_TIMEOUT."""
+    proc = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=stderr, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=EXAMPLE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{argv[:3]} still ran after {EXAMPLE_TIMEOUT} s; it printed:\n{out[-3000:]}{err or ''}"
+        ) from None
+    return proc.returncode, out, err or ""
+
+
+def run_console(block: Block, env: dict[str, str], cwd: Path) -> None:
+    commands = console_commands(block)
+    script = "".join(f'{c.text}\n__rc=$?; printf "\\n{DONE} %d\\n" "$__rc"\n' for c in commands)
+    _, stdout, _ = run(["bash", "-c", script], env, cwd, stderr=subprocess.STDOUT)
+    outputs = re.split(rf"\n{DONE} (\d+)\n", stdout)
+    for n, command in enumerate(commands):
+        where = f"README.md:{command.line}: $ {command.text}"
+        assert 2 * n + 1 < len(outputs), (
+            f"{where}\nnever finished; the session printed:\n{stdout[-3000:]}"
+        )
+        printed, code = outputs[2 * n], int(outputs[2 * n + 1])
+        assert code == 0, f"{where}\nexited {code}, printing:\n{printed}"
+        assert matches(command.expected, printed), (
+            f"{where}\nREADME shows:\n{command.expected}\nit printed:\n{printed}"
+        )
+
+
+# -- the other blocks ----------------------------------------------------------------
+
+
+def run_program(block: Block, env: dict[str, str], cwd: Path) -> None:
+    if block.language == "python":
+        program = cwd / "example.py"
+        program.write_text(block.code)
+        argv = [sys.executable, str(program)]
+    elif block.language == "bash":
+        argv = ["bash", "-e", "-o", "pipefail", "-c", block.code]
+    else:
+        argv = ["sh", "-e", "-c", block.code]
+    code, stdout, stderr = run(argv, env, cwd, stderr=subprocess.PIPE)
+    assert code == 0, f"{block.name} exited {code}:\n{stdout}\n{stderr}"
+    if block.output is not None:
+        assert matches(block.output, stdout), (
+            f"{block.name}: README shows:\n{block.output}\nit printed:\n{stdout}\n{stderr}"
+        )
+
+
+# -- the tests -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def service() -> Iterator[ServiceProcess]:
+    """A fresh feedsvc with default settings and its own embedded Redis."""
+    with ServiceProcess() as svc:
+        yield svc
+
+
+def example_env(url: str) -> dict[str, str]:
+    """The caller's environment without a developer's FEEDSVC_* settings, the
+    venv's scripts first on PATH (as after `make run`), FEEDSVC_URL set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEEDSVC_")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env[URL_VARIABLE] = url
+    env[NESTED] = "1"
+    return env
+
+
+def test_readme_has_examples_and_every_skip_says_why() -> None:
+    blocks = examples()
+    run = [b for b in blocks if b.skip_reason is None]
+    assert {b.language for b in run} >= {"console", "python"}, [b.name for b in blocks]
+    for block in run:
+        # 'make run' serves on 127.0.0.1:8888; an example aimed there must
+        # let the reader (and this test) point it elsewhere
+        if LOCAL_ADDRESS.search(block.code):
+            assert URL_VARIABLE in block.code, f"{block.name}: read the address from {URL_VARIABLE}"
+        assert not remote_addresses(block.code), (
+            f"{block.name} would reach {remote_addresses(block.code)}: skip it (see above)"
+        )
+    for block in blocks:
+        if block.language == "console":
+            assert console_commands(block), f"{block.name}: no '$ ' command"
+
+
+def test_remote_addresses() -> None:
+    assert remote_addresses("feedsvc serve --redis-url redis+cluster://10.0.0.5:6379") == [
+        "10.0.0.5"
+    ]
+    assert remote_addresses("redis-cli -h 192.168.1.2 ping") == ["192.168.1.2"]
+    assert remote_addresses("curl https://user:pw@example.org/x") == ["example.org"]
+    assert remote_addresses('B=${FEEDSVC_URL:-http://127.0.0.1:8888}; curl "$B/v2"') == []
+    assert remote_addresses("url = 'http://localhost:8888'") == []
+
+
+def test_ellipsis_matching() -> None:
+    assert matches('{"a":...,"b":2}', '{"a":[1, 2],"b":2}')
+    assert matches("HTTP/1.1 201 Created\n...", "HTTP/1.1 201 Created\r\nDate: x\r\n\r\n")
+    assert not matches('{"a":...,"b":2}', '{"a":1,"b":3}')
+    assert not matches("[1, 2]", "[1, 2, 3]")
+    assert not matches("ab...ba", "aba")  # the two ends may not overlap
+    assert matches("", "\n")
+
+
+def example_params() -> list[object]:
+    return [
+        pytest.param(
+            block,
+            id=block.name,
+            marks=[pytest.mark.skip(reason=block.skip_reason)] if block.skip_reason else [],
+        )
+        for block in examples()
+    ]
+
+
+@pytest.mark.skipif(bool(os.environ.get(NESTED)), reason="already inside a README example")
+@pytest.mark.parametrize("block", example_params())
+def test_readme_example_runs_verbatim(
+    block: Block, service: ServiceProcess, tmp_path: Path
+) -> None:
+    # never run an example that reaches beyond this machine
+    assert not remote_addresses(block.code), f"{block.name}: {remote_addresses(block.code)}"
+    env = example_env(service.url)
+    if block.language == "console":
+        run_console(block, env, tmp_path)
+    else:
+        run_program(block, env, tmp_path)
