@@ -7,22 +7,36 @@
 
 # The builder installs feedsvc and its dependencies into a virtualenv; the
 # runtime stage gets that virtualenv and nothing else. Every dependency has a
-# manylinux wheel for CPython 3.11, so neither stage needs a compiler; the
-# builder is what downloads and builds (hatchling, in pip's isolated build
-# environment).
+# manylinux wheel for CPython 3.11 (wheels only is enforced), so neither stage
+# needs a compiler.
 FROM python:3.11.15-slim-bookworm AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore
 
 WORKDIR /src
+# The dependencies come from the lock files that `make lock` writes (README,
+# "Docker Compose"): exact versions, every file checked against its hash. This
+# layer is rebuilt only when a lock file changes. No pip in the virtualenv:
+# the base image's pip installs into it. hatchling (requirements/build.txt)
+# goes into the builder's own Python, to build feedsvc's wheel.
+COPY requirements/ requirements/
+RUN python -m venv --without-pip /opt/venv \
+    && python -m pip --python /opt/venv/bin/python install --no-cache-dir \
+       --require-hashes --only-binary=:all: -r requirements/runtime.txt \
+    && python -m pip install --no-cache-dir \
+       --require-hashes --only-binary=:all: -r requirements/build.txt
 COPY pyproject.toml README.md ./
 COPY lua/ lua/
 COPY feedsvc/ feedsvc/
-# No pip in the virtualenv: the base image's pip installs into it.
-RUN python -m venv --without-pip /opt/venv \
-    && python -m pip --python /opt/venv/bin/python install --no-cache-dir .
-
+# feedsvc's wheel, built by the pinned hatchling (build isolation would fetch
+# whichever hatchling is newest), installed without dependencies (they are in
+# already); pip check fails the build if the lock lacks one that feedsvc needs.
+RUN python -m pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /tmp/wheels . \
+    && python -m pip --python /opt/venv/bin/python install --no-cache-dir --no-deps \
+       /tmp/wheels/feedsvc-*.whl \
+    && python -m pip --python /opt/venv/bin/python check
 
 FROM python:3.11.15-slim-bookworm
 

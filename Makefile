@@ -10,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-fast check lint types pytest pytest-fast clean
+.PHONY: run test test-fast check lint types pytest pytest-fast lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,21 @@ types:
 
 pytest:
 	$(BIN)/python -m pytest
+
+# The image's lock files, requirements/runtime.txt (pyproject.toml's
+# dependencies) and requirements/build.txt (its build-system requires): every
+# package pinned, with the hashes of all its files, resolved for the image's
+# Python (CPython 3.11 on Linux) by uv, which this installs into the venv.
+# Needs PyPI. Pins that still fit are kept; LOCK_ARGS=--upgrade takes the newest.
+LOCK_ARGS ?=
+LOCK = $(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform linux \
+	--generate-hashes --custom-compile-command "make lock" $(LOCK_ARGS)
+
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install -q 'uv>=0.9,<1'
+	$(LOCK) pyproject.toml -o requirements/runtime.txt
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(LOCK) - -o requirements/build.txt
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
