@@ -532,6 +532,36 @@ def test_compose_file_agrees_with_the_dockerfile(compose: dict[str, Any]) -> Non
     assert service(compose, "redis")["image"].startswith("redis:7.")
 
 
+# The servers, which the engine starts again after a crash or a reboot; the
+# others run once (the cluster init) or as long as someone wants load (Locust).
+RESTARTED = ("redis", "feedsvc", "redis-c1", "redis-c2", "redis-c3", "feedsvc-cluster")
+
+
+def test_compose_servers_restart_and_no_run_leaves_an_anonymous_volume(
+    compose: dict[str, Any],
+) -> None:
+    for name, svc in compose["services"].items():
+        expected = "unless-stopped" if name in RESTARTED else "no"
+        assert svc.get("restart", "no") == expected, name
+    # The Redis image declares VOLUME /data: a container of it with neither a
+    # named volume nor a tmpfs there gets an anonymous volume, which
+    # `docker compose down -v` does not remove.
+    named = set(compose.get("volumes") or {})
+    for name, svc in compose["services"].items():
+        if not str(svc.get("image", "")).startswith("redis:"):
+            continue
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in svc.get("volumes", [])}
+        assert mounts.get(CONTAINER_DATA) in named or CONTAINER_DATA in svc.get("tmpfs", []), name
+    assert service(compose, "redis-cluster-init")["tmpfs"] == [CONTAINER_DATA]
+
+
+def test_podman_users_learn_to_keep_the_healthcheck() -> None:
+    """podman's default OCI image format drops HEALTHCHECK (and so the health
+    that depends_on waits for); --format docker keeps it."""
+    for path in (REPO_ROOT / "README.md", COMPOSE_FILE):
+        assert "--format docker" in path.read_text(), path.name
+
+
 # -- the default stack, running here --------------------------------------------------
 
 
