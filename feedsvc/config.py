@@ -124,6 +124,19 @@ class Settings:
         "seconds to wait for a Redis connection to open (then 503)",
         minimum=0.001,
     )
+    min_replicas_ack: int = _opt(
+        0,
+        "answer a write only once this many replicas have it (Redis WAIT), so a failover "
+        "cannot lose it; 0 = don't wait (replication is asynchronous: a failover may lose "
+        "the last acknowledged writes)",
+        minimum=0,
+    )
+    replica_ack_timeout: float = _opt(
+        1.0,
+        "seconds --min-replicas-ack waits for the replicas (then 503: the write may or may "
+        "not be kept)",
+        minimum=0.001,
+    )
     coalesce: bool = _opt(
         True,
         "share pipelines between concurrent requests (auto-pipelining); "

@@ -121,6 +121,11 @@ class StorageUnavailable(Unavailable):
     pass
 
 
+class NotReplicated(StorageUnavailable):
+    """A write done on the primary but not confirmed by --min-replicas-ack
+    replicas in time: it may or may not survive a failover."""
+
+
 class PoolExhausted(Unavailable):
     pass
 

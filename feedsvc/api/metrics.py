@@ -39,6 +39,7 @@ class StoreCollector(Collector):
             ("noscript_reloads", "scripts loaded again after NOSCRIPT"),
             ("cluster_redirects", "Redis Cluster MOVED, ASK and TRYAGAIN replies met"),
             ("read_retries", "reads sent again after finding their connection closed"),
+            ("not_replicated", "writes answered 503: too few replicas confirmed them in time"),
             (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",

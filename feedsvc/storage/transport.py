@@ -44,7 +44,13 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from feedsvc.config import Settings
-from feedsvc.errors import PoolExhausted, StorageUnavailable, TooMuchContention, Unavailable
+from feedsvc.errors import (
+    NotReplicated,
+    PoolExhausted,
+    StorageUnavailable,
+    TooMuchContention,
+    Unavailable,
+)
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
@@ -172,6 +178,11 @@ class Transport:
         )
         self.cluster = self._servers.cluster
         self.counters = StoreCounters()
+        # sent after every write, on its connection, when --min-replicas-ack is set
+        self._wait: Command | None = None
+        if settings.min_replicas_ack:
+            timeout_ms = max(1, round(settings.replica_ack_timeout * 1000))
+            self._wait = ("WAIT", settings.min_replicas_ack, timeout_ms)
 
     @asynccontextmanager
     async def errors(self) -> AsyncIterator[None]:
@@ -288,12 +299,17 @@ class Transport:
         dropped and, for commands that only read, the exchange is tried once
         more on fresh connections. A write is never sent twice.
         """
+        wait = None if idempotent else self._wait
+        if wait is not None:
+            batches = [(node, [*batch, wait]) for node, batch in batches]
         if not self._settings.coalesce:
             async with self.slot():
-                return await self._resending_reads(batches, idempotent)
+                done = await self._resending_reads(batches, idempotent)
+            return done if wait is None else [self._replicated(got) for got in done]
         started = time.perf_counter()
         try:
-            return await self._resending_reads(batches, idempotent)
+            done = await self._resending_reads(batches, idempotent)
+            return done if wait is None else [self._replicated(got) for got in done]
         except _TROUBLE as exc:
             unavailable = await self._unavailable(exc)
             if unavailable is None:
@@ -302,6 +318,21 @@ class Transport:
         finally:
             self.counters.redis_calls += 1
             self.counters.redis_seconds += time.perf_counter() - started
+
+    def _replicated(self, replies: list[Any]) -> list[Any]:
+        """Replies to a batch that ended with WAIT, less its reply; NotReplicated
+        if too few replicas confirmed the batch's writes in time."""
+        *replies, acks = replies
+        if isinstance(acks, Exception):
+            raise acks
+        wanted = self._settings.min_replicas_ack
+        if int(acks) < wanted:
+            self.counters.not_replicated += 1
+            raise NotReplicated(
+                f"The write reached {int(acks)} of {wanted} replicas in time; "
+                "it may or may not be kept."
+            )
+        return replies
 
     async def _resending_reads(
         self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool
@@ -421,12 +452,16 @@ class Transport:
             if writes is None:
                 await _send(conn, ("UNWATCH",))
                 return True, result
-            executed = (await _send(conn, ("MULTI",), *writes, ("EXEC",)))[-1]
+            wait = [] if self._wait is None else [self._wait]
+            done = await _send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
+            executed = done[-1 - len(wait)]
             if executed is None:
                 return False, None
             for reply in executed:
                 if isinstance(reply, Exception):
                     raise reply
+            if wait:
+                self._replicated(done)
             return True, result
 
     async def backoff(self, attempt: int) -> None:
@@ -463,6 +498,7 @@ class Transport:
             "noscript_reloads": counters.noscript_reloads,
             "cluster_redirects": counters.cluster_redirects,
             "read_retries": counters.read_retries,
+            "not_replicated": counters.not_replicated,
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
