@@ -185,6 +185,11 @@ class Traffic:
                     self.unavailable["delete"] += 1
                     self.unsure.add(message.id)
 
+    async def lost(self) -> int:
+        """How many acknowledged messages are neither in the queue nor deleted."""
+        remaining = await everything(self.store, self.project, self.queue)
+        return len(set(self.acked) - set(remaining) - self.deleted - self.unsure)
+
     async def check(self) -> str:
         """Assert the guarantees; a one-line summary for the report."""
         store = self.store
@@ -264,5 +269,43 @@ async def test_a_primary_failed_over_mid_run_loses_and_doubles_nothing(
         assert store.counters.cluster_redirects > 0, "the failover went unnoticed"
         summary = await traffic.check()
         print(f"CLUSTER failover ({store.name}): {summary}")
+    finally:
+        await store.close()
+
+
+@pytest.mark.cluster  # a cluster with replicas, of its own
+@pytest.mark.process
+@pytest.mark.parametrize("acks", [0, 1], ids=["async", "min-replicas-ack-1"])
+async def test_a_primary_killed_mid_run(
+    replicated_cluster: LocalCluster, acks: int, project: str
+) -> None:
+    """kill -9 of the queue's primary under traffic; its replica takes over.
+    Without --min-replicas-ack the writes it had not received are lost (counted,
+    see docs/RELIABILITY.md); with it every acknowledged message survives."""
+    cluster = replicated_cluster
+    settings = make_settings(
+        cluster.url, driver="lua", min_replicas_ack=acks, replica_ack_timeout=0.25
+    )
+    store = make_store(settings)
+    assert isinstance(store, LuaStore)
+    try:
+        await store.open()
+        queue = "killed"
+        old = cluster.owner(slot_of(project, queue))
+        traffic = Traffic(store, project, queue)
+        await traffic.start(backlog=200)
+        new = await asyncio.to_thread(cluster.kill_primary, old)
+        await traffic.acknowledged(200)
+        await traffic.stop()
+        assert cluster.owner(slot_of(project, queue)) == new != old
+        lost = await traffic.lost()
+        print(
+            f"CLUSTER kill -9 (lua, --min-replicas-ack {acks}): {len(traffic.acked)} posts "
+            f"acknowledged, {lost} lost, {store.counters.not_replicated} not replicated, "
+            f"503s: {dict(traffic.unavailable)}"
+        )
+        if acks:
+            assert lost == 0
+            await traffic.check()
     finally:
         await store.close()

@@ -191,6 +191,31 @@ class LocalCluster:
                 if time.monotonic() >= deadline:
                     raise
 
+    def kill_primary(self, primary: int, timeout: float = 60.0) -> int:
+        """kill -9 ``primary``: its replica takes over by itself once the
+        others have seen it gone (the node timeout; nothing coordinates, so
+        writes the replica had not received yet are gone). The killed node is
+        then started again and rejoins as the new primary's replica. Returns
+        the index of the new primary, once the pair has turned round."""
+        replica = self.counterpart(primary)
+        ids = self.node_ids()
+        self.nodes[primary].kill()
+
+        def took_over() -> bool:
+            with self.client(replica) as client:
+                return bool(command(client, "ROLE")[0] == b"master")
+
+        self._wait(took_over, timeout, "the replica did not take over")
+        self.nodes[primary].start()
+
+        def rejoined() -> bool:
+            with self.client(primary) as client:
+                link = client.info("replication").get("master_link_status")
+            return link == "up" and self._settled() and self._pairs_known(ids)
+
+        self._wait(rejoined, timeout, "the killed primary did not rejoin as a replica")
+        return replica
+
     def _join(self) -> None:
         """What ``redis-cli --cluster create`` does, for machines without
         redis-cli (e.g. only the bundled server binary): share the slots out
