@@ -95,6 +95,13 @@ async def run_through(sentinel: LocalSentinel, store: FeedStore, failover: str) 
             # makes it a replica of the new one (until then the new master has
             # no replica, and --min-replicas-ack rightly refuses every write)
             await asyncio.to_thread(sentinel.master.start)
+        # the sentinels' announcement reached the store (it reconnects then,
+        # so an old master that stays up gets no more writes)
+        for _ in range(200):  # at most 10 s
+            if store.counters.master_switches:
+                break
+            await asyncio.sleep(0.05)
+        assert store.counters.master_switches == 1
         # the store follows by itself: acknowledgements resume
         resumed = len(traffic.acked)
         for _ in range(600):  # at most 30 s
@@ -110,9 +117,9 @@ async def run_through(sentinel: LocalSentinel, store: FeedStore, failover: str) 
     marker = None
     while True:
         page = await store.list_messages(project, "q", ListQuery(READER, marker=marker, limit=20))
-        if not page.messages:
-            break
         seen += [m.id for m in page.messages]
+        if page.next_marker is None:
+            break
         marker = page.next_marker
     lost = set(traffic.acked) - set(seen)
     window = (traffic.failed_at[-1] - traffic.failed_at[0]) if traffic.failed_at else 0.0

@@ -40,6 +40,7 @@ class StoreCollector(Collector):
             ("cluster_redirects", "Redis Cluster MOVED, ASK and TRYAGAIN replies met"),
             ("read_retries", "reads sent again after finding their connection closed"),
             ("not_replicated", "writes answered 503: too few replicas confirmed them in time"),
+            ("master_switches", "new masters announced by Redis Sentinel"),
             (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",

@@ -151,6 +151,7 @@ class StoreCounters:
     cluster_redirects: int = 0
     read_retries: int = 0  # reads sent again after finding their connection closed
     not_replicated: int = 0  # writes answered 503: too few replicas confirmed them in time
+    master_switches: int = 0  # new masters announced by the sentinels
     redis_calls: int = 0
     redis_seconds: float = 0.0
 

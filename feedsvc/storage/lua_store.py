@@ -50,6 +50,7 @@ class LuaStore(RedisStore):
     name = "lua"
 
     async def open(self) -> None:
+        await super().open()
         try:
             await self.load_scripts()
         except Unavailable as exc:

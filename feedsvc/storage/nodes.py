@@ -105,9 +105,10 @@ class Node:
         await self._pool.disconnect(inuse_connections=False)
 
     async def reconnect(self) -> None:
-        """Drop every idle connection and the coalescer's: the server they
-        reach is no longer the one to talk to."""
-        await self.drop_idle()
+        """Drop every connection, in use or idle, and the coalescer's: the
+        server they reach is no longer the one to talk to (a conversation
+        cut short fails with a 503; it would have been lost anyway)."""
+        await self._pool.disconnect(inuse_connections=True)
         if self.coalescer is not None:
             self.coalescer.drop_connection()
 

@@ -64,7 +64,7 @@ class RedisStore(ClaimUpkeep):
         return self._transport.counters
 
     async def open(self) -> None:
-        return None
+        self._transport.open()
 
     async def ping(self) -> None:
         await self._transport.ping()

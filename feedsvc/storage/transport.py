@@ -27,7 +27,9 @@ never touch a connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -54,6 +56,8 @@ from feedsvc.errors import (
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
+
+log = logging.getLogger("feedsvc")
 
 # Replies that mean "Redis cannot serve right now", not "feedsvc has a bug".
 _TRANSIENT_PREFIXES = (
@@ -82,6 +86,8 @@ READ_ONLY = frozenset(
 )  # fmt: skip
 # How many times a command answered MOVED is sent on to the slot's new owner.
 MOVED_RESENDS = 3
+# Seconds between attempts to subscribe to a sentinel's announcements.
+SENTINEL_RETRY = 1.0
 BACKOFF_BASE = 0.0005
 BACKOFF_CAP = 0.05
 
@@ -164,6 +170,7 @@ class Transport:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
+        self._follower: asyncio.Task[None] | None = None
         slots = pool_slots(settings)
         self._gate = asyncio.Semaphore(slots)
         coalescing: Coalescing | None = None
@@ -183,6 +190,45 @@ class Transport:
         if settings.min_replicas_ack:
             timeout_ms = max(1, round(settings.replica_ack_timeout * 1000))
             self._wait = ("WAIT", settings.min_replicas_ack, timeout_ms)
+
+    def open(self) -> None:
+        """Start following the sentinels' announcements, behind Sentinel."""
+        if self._sentinel is not None and self._follower is None:
+            self._follower = asyncio.create_task(self._follow_sentinels(self._sentinel))
+
+    async def _follow_sentinels(self, manager: Sentinel) -> None:
+        """Reconnect everything when the sentinels announce a new master.
+
+        redis-py asks the sentinels for the master only when it opens a
+        connection, so without this an old master that stays up (a manual
+        failover, a network partition) would keep taking writes on the
+        connections already open, writes that are lost when it is demoted.
+        Listens to one sentinel at a time for ``+switch-master``; after a lost
+        subscription (a notification may have been missed) everything is
+        reconnected too. Reconnecting is cheap and safe: new connections ask
+        the sentinels where the master is.
+        """
+        sentinel = self._settings.redis_sentinel()
+        assert sentinel is not None
+        turn = 0
+        while True:
+            client = manager.sentinels[turn % len(manager.sentinels)]
+            turn += 1
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe("+switch-master")
+                    await self._servers.demoted()
+                    async for message in pubsub.listen():
+                        data = message.get("data")
+                        if message.get("type") != "message" or not isinstance(data, bytes):
+                            continue
+                        if data.split()[0].decode() == sentinel.service:
+                            log.warning("Sentinel: a new master: %s", data.decode())
+                            self.counters.master_switches += 1
+                            await self._servers.demoted()
+            except (rexc.RedisError, OSError) as exc:
+                log.debug("Sentinel subscription lost (%s); trying the next sentinel", exc)
+                await asyncio.sleep(SENTINEL_RETRY)
 
     @asynccontextmanager
     async def errors(self) -> AsyncIterator[None]:
@@ -499,6 +545,7 @@ class Transport:
             "cluster_redirects": counters.cluster_redirects,
             "read_retries": counters.read_retries,
             "not_replicated": counters.not_replicated,
+            "master_switches": counters.master_switches,
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
@@ -515,6 +562,10 @@ class Transport:
         return out
 
     async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
         await self._servers.close()
         if isinstance(self._redis, RedisCluster):
             await self._redis.aclose()
