@@ -16,6 +16,10 @@ from feedsvc.redis_server import HOST, RedisServer
 SERVICE = "feedsvc"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
+# A replica's first sync starts at once, not after the 5 s that diskless sync
+# waits by default for more replicas to come along (either server may be the
+# master after a failover).
+SYNC_NOW = ("--repl-diskless-sync-delay", "0")
 
 
 class SentinelServer(RedisServer):
@@ -50,11 +54,11 @@ class LocalSentinel:
     """Master, replica and sentinel; ``url`` is the feedsvc URL for them."""
 
     def __init__(self, root: Path, appendfsync: str = "everysec") -> None:
-        self.master = RedisServer(root / "master", appendfsync=appendfsync)
+        self.master = RedisServer(root / "master", appendfsync=appendfsync, extra_args=SYNC_NOW)
         self.replica = RedisServer(
             root / "replica",
             appendfsync=appendfsync,
-            extra_args=["--replicaof", HOST, str(self.master.port)],
+            extra_args=[*SYNC_NOW, "--replicaof", HOST, str(self.master.port)],
         )
         self.sentinel = SentinelServer(root / "sentinel", self.master.port)
 
