@@ -38,6 +38,19 @@ local function is_free(m, now)
     and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now)
 end
 
+-- Tell the queue's followers (every feedsvc process subscribed to the queue's
+-- shard channel) that messages up to seq were indexed; due is the earliest
+-- time (ms) one of them, posted with a delay, becomes visible (0: none).
+-- record.py's Notification reads the same format.
+local function notify(seq, due)
+  redis.call('SPUBLISH', PREFIX .. S_FEED, int(seq) .. ' ' .. int(due))
+end
+
+-- Tell the queue's followers that the queue was deleted.
+local function notify_end()
+  redis.call('SPUBLISH', PREFIX .. S_FEED, 'end')
+end
+
 -- Remove one message and its index entries.
 local function forget(id)
   redis.call('DEL', message_key(id))

@@ -26,5 +26,6 @@ if ARGV[2] == '1' then
 else
   redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED],
     KEYS[K_CLAIMS], IDEMPOTENCY)
+  notify_end()
 end
 return 0

@@ -8,6 +8,7 @@
 -- {'replay', id...} if the idempotency token was used within its window: the
 -- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
+-- Publishes a notification for the queue's followers (see _lib.lua's notify).
 local now = tonumber(ARGV[1])
 local n = (#ARGV - 6) / 3
 local token = ARGV[5]
@@ -47,6 +48,7 @@ if redis.call('EXISTS', KEYS[K_SEQ]) == 0 then
   redis.call('SET', KEYS[K_SEQ], ARGV[1] .. '000')
 end
 local seqs = {}
+local indexed, first_due = 0, 0
 for i = 1, n do
   local key = KEYS[6 + i]
   local id = ARGV[4 + 3 * i]
@@ -64,9 +66,12 @@ for i = 1, n do
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)
+    indexed = seq
+    if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
   end
   seqs[i] = seq
 end
+if indexed > 0 then notify(indexed, first_due) end
 if token ~= '' then
   local ids = {}
   for i = 1, n do ids[i] = ARGV[4 + 3 * i] end

@@ -20,7 +20,8 @@ from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
-from feedsvc.storage.transport import Conflicted, Plan, Transport
+from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
 T = TypeVar("T")

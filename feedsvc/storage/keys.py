@@ -22,6 +22,7 @@ from dataclasses import dataclass
 NAMESPACE = "fs"
 
 META_SUFFIX = ":q"
+FEED_SUFFIX = ":feed"  # a shard channel, not a key: notifications for followers
 MESSAGE_INFIX = ":m:"
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
@@ -69,6 +70,11 @@ class QueueKeys:
     @property
     def claims(self) -> str:
         return self.prefix + ":claims"
+
+    @property
+    def feed(self) -> str:
+        """The shard channel (SPUBLISH) on which posts and deletion are announced."""
+        return self.prefix + FEED_SUFFIX
 
     @property
     def idempotency(self) -> str:

@@ -23,6 +23,7 @@ from feedsvc.storage.base import RESERVED_FIELDS, Claim, Message, MessagePage
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import (
     CLAIM_INFIX,
+    FEED_SUFFIX,
     IDEMPOTENCY_SUFFIX,
     MESSAGE_INFIX,
     META_SUFFIX,
@@ -86,6 +87,7 @@ LUA_NAMES: Final = {
     "S_MESSAGE": MESSAGE_INFIX,
     "S_CLAIM": CLAIM_INFIX,
     "S_IDEMPOTENCY": IDEMPOTENCY_SUFFIX,
+    "S_FEED": FEED_SUFFIX,
 }
 
 
@@ -300,6 +302,32 @@ def claim_reply(
 def pop_reply(out: list[Any]) -> list[Message]:
     """pop.lua: {id, seq, body, ttl, created...}."""
     return [_message(out, i) for i in range(0, len(out), 5)]
+
+
+# -- notifications on a queue's feed channel -------------------------------------
+
+ENDED: Final = b"end"
+
+
+def notification(seq: int, due: int) -> str:
+    """What a post publishes: the last seq it indexed, and the earliest time
+    (ms) one of its delayed messages becomes visible (0: none). _lib.lua's
+    notify writes the same."""
+    return f"{seq} {due}"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    seq: int = 0
+    due: int = 0
+    ended: bool = False  # the queue was deleted
+
+    @classmethod
+    def read(cls, data: bytes) -> Notification:
+        if data == ENDED:
+            return cls(ended=True)
+        seq, _, due = data.partition(b" ")
+        return cls(int(seq), int(due or 0))
 
 
 def pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:

@@ -30,17 +30,14 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -50,12 +47,14 @@ from feedsvc.errors import (
     NotReplicated,
     PoolExhausted,
     StorageUnavailable,
-    TooMuchContention,
     Unavailable,
 )
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
+from feedsvc.storage.gate import Gate
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
+from feedsvc.storage.optimistic import OptimisticTransactions
+from feedsvc.storage.sentinel import follow_sentinels
 
 log = logging.getLogger("feedsvc")
 
@@ -86,37 +85,6 @@ READ_ONLY = frozenset(
 )  # fmt: skip
 # How many times a command answered MOVED is sent on to the slot's new owner.
 MOVED_RESENDS = 3
-# Seconds between attempts to subscribe to a sentinel's announcements.
-SENTINEL_RETRY = 1.0
-BACKOFF_BASE = 0.0005
-BACKOFF_CAP = 0.05
-
-T = TypeVar("T")
-# A plan looks at the replies to the reads and returns the commands to run in
-# MULTI/EXEC (None: write nothing) and the operation's result.
-Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
-
-
-class Conflicted(Exception):
-    """Raised by a transaction plan whose reads show a concurrent writer."""
-
-
-class _Lease:
-    """Whether a task holds its gate slot (see slot and backoff). A task
-    started inside slot() inherits the context variable, not the slot: the
-    lease names its task."""
-
-    __slots__ = ("held", "task")
-
-    def __init__(self) -> None:
-        self.held = True
-        self.task = asyncio.current_task()
-
-    def ours(self) -> bool:
-        return self.held and self.task is asyncio.current_task()
-
-
-_LEASE: ContextVar[_Lease | None] = ContextVar("feedsvc_pool_lease", default=None)
 
 
 def pool_slots(settings: Settings) -> int:
@@ -160,19 +128,13 @@ def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
     return Redis(connection_pool=pool), None
 
 
-async def _send(conn: AbstractConnection, *commands: Command) -> list[Any]:
-    """Send commands in one write and read one reply each (an error reply raises)."""
-    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-    return [await conn.read_response() for _ in commands]
-
-
-class Transport:
+class Transport(OptimisticTransactions):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
         self._follower: asyncio.Task[None] | None = None
         slots = pool_slots(settings)
-        self._gate = asyncio.Semaphore(slots)
+        self._gate = Gate(slots, settings.pool_timeout)
         coalescing: Coalescing | None = None
         if settings.coalesce:
             coalescing = functools.partial(
@@ -193,42 +155,16 @@ class Transport:
 
     def open(self) -> None:
         """Start following the sentinels' announcements, behind Sentinel."""
-        if self._sentinel is not None and self._follower is None:
-            self._follower = asyncio.create_task(self._follow_sentinels(self._sentinel))
-
-    async def _follow_sentinels(self, manager: Sentinel) -> None:
-        """Reconnect everything when the sentinels announce a new master.
-
-        redis-py asks the sentinels for the master only when it opens a
-        connection, so without this an old master that stays up (a manual
-        failover, a network partition) would keep taking writes on the
-        connections already open, writes that are lost when it is demoted.
-        Listens to one sentinel at a time for ``+switch-master``; after a lost
-        subscription (a notification may have been missed) everything is
-        reconnected too. Reconnecting is cheap and safe: new connections ask
-        the sentinels where the master is.
-        """
         sentinel = self._settings.redis_sentinel()
-        assert sentinel is not None
-        turn = 0
-        while True:
-            client = manager.sentinels[turn % len(manager.sentinels)]
-            turn += 1
-            try:
-                async with client.pubsub() as pubsub:
-                    await pubsub.subscribe("+switch-master")
-                    await self._servers.demoted()
-                    async for message in pubsub.listen():
-                        data = message.get("data")
-                        if message.get("type") != "message" or not isinstance(data, bytes):
-                            continue
-                        if data.split()[0].decode() == sentinel.service:
-                            log.warning("Sentinel: a new master: %s", data.decode())
-                            self.counters.master_switches += 1
-                            await self._servers.demoted()
-            except (rexc.RedisError, OSError) as exc:
-                log.debug("Sentinel subscription lost (%s); trying the next sentinel", exc)
-                await asyncio.sleep(SENTINEL_RETRY)
+        if self._sentinel is not None and sentinel is not None and self._follower is None:
+            self._follower = asyncio.create_task(
+                follow_sentinels(self._sentinel, sentinel.service, self._master_switched)
+            )
+
+    async def _master_switched(self, announced: bool) -> None:
+        if announced:
+            self.counters.master_switches += 1
+        await self._servers.demoted()
 
     @asynccontextmanager
     async def errors(self) -> AsyncIterator[None]:
@@ -260,32 +196,15 @@ class Transport:
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         return None
 
-    async def _acquire(self) -> None:
-        try:
-            async with asyncio.timeout(self._settings.pool_timeout):
-                await self._gate.acquire()
-        except TimeoutError:
-            raise PoolExhausted("No Redis connection became free in time.") from None
-
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold one gate slot (unless this task holds one already) and
         translate Redis trouble to 503s; counts the call."""
-        outer = _LEASE.get()
-        nested = outer is not None and outer.ours()
-        if not nested:
-            await self._acquire()
-        lease = _Lease()
-        token = _LEASE.set(lease) if not nested else None
         started = time.perf_counter()
         try:
-            async with self.errors():
+            async with self._gate.hold(), self.errors():
                 yield
         finally:
-            if token is not None:
-                _LEASE.reset(token)
-                if lease.held:
-                    self._gate.release()
             self.counters.redis_calls += 1
             self.counters.redis_seconds += time.perf_counter() - started
 
@@ -452,92 +371,10 @@ class Transport:
                     if isinstance(reply, Exception):
                         raise reply
 
-    # -- the WATCH engine ---------------------------------------------------
-
-    async def optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
-        """WATCH, read, plan, MULTI/EXEC; again after a backoff on conflict."""
-        attempt = 0
-        async with self.slot():
-            while True:
-                done, result = await self.attempt(watch, reads, plan)
-                if done:
-                    return result  # type: ignore[return-value]
-                await self.backoff(attempt)
-                attempt += 1
-
-    async def attempt(
-        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
-    ) -> tuple[bool, T | None]:
-        """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
-
-        Call it inside slot(). A plan raises Conflicted when the reads show
-        another writer got there first (the same as EXEC answering nil). The
-        transaction runs on a connection to the server owning the watched
-        keys' slot; if the slot has moved (MOVED, ASK, TRYAGAIN) nothing was
-        written, so it counts as a conflict and is tried again on the new owner.
-        """
-        await self._servers.ready()
-        try:
-            return await self._converse(watch, reads, plan)
-        except (rexc.AskError, rexc.TryAgainError) as redirect:
-            self.counters.cluster_redirects += 1
-            if isinstance(redirect, rexc.AskError):
-                await self._servers.redirected(redirect)
-            return False, None
-
-    async def _converse(
-        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
-    ) -> tuple[bool, T | None]:
-        async with self._servers.node_for(watch[0]).connection() as conn:
-            replies = await _send(conn, ("WATCH", *watch), *reads)
-            try:
-                writes, result = plan(replies[1:])
-            except Conflicted:
-                await _send(conn, ("UNWATCH",))
-                return False, None
-            if writes is None:
-                await _send(conn, ("UNWATCH",))
-                return True, result
-            wait = [] if self._wait is None else [self._wait]
-            done = await _send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
-            executed = done[-1 - len(wait)]
-            if executed is None:
-                return False, None
-            for reply in executed:
-                if isinstance(reply, Exception):
-                    raise reply
-            if wait:
-                self._replicated(done)
-            return True, result
-
-    async def backoff(self, attempt: int) -> None:
-        """Count a conflict and wait a jittered, growing while; 503 when out of tries."""
-        self.counters.watch_retries += 1
-        if attempt + 1 >= self._settings.watch_retries:
-            self.counters.watch_conflicts_exhausted += 1
-            raise TooMuchContention(
-                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
-            )
-        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
-        # give the slot back while sleeping: a crowd of conflicting writers
-        # must not starve everyone else of connections
-        lease = _LEASE.get()
-        if lease is not None and not lease.ours():
-            lease = None
-        if lease is not None:
-            self._gate.release()
-            lease.held = False
-        await asyncio.sleep(random.uniform(0, ceiling))
-        if lease is not None:
-            await self._acquire()
-            lease.held = True
-
     # -- the rest -------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
         counters = self.counters
-        slots = pool_slots(self._settings)
-        waiters = getattr(self._gate, "_waiters", None) or ()
         out = {
             "watch_retries": counters.watch_retries,
             "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
@@ -549,8 +386,8 @@ class Transport:
             "redis_calls": counters.redis_calls,
             "redis_seconds": counters.redis_seconds,
             "pool_size": self._settings.pool_size,
-            "pool_in_use": slots - self._gate._value,
-            "pool_waiting": len(waiters),
+            "pool_in_use": self._gate.in_use,
+            "pool_waiting": self._gate.waiting,
             "coalesced_batches": 0,
             "coalesced_calls": 0,
         }

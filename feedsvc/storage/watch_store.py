@@ -29,8 +29,8 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
-from feedsvc.storage.transport import Conflicted, Plan
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -89,7 +89,10 @@ class WatchStore(RedisStore):
             )
         kept = {keys.meta, keys.seq, keys.idempotency} if keep_queue else set()
         everything = [*keys.fixed(), keys.idempotency]
-        await transport.call_checked([("DEL", *(k for k in everything if k not in kept))])
+        deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
+        if not keep_queue:
+            deleted.append(("SPUBLISH", keys.feed, r.ENDED))
+        await transport.call_checked(deleted)
 
     async def post_messages(
         self,
@@ -128,6 +131,7 @@ class WatchStore(RedisStore):
             writes = gc_commands(keys, dead, now)
             if not exists:
                 writes.append(("HSET", keys.meta, r.CREATED, now))
+            first_due = 0
             for message_id, message in zip(ids, messages, strict=True):
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
@@ -140,7 +144,11 @@ class WatchStore(RedisStore):
                 writes.append(("PEXPIREAT", key, fields[r.EXPIRES]))
                 writes.append(("ZADD", keys.index, seq, message_id))
                 writes.append(("ZADD", keys.expiry, fields[r.EXPIRES], message_id))
+                due = fields[r.DUE]
+                first_due = due if due and (not first_due or due < first_due) else first_due
             writes.append(("SET", keys.seq, seq))
+            # in the transaction: followers hear of it exactly when it is visible
+            writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
             if token is not None:
                 record = f"{now + settings.idempotency_window * 1000} {' '.join(ids)}"
                 writes.append(("HSET", keys.idempotency, token, record))

@@ -1,0 +1,127 @@
+"""The WATCH engine: optimistic transactions, as arq's ``enqueue_job`` does
+them, in the fewest round trips the protocol allows (WATCH and the reads in
+one write, MULTI..EXEC in a second), retried after a jittered, growing,
+bounded back-off that gives the pool slot back while it sleeps.
+
+Part of the transport (:class:`~feedsvc.storage.transport.Transport` mixes it
+in); the drivers call ``optimistic()`` or, for a loop of their own,
+``attempt()`` and ``backoff()`` inside ``slot()``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+import redis.exceptions as rexc
+from redis.asyncio.connection import AbstractConnection
+
+from feedsvc.config import Settings
+from feedsvc.errors import TooMuchContention
+from feedsvc.storage.base import StoreCounters
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.gate import Gate
+from feedsvc.storage.nodes import Servers
+
+BACKOFF_BASE = 0.0005
+BACKOFF_CAP = 0.05
+
+T = TypeVar("T")
+# A plan looks at the replies to the reads and returns the commands to run in
+# MULTI/EXEC (None: write nothing) and the operation's result.
+Plan = Callable[[list[Any]], tuple[list[Command] | None, T]]
+
+
+class Conflicted(Exception):
+    """Raised by a transaction plan whose reads show a concurrent writer."""
+
+
+async def send(conn: AbstractConnection, *commands: Command) -> list[Any]:
+    """Send commands in one write and read one reply each (an error reply raises)."""
+    await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    return [await conn.read_response() for _ in commands]
+
+
+class OptimisticTransactions:
+    _settings: Settings
+    _servers: Servers
+    _gate: Gate
+    _wait: Command | None
+    counters: StoreCounters
+
+    def slot(self) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    def _replicated(self, replies: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    async def optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
+        """WATCH, read, plan, MULTI/EXEC; again after a backoff on conflict."""
+        attempt = 0
+        async with self.slot():
+            while True:
+                done, result = await self.attempt(watch, reads, plan)
+                if done:
+                    return result  # type: ignore[return-value]
+                await self.backoff(attempt)
+                attempt += 1
+
+    async def attempt(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
+
+        Call it inside slot(). A plan raises Conflicted when the reads show
+        another writer got there first (the same as EXEC answering nil). The
+        transaction runs on a connection to the server owning the watched
+        keys' slot; if the slot has moved (MOVED, ASK, TRYAGAIN) nothing was
+        written, so it counts as a conflict and is tried again on the new owner.
+        """
+        await self._servers.ready()
+        try:
+            return await self._converse(watch, reads, plan)
+        except (rexc.AskError, rexc.TryAgainError) as redirect:
+            self.counters.cluster_redirects += 1
+            if isinstance(redirect, rexc.AskError):
+                await self._servers.redirected(redirect)
+            return False, None
+
+    async def _converse(
+        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+    ) -> tuple[bool, T | None]:
+        async with self._servers.node_for(watch[0]).connection() as conn:
+            replies = await send(conn, ("WATCH", *watch), *reads)
+            try:
+                writes, result = plan(replies[1:])
+            except Conflicted:
+                await send(conn, ("UNWATCH",))
+                return False, None
+            if writes is None:
+                await send(conn, ("UNWATCH",))
+                return True, result
+            wait = [] if self._wait is None else [self._wait]
+            done = await send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
+            executed = done[-1 - len(wait)]
+            if executed is None:
+                return False, None
+            for reply in executed:
+                if isinstance(reply, Exception):
+                    raise reply
+            if wait:
+                self._replicated(done)
+            return True, result
+
+    async def backoff(self, attempt: int) -> None:
+        """Count a conflict and wait a jittered, growing while; 503 when out of
+        tries. The slot is given back while sleeping: a crowd of conflicting
+        writers must not starve everyone else of connections."""
+        self.counters.watch_retries += 1
+        if attempt + 1 >= self._settings.watch_retries:
+            self.counters.watch_conflicts_exhausted += 1
+            raise TooMuchContention(
+                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
+            )
+        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+        await self._gate.pause(random.uniform(0, ceiling))
