@@ -240,17 +240,8 @@ async def patch_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    raw = await read_body(request)
-    if raw.strip():
-        document = v.json_document(raw)
-        types = document.get("resource_types") if isinstance(document, dict) else None
-        if not isinstance(types, list) or not types:
-            raise BadRequest('Post body must contain key "resource_types".')
-        if not set(types) <= {"messages", "subscriptions"}:
-            raise BadRequest('resource_types may list only "messages" and "subscriptions".')
-        if "messages" not in types:
-            return web.Response(status=204)
-    await _store(request).purge_queue(project, queue)
+    if "messages" in v.purge_types(await read_body(request)):
+        await _store(request).purge_queue(project, queue)
     return web.Response(status=204)
 
 

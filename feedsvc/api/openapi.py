@@ -88,7 +88,10 @@ def _flag(name: str, description: str) -> Schema:
 
 
 def _schemas(s: Settings) -> dict[str, Schema]:
-    any_json: Schema = {"description": "Any JSON value, returned exactly as posted."}
+    any_json: Schema = {
+        "description": "Any JSON value, returned exactly as posted (integers of any size "
+        f"too), nesting arrays and objects at most {v.MAX_JSON_DEPTH} levels deep."
+    }
     metadata_path: Schema = {"type": "string", "pattern": "^/metadata/.+"}
     message_id: Schema = {"type": "string", "pattern": v.ID.pattern}
     link = _obj(
@@ -190,7 +193,9 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         "QueueMetadata": {
             "type": "object",
             "description": "User metadata plus the reserved settings (leading underscore); "
-            f"at most {v.MAX_METADATA_SIZE} bytes of JSON.",
+            f"at most {v.MAX_METADATA_SIZE} bytes of JSON, nesting arrays and objects at most "
+            f"{v.MAX_JSON_DEPTH} levels deep (the object itself is one), integers within "
+            "64 bits (-2**63 to 2**64-1).",
             "properties": {
                 "_max_messages_post_size": _int(1, s.max_messages_post_size),
                 "_default_message_ttl": _int(s.min_message_ttl, s.max_message_ttl),
@@ -450,7 +455,8 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "name": "queue",
             "in": "path",
             "required": True,
-            "description": "Queue name: ASCII letters, digits, '_', '.' and '-', 1 to 64.",
+            "description": "Queue name: ASCII letters, digits, '_', '.' and '-', 1 to 64; "
+            "not '.' or '..'.",
             "schema": {
                 "type": "string",
                 "minLength": 1,
@@ -616,7 +622,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                     *_common(),
                     _query(
                         "marker",
-                        {"type": "string", "pattern": v.QUEUE_NAME.pattern},
+                        {"type": "string", "pattern": v.QUEUE_MARKER.pattern},
                         "List the queues after this name.",
                     ),
                     _query(

@@ -6,6 +6,7 @@ message that says what was wrong; nothing here touches storage.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -20,7 +21,12 @@ from feedsvc.config import Settings
 from feedsvc.errors import BadRequest, Conflict, Unauthorized, UnsupportedMediaType
 from feedsvc.storage.base import NewMessage
 
-QUEUE_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+# "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
+# a URL path, so such a queue could be made but never reached.
+QUEUE_NAME = re.compile(r"^(?!\.\.?$)[a-zA-Z0-9_.-]{1,64}$")
+# A queue list marker is a place in the sorted names, not a queue that must
+# exist, so it may be any string that could sort among them.
+QUEUE_MARKER = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 # Ids are made by the service (24 lowercase hex digits); anything else cannot
 # exist, which also keeps every id from forming another key.
 ID = re.compile(r"^[0-9a-f]{24}$")
@@ -84,7 +90,8 @@ def queue_name(request: web.Request) -> str:
     if not QUEUE_NAME.match(name):
         raise BadRequest(
             "Queue names may not be more than 64 characters long and may only "
-            "contain ASCII letters, digits, underscores, dots and dashes."
+            "contain ASCII letters, digits, underscores, dots and dashes; "
+            '"." and ".." are not queue names.'
         )
     return name
 
@@ -122,7 +129,8 @@ def message_marker(query: Mapping[str, str]) -> int | None:
     raw = query.get("marker")
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or len(raw) > 19:
+    # isdigit() alone takes "²" (which int() refuses) and other scripts' digits
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
         raise BadRequest("The marker is not one this service gave out.")
     return int(raw)
 
@@ -131,7 +139,7 @@ def queue_marker(query: Mapping[str, str]) -> str | None:
     raw = query.get("marker")
     if raw is None or raw == "":
         return None
-    if not QUEUE_NAME.match(raw):
+    if not QUEUE_MARKER.match(raw):
         raise BadRequest("The marker must be a queue name.")
     return raw
 
@@ -152,23 +160,148 @@ def id_list(query: MultiMapping[str], name: str, most: int) -> list[str] | None:
     return ids
 
 
+# -- JSON documents --------------------------------------------------------------
+#
+# Two limits of orjson shape what a client's JSON may be:
+#
+# * It encodes at most ORJSON_MAX_DEPTH nested arrays and objects. A message
+#   body or queue metadata may nest MAX_JSON_DEPTH levels, fewer than that, so
+#   that a response that shows metadata inside other objects (the detailed
+#   queue list, three levels down) can still be encoded. A value that could
+#   be that deep (enough bytes and brackets) is encoded again wrapped in the
+#   difference, so that orjson's own limit enforces ours.
+# * It reads integers only within 64 bits (-2**63 .. 2**64-1): longer ones
+#   become floats, and those beyond a double's range are refused. Zaqar keeps
+#   them, and so do we in message bodies: a document that may hold one (it
+#   has a run of 19 digits) is read by the stdlib instead, which keeps
+#   integers exactly, and such a body is encoded by the stdlib too. Queue
+#   metadata is re-encoded by the store with orjson, so there they are a 400.
+
+ORJSON_MAX_DEPTH = 254
+MAX_JSON_DEPTH = 250
+_DEPTH_PADDING = ORJSON_MAX_DEPTH - MAX_JSON_DEPTH
+# Each digit becomes "0" and every other byte a space: a run of 19 digits is
+# the only way to write an integer beyond 64 bits (also matched: such runs in
+# strings and floats, which merely take the slower, exact path).
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_RUN = b"0" * 19
+_LONG_DIGIT_RUNS = re.compile(rb"[0-9]{19,}")
+
+
+def _may_hold_long_integers(raw: bytes) -> bool:
+    return _LONG_RUN in raw.translate(_DIGITS_ONLY)
+
+
+def _too_deep(what: str) -> BadRequest:
+    return BadRequest(f"{what} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.")
+
+
+def _not_json(exc: ValueError) -> BadRequest:
+    if "depth" in str(exc):  # orjson reads at most 1024 levels
+        return _too_deep("The request body")
+    return BadRequest("The request body is not valid JSON.")
+
+
 def json_document(raw: bytes) -> Any:
     if not raw:
         raise BadRequest("The request body is empty; a JSON document is required.")
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BadRequest("The request body is not valid JSON.") from None
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if not _may_hold_long_integers(raw):
+            raise _not_json(exc) from None
+    else:
+        if not _may_hold_long_integers(raw):
+            return document
+    return _read_exactly(raw)
 
 
-def _int_field(entry: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise BadRequest(f"The number {text[:40]} is out of range.")
+    return value
+
+
+def _read_exactly(raw: bytes) -> Any:
+    """A document read by the stdlib, integers of any size kept exactly."""
+    try:
+        # The stdlib is looser than orjson (it takes NaN, lone surrogates,
+        # UTF-16, a byte order mark): orjson judges the syntax, on the text
+        # with each long digit run shortened to one digit.
+        orjson.loads(_LONG_DIGIT_RUNS.sub(b"0", raw))
+        return json.loads(raw.decode(), parse_float=_finite)
+    except ValueError as exc:  # either parser's JSONDecodeError (e.g. "007" to the stdlib)
+        raise _not_json(exc) from None
+    except RecursionError:
+        raise _too_deep("The request body") from None
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays and objects nest in value (0 for a scalar)."""
+    depth, level = 0, [value]
+    while level := [v for v in level if isinstance(v, (list, dict))]:
+        depth += 1
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+def _encoded(value: Any, what: str) -> bytes | None:
+    """value as compact JSON; None if it holds an integer beyond 64 bits.
+
+    BadRequest if it nests deeper than MAX_JSON_DEPTH.
+    """
+    try:
+        encoded = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        # deeper than orjson goes, or an integer beyond its 64 bits
+        if json_depth(value) > MAX_JSON_DEPTH:
+            raise _too_deep(what) from None
+        return None
+    # n levels take 2n bytes and n opening brackets: most values are too
+    # small to be too deep, and need no second look
+    if (
+        len(encoded) > 2 * MAX_JSON_DEPTH
+        and encoded.count(b"[") + encoded.count(b"{") > MAX_JSON_DEPTH
+        and _deeper_than_allowed(value)
+    ):
+        raise _too_deep(what)
+    return encoded
+
+
+def _deeper_than_allowed(value: Any) -> bool:
+    """Whether a value orjson encodes nests deeper than MAX_JSON_DEPTH.
+
+    Wrapped in the difference, it makes orjson's own limit ours.
+    """
+    wrapped = value
+    for _ in range(_DEPTH_PADDING):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def message_body(value: Any) -> bytes:
+    """A message body as the JSON to store: exactly its value, big integers too."""
+    encoded = _encoded(value, "A message body")
+    if encoded is None:
+        encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return encoded
+
+
+def _int_field(
+    entry: Mapping[str, Any], name: str, low: int, high: int, owner: str = "message"
+) -> int | None:
     if name not in entry:
         return None
     value = entry[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"The message {name} must be an integer.")
+        raise BadRequest(f"The {owner} {name} must be an integer.")
     if not low <= value <= high:
-        raise BadRequest(f"The message {name} must be at least {low} and at most {high} seconds.")
+        raise BadRequest(f"The {owner} {name} must be at least {low} and at most {high} seconds.")
     return value
 
 
@@ -191,7 +324,7 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
             raise BadRequest('Each message must have a "body".')
         ttl = _int_field(entry, "ttl", settings.min_message_ttl, settings.max_message_ttl)
         delay = _int_field(entry, "delay", 0, settings.max_message_delay)
-        out.append(NewMessage(orjson.dumps(entry["body"]), ttl, delay))
+        out.append(NewMessage(message_body(entry["body"]), ttl, delay))
     return out
 
 
@@ -218,8 +351,14 @@ def _reserved_int(metadata: Mapping[str, Any], name: str, low: int, high: int) -
 
 
 def checked_metadata(metadata: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Validate size and the reserved settings that feedsvc honours."""
-    if len(orjson.dumps(metadata)) > MAX_METADATA_SIZE:
+    """Validate depth, integers, size and the reserved settings that feedsvc honours."""
+    encoded = _encoded(metadata, "Queue metadata")
+    if encoded is None:
+        raise BadRequest(
+            "Queue metadata may hold integers from -2**63 to 2**64-1 only (64 bits); "
+            "write larger ones as strings."
+        )
+    if len(encoded) > MAX_METADATA_SIZE:
         raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
     ttl_range = (settings.min_message_ttl, settings.max_message_ttl)
     _reserved_int(metadata, "_default_message_ttl", *ttl_range)
@@ -276,9 +415,27 @@ def claim_options(raw: bytes, settings: Settings) -> tuple[int, int]:
     document = json_document(raw) if raw.strip() else {}
     if not isinstance(document, dict):
         raise BadRequest("A claim body must be a JSON object.")
-    ttl = _int_field(document, "ttl", settings.min_claim_ttl, settings.max_claim_ttl)
-    grace = _int_field(document, "grace", settings.min_claim_grace, settings.max_claim_grace)
+    ttl = _int_field(document, "ttl", settings.min_claim_ttl, settings.max_claim_ttl, "claim")
+    grace = _int_field(
+        document, "grace", settings.min_claim_grace, settings.max_claim_grace, "claim"
+    )
     return (
         settings.default_claim_ttl if ttl is None else ttl,
         settings.default_claim_grace if grace is None else grace,
     )
+
+
+PURGE_TYPES = ("messages", "subscriptions")
+
+
+def purge_types(raw: bytes) -> list[str]:
+    """The resource types a purge names; an empty body means all of them."""
+    if not raw.strip():
+        return list(PURGE_TYPES)
+    document = json_document(raw)
+    types = document.get("resource_types") if isinstance(document, dict) else None
+    if not isinstance(types, list) or not types:
+        raise BadRequest('Post body must contain key "resource_types".')
+    if not all(isinstance(t, str) and t in PURGE_TYPES for t in types):
+        raise BadRequest('resource_types may list only "messages" and "subscriptions".')
+    return types
