@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from feedsvc import __version__
+from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.config import Settings, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
@@ -69,7 +70,8 @@ async def serve(
     :class:`feedsvc.drain.Drain`'s.
     """
     app = create_app(settings)
-    runner = web.AppRunner(
+    # answers requests too malformed to reach a route as JSON, like other errors
+    runner = FeedAppRunner(
         app,
         access_log=logging.getLogger("feedsvc.access") if settings.access_log else None,
         access_log_format=ACCESS_FORMAT,

@@ -1,7 +1,10 @@
 """Bad input, probed the way a newcomer did it (issue 13).
 
-Every test runs once per storage driver, through the in-process ``http``
-client.
+Every test runs once per storage driver. JSON-level probes go through the
+in-process ``http`` client; HTTP-level ones (malformed request heads, broken
+chunking and encodings, HTTP/1.0, pipelining, 2,000 idle connections) through
+real sockets to an in-process server run by :class:`FeedAppRunner`, the
+runner ``feedsvc serve`` uses.
 
 Two things hold for every probe: no answer is a 5xx, and a refused request
 (any 4xx) changes nothing stored: the project's queues, their metadata, stats
@@ -10,7 +13,12 @@ and messages read back the same before and after.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gzip
 import json
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +26,13 @@ import orjson
 import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
+from multidict import CIMultiDict
 from yarl import URL
 
+from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.api.validation import MAX_JSON_DEPTH
+from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -700,3 +712,239 @@ async def test_body_at_the_size_limit_is_accepted_and_one_byte_more_is_413(
     after = await stored(http, seed.headers)
     total = before["kept"]["stats"]["messages"]["total"]
     assert after["kept"]["stats"]["messages"]["total"] == total + 1
+
+
+# -- HTTP-level probes, through real sockets ------------------------------------------
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+async def read_response(reader: asyncio.StreamReader) -> RawResponse:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers.add(name.strip(), value.strip())
+    status = int(status_line.split(" ")[1])
+    if 100 <= status < 200:  # e.g. 100 Continue: the answer follows
+        return await read_response(reader)
+    if "Content-Length" in headers:
+        body = await reader.readexactly(int(headers["Content-Length"]))
+    elif status in (204, 304):
+        body = b""
+    else:
+        body = await reader.read()
+    return RawResponse(status, headers, body)
+
+
+@dataclass
+class Served:
+    """feedsvc served in this process on a real port, by the runner `feedsvc serve` uses."""
+
+    port: int
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            yield reader, writer
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def exchange(self, *parts: bytes, responses: int = 1) -> list[RawResponse]:
+        """Send parts (yielding between them, so they may arrive apart); read answers."""
+        async with asyncio.timeout(30), self.connect() as (reader, writer):
+            for part in parts:
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0)
+            return [await read_response(reader) for _ in range(responses)]
+
+
+@pytest.fixture
+async def served(settings: Settings, clock: ManualClock) -> AsyncIterator[Served]:
+    # a body that stops arriving is a 408 after --client-timeout: keep that short
+    app = create_app(settings.replace(client_timeout=0.5), clock)
+    runner = FeedAppRunner(app, handle_signals=False, lingering_time=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+    await site.start()
+    try:
+        yield Served(int(runner.addresses[0][1]))
+    finally:
+        await runner.cleanup()
+
+
+def head(method: str, path: str, seed: Seed, *extra: str, version: str = "1.1") -> bytes:
+    lines = [
+        f"{method} {path} HTTP/{version}",
+        "Host: feedsvc",
+        f"Client-ID: {seed.headers['Client-ID']}",
+        f"X-Project-ID: {seed.headers['X-Project-ID']}",
+        *extra,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def with_header(request: bytes, line: str) -> bytes:
+    """The request with one more header line."""
+    head_end = request.index(b"\r\n\r\n")
+    return request[:head_end] + b"\r\n" + line.encode() + request[head_end:]
+
+
+def http_probes(seed: Seed) -> list[tuple[str, tuple[bytes, ...]]]:
+    """(name, the bytes to send, in parts): requests aiohttp or feedsvc must refuse."""
+    m = "/v2/queues/kept/messages"
+    get = head("GET", m, seed)
+    chunked = head("POST", m, seed, "Transfer-Encoding: chunked")
+    body = b'{"messages": [{"body": 1}]}'
+    sized = head("POST", m, seed, f"Content-Length: {len(body)}")
+    bomb = gzip.compress(b"0" * 20_000_000)
+    nul_project = get.replace(b"X-Project-ID: ", b"X-Project-ID: \x00")
+    # (the line end lets aiohttp's pure-Python parser judge it too, not wait for more)
+    tls_hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40 + b"\r\n\r\n"
+    return [
+        ("header over 8190 bytes", (with_header(get, "X-Big: " + "a" * 9000),)),
+        ("request line over 8190 bytes", (head("GET", m + "?x=" + "a" * 9000, seed),)),
+        ("200 headers", (head("GET", m, seed, *[f"X-{i}: {i}" for i in range(200)]),)),
+        ("NUL in a header", (with_header(get, "X-Nul: a\x00b"),)),
+        ("NUL in the project", (nul_project,)),
+        ("tab in the project", (get.replace(b"X-Project-ID: ", b"X-Project-ID: a\tb"),)),
+        ("DEL in the project", (get.replace(b"X-Project-ID: ", b"X-Project-ID: a\x7fb"),)),
+        ("no Client-ID", (get.replace(b"Client-ID: ", b"X-Client-ID: "),)),
+        ("header without a colon", (with_header(get, "Nonsense"),)),
+        ("space before a colon", (with_header(get, "X-Bad : 1"),)),
+        ("unknown method", (head("FOO", m, seed),)),
+        ("method with a bad character", (head("G@T", m, seed),)),
+        ("TLS hello", (tls_hello,)),
+        ("HTTP/0.9", (f"GET {m}\r\n\r\n".encode(),)),
+        ("HTTP/1.x", (head("GET", m, seed, version="1.x"),)),
+        ("bad chunk size", (chunked + b"zz\r\n",)),
+        ("bad chunk size, late", (chunked, b"zz\r\n")),
+        ("chunk longer than said", (chunked + b"5\r\nabcdefgh\r\n0\r\n\r\n",)),
+        ("negative chunk size", (chunked + b"-5\r\nabcde\r\n0\r\n\r\n",)),
+        ("chunked and a length", (with_header(chunked, "Content-Length: 5") + b"0\r\n\r\n",)),
+        ("two lengths", (with_header(sized, "Content-Length: 3") + body,)),
+        ("negative length", (sized.replace(b"Length: ", b"Length: -") + body,)),
+        ("length not a number", (sized.replace(b"Length: ", b"Length: x") + body,)),
+        ("unknown coding", (chunked.replace(b"chunked", b"bogus, chunked") + b"0\r\n\r\n",)),
+        ("body that stops", (sized + body[:10],)),
+        ("gzip that is not", (with_header(sized, "Content-Encoding: gzip") + body,)),
+        ("brotli that is not", (with_header(sized, "Content-Encoding: br") + body,)),
+        ("deflate that is not", (with_header(sized, "Content-Encoding: deflate") + body,)),
+        (
+            "gzip bomb",
+            (
+                head("POST", m, seed, "Content-Encoding: gzip", f"Content-Length: {len(bomb)}")
+                + bomb,
+            ),
+        ),
+    ]
+
+
+async def test_http_level_errors_are_json_and_logged_as_client_errors(
+    http: Client, seed: Seed, served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    before = await stored(http, seed.headers)
+    for name, parts in http_probes(seed):
+        caplog.clear()
+        [resp] = await served.exchange(*parts)
+        assert 400 <= resp.status < 500, (name, resp)
+        assert resp.headers.get("Content-Type", "").startswith("application/json"), (name, resp)
+        assert is_zaqar_error(resp.body), (name, resp)
+        assert resp.headers.get("X-Openstack-Request-Id", "").startswith("req-"), (name, resp)
+        loud = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        assert not loud, (name, [(r.name, r.levelname, r.getMessage()) for r in loud])
+        assert await stored(http, seed.headers) == before, name
+
+
+async def test_http_1_0_and_keep_alive(http: Client, seed: Seed, served: Served) -> None:
+    m = "/v2/queues/kept/messages"
+    body = b'{"messages": [{"body": "one-oh"}]}'
+    length = f"Content-Length: {len(body)}"
+    [resp] = await served.exchange(head("POST", m, seed, length, version="1.0") + body)
+    assert resp.status == 201, resp
+    assert resp.headers.get("Connection", "close").lower() == "close"
+    stats = head("GET", "/v2/queues/kept/stats", seed, "Connection: keep-alive", version="1.0")
+    resp, again = await served.exchange(stats, stats, responses=2)
+    assert (resp.status, again.status) == (200, 200), (resp, again)
+    after = await stored(http, seed.headers)
+    assert [m["body"] for m in after["kept"]["messages"]][-1] == "one-oh"
+
+
+async def test_pipelined_requests_are_answered_in_order(
+    http: Client, seed: Seed, served: Served
+) -> None:
+    m = "/v2/queues/kept/messages"
+
+    def post(body: bytes) -> bytes:
+        return head("POST", m, seed, f"Content-Length: {len(body)}") + body
+
+    requests = [
+        post(b'{"messages": [{"body": "piped-1"}]}'),
+        head("GET", "/v2/queues/kept/stats", seed),
+        post(b'{"messages": [{"body": 1'),  # not JSON
+        post(b'{"messages": [{"body": "piped-2"}]}'),
+        head("GET", "/v2/queues/kept/nope", seed),
+        head("GET", m + "?echo=true&limit=20", seed),
+    ]
+    responses = await served.exchange(b"".join(requests), responses=len(requests))
+    assert [r.status for r in responses] == [201, 200, 400, 201, 404, 200]
+    listed = [m["body"] for m in json.loads(responses[-1].body)["messages"]]
+    assert listed[-2:] == ["piped-1", "piped-2"]
+    # A malformed head ends the connection with a 400. (aiohttp drops the
+    # requests it read in the same packet before it, unanswered and not run.)
+    bad = head("GET", m, seed, "X-Big: " + "a" * 9000)
+    async with served.connect() as (reader, writer):
+        writer.write(requests[1])
+        assert (await read_response(reader)).status == 200
+        writer.write(bad + requests[0])
+        resp = await read_response(reader)
+        assert resp.status == 400, resp
+        assert is_zaqar_error(resp.body), resp
+        assert await reader.read() == b""
+    after = await stored(http, seed.headers)
+    assert [m["body"] for m in after["kept"]["messages"]].count("piped-1") == 1
+
+
+async def test_chunked_posts(http: Client, seed: Seed, served: Served) -> None:
+    m = "/v2/queues/kept/messages"
+    post = head("POST", m, seed, "Transfer-Encoding: chunked")
+    document = b'{"messages": [{"body": "chunked"}]}'
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (document[:5], document[5:]))
+    [resp] = await served.exchange(post, chunks + b"0\r\n\r\n")
+    assert resp.status == 201, resp
+    [resp] = await served.exchange(post + chunks + b"0\r\nX-Trailer: yes\r\n\r\n")
+    assert resp.status == 201, resp
+    after = await stored(http, seed.headers)
+    assert [m["body"] for m in after["kept"]["messages"]][-2:] == ["chunked", "chunked"]
+
+
+async def test_2000_idle_connections(http: Client, seed: Seed, served: Served) -> None:
+    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(20):
+            connections += await asyncio.gather(
+                *(asyncio.open_connection("127.0.0.1", served.port) for _ in range(100))
+            )
+        stats = head("GET", "/v2/queues/kept/stats", seed)
+        [resp] = await served.exchange(stats)
+        assert resp.status == 200, resp
+        # every idle connection still answers
+        for reader, writer in connections[::50]:
+            writer.write(stats)
+            assert (await read_response(reader)).status == 200
+    finally:
+        for _, writer in connections:
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for _, w in connections), return_exceptions=True)
+    assert (await stored(http, seed.headers))["kept"]["messages"]

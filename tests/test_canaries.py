@@ -25,6 +25,7 @@ import redis.exceptions as rexc
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
 from feedsvc.redis_server import RedisServer
 
 
@@ -275,3 +276,43 @@ async def test_aiohttp_request_in_progress(served: Served) -> None:
             await until(lambda: handler._request_in_progress is False)
     finally:
         writer.close()
+
+
+async def test_aiohttp_request_handler_class() -> None:
+    app = web.Application()
+    runner = FeedAppRunner(app, handle_signals=False, keepalive_timeout=12.5)
+    try:
+        with canary(
+            "AppRunner._make_server, Server._loop and ._kwargs (which make each connection's "
+            "RequestHandler) and RequestHandler.handle_error (which answers a request that "
+            "could not be parsed)",
+            "feedsvc/api/protocol.py (FeedAppRunner, JsonErrorRequestHandler)",
+            "aiohttp",
+        ):
+            # FeedAppRunner rebuilds the server from exactly these
+            assert list(inspect.signature(web.Server.__init__).parameters) == [
+                "self", "handler", "request_factory", "handler_cancellation", "loop", "kwargs"
+            ]  # fmt: skip
+            assert list(inspect.signature(RequestHandler.handle_error).parameters) == [
+                "self", "request", "status", "exc", "message"
+            ]  # fmt: skip
+            await runner.setup()
+            server = runner.server
+            assert server is not None
+            assert server._kwargs["keepalive_timeout"] == 12.5
+            assert isinstance(server._loop, asyncio.AbstractEventLoop)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+            try:
+                await until(lambda: len(server.connections) == 1)
+                [handler] = server.connections
+                writer.write(b"FOO / HTTP/1.1\r\nHost: canary\r\n\r\n")
+                assert isinstance(handler, JsonErrorRequestHandler), type(handler)
+                answer = await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+            assert answer.startswith(b"HTTP/1.0 400 "), answer
+            assert b"Content-Type: application/json" in answer, answer
+    finally:
+        await runner.cleanup()

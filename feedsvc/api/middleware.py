@@ -1,9 +1,11 @@
 """The one place where errors become HTTP answers.
 
 Domain errors (``feedsvc.errors``) carry their status; aiohttp's own HTTP
-errors (unknown route, wrong method, body too large) are re-shaped into the
-same Zaqar-style JSON; anything else is a bug: logged with the request id,
-answered 500 without details.
+errors (unknown route, wrong method, body too large, a body whose chunking or
+content encoding is broken) are re-shaped into the same Zaqar-style JSON;
+anything else is a bug: logged with the request id, answered 500 without
+details. Requests too malformed to reach a route are answered in the same
+shape by ``feedsvc.api.protocol``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import os
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 
-from feedsvc.errors import FeedError, RequestTimeout, Unauthorized, Unavailable
+from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.api")
 
@@ -24,6 +28,18 @@ REQUEST_ID_HEADER = "X-Openstack-Request-Id"
 # Cheaper than a uuid4 per request, and still unique across processes.
 _REQUEST_PREFIX = "req-" + os.urandom(6).hex() + "-"
 _request_numbers = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return _REQUEST_PREFIX + str(next(_request_numbers))
+
+
+def http_error_message(exc: BaseException) -> str:
+    """What aiohttp's parser found wrong, without the exception's "400, message:" frame."""
+    for error in (exc, exc.__cause__):
+        if isinstance(error, HttpProcessingError) and error.message:
+            return " ".join(error.message.split())[:300]
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def error_response(status: int, title: str, description: str, request_id: str) -> web.Response:
@@ -35,7 +51,7 @@ def error_response(status: int, title: str, description: str, request_id: str) -
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = _REQUEST_PREFIX + str(next(_request_numbers))
+    request_id = new_request_id()
     try:
         response = await handler(request)
     except FeedError as exc:
@@ -58,6 +74,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         for name in ("Allow", "Retry-After"):
             if name in exc.headers:
                 answer.headers[name] = exc.headers[name]
+        return answer
+    except (HttpProcessingError, RequestPayloadError) as exc:
+        # The body's framing or content encoding is broken (a bad chunk,
+        # gzip that is not): the client's fault, and the connection cannot
+        # carry another request.
+        description = f"The request body could not be read: {http_error_message(exc)}"
+        log.info("%s %s -> 400 (%s) [%s]", request.method, request.path, description, request_id)
+        answer = error_response(400, BadRequest.title, description, request_id)
+        answer.force_close()
         return answer
     except ConnectionResetError:
         # the client went away while we read its request: nobody to answer
