@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from feedsvc.clock import ManualClock
+from feedsvc.clock import SYSTEM_CLOCK, ManualClock
 from feedsvc.config import Settings
 from feedsvc.errors import InvalidClaim
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
@@ -450,7 +450,8 @@ def test_registry_key_and_queue_keys_share_no_slot_tag() -> None:
 async def test_a_conflict_backoff_gives_the_pool_slot_back(redis_url: str) -> None:
     """A writer sleeping between conflicting attempts holds no connection slot,
     so a crowd of them cannot starve other requests of Redis connections."""
-    transport = Transport(make_settings(redis_url, driver="watch", pool_size=2))  # one slot
+    settings = make_settings(redis_url, driver="watch", pool_size=2)  # one slot
+    transport = Transport(settings, SYSTEM_CLOCK)
     other_ran = asyncio.Event()
 
     async def other() -> None:

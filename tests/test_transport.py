@@ -180,3 +180,35 @@ async def test_ping_on_a_cluster_asks_every_primary(own_cluster: LocalCluster) -
         await store.ping()
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_a_lost_subscription_wakes_followers_and_comes_back(
+    driver: str, tmp_path: Path
+) -> None:
+    """Redis restarts under a follower: it is woken to re-read (a post may have
+    been missed), and once the subscription is back, posts wake it again."""
+    from feedsvc.redis_server import RedisServer
+
+    server = RedisServer(tmp_path, appendfsync="no")
+    server.start()
+    store = make_store(make_settings(server.url, driver=driver))
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()
+        async with store.follow(project, "q") as follow:
+            token = follow.token()
+            await asyncio.to_thread(server.stop)
+            assert await follow.wait(token, 10), "losing the subscription woke nobody"
+            await asyncio.to_thread(server.start)
+            await recovers(store, project)
+            for _ in range(3):  # resubscribed: a post wakes the follower again
+                token = follow.token()
+                await store.post_messages(project, "q", "writer", [NewMessage(b"2")])
+                if await follow.wait(token, 2):
+                    break
+            else:
+                raise AssertionError("posts no longer wake the follower after the restart")
+    finally:
+        await store.close()
+        server.stop()

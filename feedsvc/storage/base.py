@@ -43,7 +43,9 @@ Invariants, kept by both drivers:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -156,6 +158,24 @@ class StoreCounters:
     redis_seconds: float = 0.0
 
 
+class Follow(Protocol):
+    """A follower's view of its queue's wake-ups (see ``FeedStore.follow``).
+
+    Take a token before reading; if the read finds nothing new, wait with
+    it: a wake-up between the two is not lost."""
+
+    @property
+    def ended(self) -> bool:
+        """The queue was deleted."""
+        ...
+
+    def token(self) -> asyncio.Event: ...
+
+    async def wait(self, token: asyncio.Event, seconds: float) -> bool:
+        """Until woken (True) or seconds pass (False)."""
+        ...
+
+
 class FeedStore(Protocol):
     """What the HTTP layer needs from storage. Both drivers implement it.
 
@@ -172,6 +192,14 @@ class FeedStore(Protocol):
         """Get ready to serve (the lua driver loads its scripts). Redis being
         unreachable is logged, not raised: the service starts anyway and
         answers 503 until Redis is back."""
+        ...
+
+    def follow(self, project: str, queue: str) -> AbstractAsyncContextManager[Follow]:
+        """Wake-ups for a queue's followers in this process: after a post to
+        it, when a delayed message falls due, when it is deleted (``ended``),
+        and once after the subscription was lost. Subscribes on first use,
+        unsubscribes when the last follower leaves; costs Redis nothing
+        while waiting. See ``feedsvc.storage.notifier``."""
         ...
 
     async def ping(self) -> None: ...

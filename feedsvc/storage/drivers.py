@@ -26,4 +26,4 @@ def make_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
     """The driver settings.driver names, on settings.redis_url; call open() next."""
     if settings.redis_url is None:
         raise ValueError("make_store needs settings.redis_url")
-    return DRIVERS[settings.driver](Transport(settings), settings, clock)
+    return DRIVERS[settings.driver](Transport(settings, clock), settings, clock)

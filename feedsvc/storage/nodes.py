@@ -100,6 +100,13 @@ class Node:
         async with self.connection() as conn:
             return await exchange(conn, commands)
 
+    def subscriber_connection(self) -> AbstractConnection:
+        """A new connection, outside the pool, for a subscription: it waits
+        for messages indefinitely (its liveness is checked by PING)."""
+        kwargs = {**self._pool.connection_kwargs, "socket_timeout": None}
+        conn: AbstractConnection = self._pool.connection_class(**kwargs)
+        return conn
+
     async def drop_idle(self) -> None:
         """Close the idle pooled connections (the coalescer reconnects by itself)."""
         await self._pool.disconnect(inuse_connections=False)

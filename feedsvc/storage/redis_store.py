@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from feedsvc.errors import QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     RESERVED_FIELDS,
+    Follow,
     Message,
     MessageSummary,
     QueueInfo,
@@ -65,6 +67,9 @@ class RedisStore(ClaimUpkeep):
 
     async def open(self) -> None:
         self._transport.open()
+
+    def follow(self, project: str, queue: str) -> AbstractAsyncContextManager[Follow]:
+        return self._transport.notifier.follow(QueueKeys.of(project, queue).feed)
 
     async def ping(self) -> None:
         await self._transport.ping()

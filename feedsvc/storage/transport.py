@@ -42,6 +42,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.errors import (
     NotReplicated,
@@ -53,6 +54,7 @@ from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.gate import Gate
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
+from feedsvc.storage.notifier import Notifier
 from feedsvc.storage.optimistic import OptimisticTransactions
 from feedsvc.storage.sentinel import follow_sentinels
 
@@ -129,7 +131,7 @@ def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
 
 
 class Transport(OptimisticTransactions):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
         self._follower: asyncio.Task[None] | None = None
@@ -146,6 +148,7 @@ class Transport(OptimisticTransactions):
             else SingleServer(self._redis, coalescing)
         )
         self.cluster = self._servers.cluster
+        self.notifier = Notifier(self._servers, clock)
         self.counters = StoreCounters()
         # sent after every write, on its connection, when --min-replicas-ack is set
         self._wait: Command | None = None
@@ -165,6 +168,7 @@ class Transport(OptimisticTransactions):
         if announced:
             self.counters.master_switches += 1
         await self._servers.demoted()
+        await self.notifier.reset()
 
     @asynccontextmanager
     async def errors(self) -> AsyncIterator[None]:
@@ -403,6 +407,7 @@ class Transport(OptimisticTransactions):
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
+        await self.notifier.close()
         await self._servers.close()
         if isinstance(self._redis, RedisCluster):
             await self._redis.aclose()

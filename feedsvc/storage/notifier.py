@@ -1,0 +1,299 @@
+"""Followers of a queue wake through Redis, not by polling.
+
+A post publishes a notification on its queue's shard channel in the same
+round trip as the write (``post.lua``; inside MULTI for the watch driver):
+the last seq it indexed and when its first delayed message falls due.
+Each process holds **one subscription per server** (per primary on a
+Cluster: a shard channel lives on the slot's primary), carrying SSUBSCRIBE
+for every queue someone in this process follows, and fans notifications out
+to the local followers. An idle follower costs Redis nothing.
+
+A follower does not learn *what* changed, only *that* it may have: it keeps
+its own position and re-reads from it. So a lost notification can only cost
+latency, never a message: after the subscription is lost (Redis restarted,
+a failover, a half-open connection found by the heartbeat) every follower is
+woken once to re-read, and again once the subscription is back.
+
+The usage, free of lost wake-ups::
+
+    async with notifier.follow(channel) as follow:
+        while True:
+            token = follow.token()      # before reading
+            page = read()
+            if page or follow.ended:
+                break
+            await follow.wait(token, seconds)  # returns at once if woken since
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.exceptions as rexc
+from redis.asyncio.connection import AbstractConnection
+
+from feedsvc.clock import Clock
+from feedsvc.storage.nodes import Node, Servers
+from feedsvc.storage.record import Notification
+
+log = logging.getLogger("feedsvc")
+
+# Seconds of silence after which the subscriber PINGs; no answer within
+# another such while means the connection is dead.
+HEARTBEAT = 10.0
+RECONNECT_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
+# Seconds follow() waits for Redis to confirm a new subscription.
+CONFIRM_WAIT = 2.0
+
+
+class QueueFollow:
+    """One queue's wake-ups, shared by all its followers in this process
+    (implements ``feedsvc.storage.base.Follow``)."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.followers = 0
+        self.ended = False  # the queue was deleted
+        self._event = asyncio.Event()
+        self._due: asyncio.TimerHandle | None = None
+
+    def token(self) -> asyncio.Event:
+        """Take before reading; wait() with it returns at once if woken since."""
+        return self._event
+
+    async def wait(self, token: asyncio.Event, seconds: float) -> bool:
+        """Until woken (True) or seconds pass (False)."""
+        if token.is_set():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await token.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def wake(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    def wake_at(self, delay: float) -> None:
+        """Wake again after delay seconds (a delayed message falls due)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        if self._due is None or self._due.when() > when or self._due.cancelled():
+            if self._due is not None:
+                self._due.cancel()
+            self._due = loop.call_at(when, self._fall_due)
+
+    def _fall_due(self) -> None:
+        self._due = None
+        self.wake()
+
+    def close(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+
+
+class _Subscriber:
+    """One connection to one server, subscribed to some shard channels."""
+
+    def __init__(self, node: Node, notifier: Notifier) -> None:
+        self.node = node
+        self.channels: set[str] = set()
+        self._notifier = notifier
+        self._conn: AbstractConnection | None = None
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._task = asyncio.create_task(self._run())
+
+    def add(self, channel: str) -> asyncio.Future[None]:
+        """Subscribe; the future is done once Redis confirmed it."""
+        self.channels.add(channel)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None or confirmed.done():
+            confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+        self._send("SSUBSCRIBE", channel)
+        return confirmed
+
+    def discard(self, channel: str) -> None:
+        self.channels.discard(channel)
+        self._confirmed.pop(channel, None)
+        self._send("SUNSUBSCRIBE", channel)
+
+    def _send(self, *command: Any) -> None:
+        conn = self._conn
+        if conn is not None:
+            asyncio.create_task(self._write(conn, command))  # noqa: RUF006 - fire and forget
+
+    async def _write(self, conn: AbstractConnection, command: tuple[Any, ...]) -> None:
+        with contextlib.suppress(rexc.RedisError, OSError):
+            await conn.send_command(*command, check_health=False)
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            conn = self.node.subscriber_connection()
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                self._conn = conn  # from now on add() sends its own SSUBSCRIBE
+                if self.channels:
+                    await conn.send_command("SSUBSCRIBE", *self.channels, check_health=False)
+                failures = 0
+                self._notifier.wake_all()  # anything posted while unsubscribed
+                await self._listen(conn)
+            except asyncio.CancelledError:
+                raise
+            except (rexc.RedisError, OSError) as exc:
+                log.debug("follower subscription lost (%s): re-reading and reconnecting", exc)
+            finally:
+                self._conn = None
+                await conn.disconnect(nowait=True)
+            self._notifier.subscription_lost(self)
+            await asyncio.sleep(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)])
+            failures += 1
+
+    async def _listen(self, conn: AbstractConnection) -> None:
+        pinged = False
+        while True:
+            reply = await conn.read_response(
+                timeout=HEARTBEAT, disconnect_on_error=False, push_request=True
+            )
+            if reply is None:  # silence: is the connection still there?
+                if pinged:
+                    raise rexc.ConnectionError("no answer to the subscriber's PING")
+                await conn.send_command("PING", check_health=False)
+                pinged = True
+                continue
+            pinged = False
+            if isinstance(reply, rexc.ResponseError):
+                raise reply  # MOVED on a cluster: route again
+            if not isinstance(reply, list) or not reply:
+                continue
+            if reply[0] == b"smessage":
+                self._notifier.deliver(reply[1].decode(), reply[2])
+            elif reply[0] == b"ssubscribe":
+                channel = reply[1].decode()
+                confirmed = self._confirmed.get(channel)
+                if confirmed is not None and not confirmed.done():
+                    confirmed.set_result(None)
+                # anything posted before the subscription took effect
+                self._notifier.wake(channel)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class Notifier:
+    """The process's subscriptions and the followers they wake."""
+
+    def __init__(self, servers: Servers, clock: Clock) -> None:
+        self._servers = servers
+        self._clock = clock
+        self._follows: dict[str, QueueFollow] = {}
+        self._subscribers: dict[str, _Subscriber] = {}  # by node name
+        self._routes: dict[str, _Subscriber] = {}  # by channel
+
+    @property
+    def following(self) -> int:
+        """Queues followed in this process (each one SSUBSCRIBEd channel)."""
+        return len(self._follows)
+
+    @asynccontextmanager
+    async def follow(self, channel: str) -> AsyncIterator[QueueFollow]:
+        follow = self._follows.get(channel)
+        if follow is None:
+            follow = self._follows[channel] = QueueFollow(channel)
+            await self._subscribe(channel)
+        follow.followers += 1
+        try:
+            yield follow
+        finally:
+            follow.followers -= 1
+            if follow.followers == 0 and self._follows.get(channel) is follow:
+                del self._follows[channel]
+                follow.close()
+                subscriber = self._routes.pop(channel, None)
+                if subscriber is not None:
+                    subscriber.discard(channel)
+
+    async def _subscribe(self, channel: str) -> None:
+        with contextlib.suppress(rexc.RedisError, rexc.RedisClusterException, OSError):
+            await self._servers.ready()  # on a cluster: the slot table
+        try:
+            node = self._servers.node_for(channel)
+        except (rexc.RedisError, rexc.RedisClusterException, KeyError):
+            node = self._servers.default_node()  # no table yet: re-routed on loss
+        subscriber = self._subscribers.get(node.name)
+        if subscriber is None:
+            subscriber = self._subscribers[node.name] = _Subscriber(node, self)
+        self._routes[channel] = subscriber
+        confirmed = subscriber.add(channel)
+        # Wait (bounded) for the subscription to take effect, so that a
+        # follower's first read is covered; if Redis is slow or away, go on:
+        # the confirmation (or the reconnection) wakes the follower later.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CONFIRM_WAIT):
+                await asyncio.shield(confirmed)
+
+    def deliver(self, channel: str, data: bytes) -> None:
+        follow = self._follows.get(channel)
+        if follow is None:
+            return
+        note = Notification.read(data)
+        if note.ended:
+            follow.ended = True
+        elif note.due:
+            follow.wake_at(max(0.0, (note.due - self._clock.now_ms()) / 1000))
+        follow.wake()
+
+    def wake(self, channel: str) -> None:
+        follow = self._follows.get(channel)
+        if follow is not None:
+            follow.wake()
+
+    def wake_all(self) -> None:
+        for follow in self._follows.values():
+            follow.wake()
+
+    def subscription_lost(self, subscriber: _Subscriber) -> None:
+        """Wake its followers to re-read; on a cluster, route its channels again
+        (the slot may have moved, the node failed over) once the table is fresh."""
+        for channel in subscriber.channels:
+            follow = self._follows.get(channel)
+            if follow is not None:
+                follow.wake()
+        if self._servers.cluster:
+            moved = list(subscriber.channels)
+            subscriber.channels.clear()
+            for channel in moved:
+                self._routes.pop(channel, None)
+            asyncio.create_task(self._reroute(moved))  # noqa: RUF006 - fire and forget
+
+    async def _reroute(self, channels: list[str]) -> None:
+        await self._servers.lost()
+        for channel in channels:
+            if channel in self._follows and channel not in self._routes:
+                await self._subscribe(channel)
+
+    async def reset(self) -> None:
+        """Start every subscription again (the master changed behind Sentinel)."""
+        subscribers, self._subscribers = self._subscribers, {}
+        self._routes.clear()
+        for subscriber in subscribers.values():
+            await subscriber.close()
+        for channel in list(self._follows):
+            await self._subscribe(channel)
+        self.wake_all()
+
+    async def close(self) -> None:
+        for subscriber in self._subscribers.values():
+            await subscriber.close()
+        for follow in self._follows.values():
+            follow.close()
+        self._subscribers.clear()

@@ -1,0 +1,100 @@
+"""Followers wake through Redis: a post, a delayed message falling due, the
+queue's deletion, a lost subscription; and an idle follower costs Redis
+nothing. Both drivers, single Redis and Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from tests.conftest import direct_client
+
+READER = str(uuid.uuid4())
+
+
+async def post_later(store: FeedStore, project: str, queue: str, body: bytes) -> list[str]:
+    await asyncio.sleep(0.05)
+    return await store.post_messages(project, queue, "writer", [NewMessage(body)])
+
+
+async def test_a_post_wakes_a_waiting_follower(store: FeedStore, project: str) -> None:
+    async with store.follow(project, "q") as follow:
+        token = follow.token()
+        page = await store.list_messages(project, "q", ListQuery(READER))
+        assert page.messages == []
+        poster = asyncio.create_task(post_later(store, project, "q", b"1"))
+        assert await follow.wait(token, 10), "the post did not wake the follower"
+        ids = await poster
+        page = await store.list_messages(project, "q", ListQuery(READER))
+        assert [m.id for m in page.messages] == ids
+        assert not follow.ended
+
+
+async def test_a_wake_up_between_read_and_wait_is_not_lost(store: FeedStore, project: str) -> None:
+    async with store.follow(project, "q") as follow:
+        token = follow.token()
+        await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
+        for _ in range(100):  # the notification arrives while we are not waiting
+            await asyncio.sleep(0.01)
+            if token.is_set():
+                break
+        assert await follow.wait(token, 0.001), "the wake-up before wait() was lost"
+
+
+async def test_posts_to_other_queues_do_not_wake(store: FeedStore, project: str) -> None:
+    async with store.follow(project, "q") as follow:
+        token = follow.token()
+        await store.post_messages(project, "other", "writer", [NewMessage(b"1")])
+        await store.post_messages("elsewhere-" + project, "q", "writer", [NewMessage(b"1")])
+        assert not await follow.wait(token, 0.3)
+
+
+async def test_deleting_the_queue_ends_its_follow(store: FeedStore, project: str) -> None:
+    await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
+    async with store.follow(project, "q") as follow:
+        token = follow.token()
+        await store.delete_queue(project, "q")
+        assert await follow.wait(token, 10)
+        assert follow.ended
+
+
+@pytest.mark.slow  # waits for a 1 s delay to pass, in real time
+async def test_a_delayed_message_wakes_its_follower_when_due(
+    store: FeedStore, project: str
+) -> None:
+    async with store.follow(project, "q") as follow:
+        await store.post_messages(project, "q", "writer", [NewMessage(b"1", delay=1)])
+        token = follow.token()  # after the post's own wake-up
+        await asyncio.sleep(0.1)
+        token = follow.token()
+        assert await follow.wait(token, 5), "the delayed message's due time woke nobody"
+
+
+async def test_an_idle_follower_costs_redis_nothing(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    async with store.follow(project, "q") as follow:
+        await asyncio.sleep(0.2)  # subscribed
+        client = direct_client(redis_url)
+        try:
+            before = await commands_served(client)
+            assert not await follow.wait(follow.token(), 1.0)
+            after = await commands_served(client)
+        finally:
+            await client.aclose()
+        # our own two INFO calls (one per node on a cluster) are all that ran
+        assert after - before <= 2 * await node_count(client, redis_url)
+
+
+async def commands_served(client: object) -> int:
+    info = await client.info("stats")  # type: ignore[attr-defined]
+    if "total_commands_processed" in info:
+        return int(info["total_commands_processed"])
+    return sum(int(node["total_commands_processed"]) for node in info.values())
+
+
+async def node_count(client: object, redis_url: str) -> int:
+    return 3 if redis_url.startswith("redis+cluster://") else 1
