@@ -119,7 +119,7 @@ async def test_semaphore_value() -> None:
     await gate.acquire()
     with canary(
         "asyncio.Semaphore._value (free slots)",
-        "feedsvc/storage/transport.py (stats: pool_in_use)",
+        "feedsvc/storage/gate.py (stats: pool_in_use)",
         "python",
     ):
         assert gate._value == 2
@@ -132,7 +132,7 @@ async def test_semaphore_waiters() -> None:
     try:
         with canary(
             "asyncio.Semaphore._waiters (tasks waiting for a slot)",
-            "feedsvc/storage/transport.py (stats: pool_waiting)",
+            "feedsvc/storage/gate.py (stats: pool_waiting)",
             "python",
         ):
             assert len(gate._waiters or ()) == 2
