@@ -18,11 +18,12 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
-from feedsvc.config import Settings, add_arguments, settings_from
+from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
+from feedsvc.data_dir import make_data_dir
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
-from feedsvc.workers import run_workers
+from feedsvc.workers import bind, run_workers
 
 log = logging.getLogger("feedsvc")
 
@@ -149,34 +150,49 @@ async def drop_silent_connections(runner: web.AppRunner, head_timeout: float) ->
 
 
 def run_serve(settings: Settings) -> int:
+    """Run ``feedsvc serve``: its exit code (2: a setting this machine cannot honour)."""
     embedded: RedisServer | None = None
-    if settings.redis_url is None:
-        try:
-            embedded = RedisServer(settings.data_dir, appendfsync=settings.redis_fsync)
-            embedded.start()
-        except (RedisServerNotFound, RedisServerError) as exc:
-            print(f"feedsvc: error: {exc}", file=sys.stderr)
-            return 1
-        log.info("embedded Redis at %s (data in %s)", embedded.url, settings.data_dir)
-        settings = settings.replace(redis_url=embedded.url)
     try:
+        # first, so that an address we cannot have costs nothing
+        sock = bind(settings)
+    except UnusableSetting as exc:
+        return refuse(exc)
+    try:
+        if settings.redis_url is None:
+            try:
+                data_dir = make_data_dir(settings.data_dir)
+                embedded = RedisServer(data_dir, appendfsync=settings.redis_fsync)
+                embedded.start()
+            except UnusableSetting as exc:
+                return refuse(exc)
+            except (RedisServerNotFound, RedisServerError) as exc:
+                print(f"feedsvc: error: {exc}", file=sys.stderr)
+                return 1
+            log.info("embedded Redis at %s (data in %s)", embedded.url, settings.data_dir)
+            settings = settings.replace(redis_url=embedded.url)
         count = settings.worker_count()
         if count > 1:
-            return run_workers(settings, count, serve_on)
+            return run_workers(settings, count, serve_on, sock)
         ready_file = settings.ready_file
         if ready_file is None:
-            serve_on(settings)
+            serve_on(settings, sock)
         else:
 
             def announce(host: str, port: int) -> None:
                 ready = Ready.listening(host, port, os.getpid(), 1, settings.redis_url)
                 write_ready_file(ready_file, ready)
 
-            serve_on(settings, None, announce, lambda: remove_ready_file(ready_file))
+            serve_on(settings, sock, announce, lambda: remove_ready_file(ready_file))
     finally:
+        sock.close()
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def refuse(exc: UnusableSetting) -> int:
+    print(f"feedsvc: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def serve_on(

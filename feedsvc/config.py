@@ -25,6 +25,15 @@ DRIVER_NAMES = ("lua", "watch")
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 
+class UnusableSetting(Exception):
+    """A well-formed setting this machine cannot honour: a port in use, a host
+    that is not one of its addresses, a data dir that is a file or in use.
+
+    Found only when the process starts; ``feedsvc serve`` prints the message
+    as one line and exits 2, as for a malformed setting.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class SentinelURL:
     """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service``

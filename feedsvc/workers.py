@@ -1,6 +1,7 @@
 """Several event-loop processes behind one listening socket (``--workers N``).
 
-The parent binds the socket once and forks N workers that all accept on it
+The parent binds the socket once (``feedsvc serve`` does, with
+:func:`bind`, before it starts anything else) and forks N workers that all accept on it
 (the kernel hands each connection to one of them), so ``--port 0`` works and
 no worker can steal the port from another. Each worker has its own event
 loop and its own Redis pool and coalescer; they share the one Redis (the
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from feedsvc.config import Settings
+from feedsvc.config import Settings, UnusableSetting
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import _make_pdeathsig_preexec
 
@@ -51,11 +52,28 @@ ServeOn = Callable[[Settings, socket.socket, Callable[[str, int], None]], None]
 
 
 def bind(settings: Settings) -> socket.socket:
+    """The listening socket for --host and --port.
+
+    ``feedsvc serve`` binds it before anything else starts (the embedded
+    Redis, workers), so that an address it cannot have costs nothing.
+
+    Raises:
+        UnusableSetting: the port is in use, the host is no address of this
+            machine or no name that resolves.
+    """
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        where = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host
+        reason = exc.strerror or str(exc)
+        raise UnusableSetting(
+            f"cannot listen on {where}:{settings.port} (--host, --port): {reason}"
+        ) from None
     sock.setblocking(False)
     return sock
 
@@ -83,11 +101,13 @@ def _worker(
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, count: int, serve_on: ServeOn) -> None:
+    def __init__(
+        self, settings: Settings, count: int, serve_on: ServeOn, sock: socket.socket
+    ) -> None:
         self.settings = settings
         self.count = count
         self._serve_on = serve_on
-        self.sock = bind(settings)
+        self.sock = sock
         self._context = multiprocessing.get_context("fork")
         self._workers: dict[int, BaseProcess] = {}
         self._stopping = False
@@ -206,10 +226,11 @@ class Supervisor:
         return 1 if killed else 0
 
 
-def run_workers(settings: Settings, count: int, serve_on: ServeOn) -> int:
+def run_workers(settings: Settings, count: int, serve_on: ServeOn, sock: socket.socket) -> int:
+    """Fork count workers that accept on sock (from :func:`bind`); supervise them."""
     # Nothing asyncio may run in the parent before the fork.
     assert not _running_loop()
-    return Supervisor(settings, count, serve_on).run()
+    return Supervisor(settings, count, serve_on, sock).run()
 
 
 def _running_loop() -> bool:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,12 +28,14 @@ HEADERS = {
 }
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "feedsvc", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
         env={**os.environ, **(env or {})},
     )
@@ -64,6 +67,47 @@ def test_bad_setting_is_one_line_and_exit_2(
     assert result.returncode == 2
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The single line of a refusal to start (exit code 2), as for a bad setting."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("feedsvc: error: "), result.stderr
+    return lines[0]
+
+
+# No Redis is needed: the address is taken before anything else starts.
+UNUSED_REDIS = ["--redis-url", "redis://127.0.0.1:1/0"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_port_in_use_is_one_line_and_exit_2(workers: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", str(port), "--workers", workers, *UNUSED_REDIS)
+    line = one_line_error(result)
+    assert f"127.0.0.1:{port}" in line
+    assert "in use" in line
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_bad_host_is_one_line_and_exit_2(host: str) -> None:
+    result = run_cli("serve", "--host", host, "--port", "0", *UNUSED_REDIS)
+    assert host in one_line_error(result)
+
+
+def test_data_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("a file, not a directory\n")
+    result = run_cli("serve", "--port", "0", "--data-dir", str(not_a_dir))
+    line = one_line_error(result)
+    assert "--data-dir" in line
+    assert str(not_a_dir) in line
+    assert "not a directory" in line
 
 
 def test_flag_wins_over_environment() -> None:

@@ -29,9 +29,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.api.*",),
     # create_app: wires the api to a store
     ("feedsvc.app",),
-    # running processes: drain on SIGTERM, --workers, the embedded redis-server,
-    # the ready file
-    ("feedsvc.drain", "feedsvc.workers", "feedsvc.redis_server", "feedsvc.readiness"),
+    # running processes: drain on SIGTERM, --workers, the embedded redis-server
+    # and its data dir, the ready file
+    (
+        "feedsvc.drain",
+        "feedsvc.workers",
+        "feedsvc.redis_server",
+        "feedsvc.data_dir",
+        "feedsvc.readiness",
+    ),
     # the command line
     ("feedsvc.cli", "feedsvc.__main__"),
     # for tests, bench and loadtest: feedsvc serve as a child process, a local cluster
