@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from feedsvc.api import console, metrics, openapi
 from feedsvc.api import handlers as h
-from feedsvc.api import metrics, openapi
 
 QUEUE = "/v2/queues/{queue}"
 
@@ -45,5 +45,8 @@ def add_routes(app: web.Application, bench_routes: bool = False) -> None:
             app.router.add_route(method, path, handler)
     # operations: not part of the Zaqar API, no headers needed
     app.router.add_get("/metrics", metrics.get_metrics)
+    # the browser console: static files; the page sends /v2 requests itself
+    app.router.add_get("/console", console.get_console)
+    app.router.add_get("/console/{asset}", console.get_console_asset)
     if bench_routes:
         app.router.add_get("/bench/hello", h.bench_hello)
