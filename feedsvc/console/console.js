@@ -429,6 +429,7 @@
     start() {
       if (this.running) return;
       this.running = true;
+      $("tail-toggle").disabled = false;
       $("tail-toggle").textContent = "Pause";
       this.connect();
     }
@@ -503,6 +504,8 @@
         if (ended) {
           controller.abort();
           this.stop("ended", "ended: the queue was deleted");
+          $("tail-toggle").disabled = true; // choose the queue again to follow a new one
+          loadQueues();
           return;
         }
         // the server closed the stream (its connection lifetime, a restart):
