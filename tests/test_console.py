@@ -358,6 +358,54 @@ def test_auth_token_is_asked_for_and_kept_in_session_storage_only(
         screenshot(browser, tmp_path / "console-auth.png")
 
 
+SSE_STREAM = (
+    "\ufeffretry: 2500\r\n: heartbeat\r\n\r\n"
+    'id: 17\nevent: message\ndata: {"n": 1}\n\n'
+    "data:a\rdata: b\r\r"  # CR line ends; no id: the last one stays
+    "id: 18\r\ndata: x\r\ndata:  y\r\n\r\n"  # one space after the colon is dropped
+    "id\nevent: end\ndata: {}\n\n"  # an id field with no colon resets the id
+    "id: 19\ndata: never dispatched"  # no blank line: cut off, dropped
+)
+SSE_EVENTS = [
+    {"type": "message", "data": '{"n": 1}', "id": "17"},
+    {"type": "message", "data": "a\nb", "id": "17"},
+    {"type": "message", "data": "x\n y", "id": "18"},
+    {"type": "end", "data": "{}", "id": ""},
+]
+
+
+def test_sse_parser_frames_events_whatever_the_chunking(
+    service: ServiceProcess, browser: WebDriver
+) -> None:
+    """The page's own event-stream parser (console.js SseParser), in the
+    browser: the stream whole, cut at every position, and char by char."""
+    browser.get(service.url + "/console")
+    run = """
+        const [text, cuts] = arguments;
+        const events = [], retries = [], comments = [];
+        const parser = new window.feedsvcConsole.SseParser({
+            onEvent: (e) => events.push(e),
+            onRetry: (ms) => retries.push(ms),
+            onComment: (c) => comments.push(c),
+        });
+        let at = 0;
+        for (const cut of cuts.concat([text.length])) {
+            parser.feed(text.slice(at, cut));
+            at = cut;
+        }
+        return {events, retries, comments, last: parser.lastEventId};
+    """
+    splits = [[], *([i] for i in range(1, len(SSE_STREAM))), list(range(1, len(SSE_STREAM)))]
+    for cuts in splits:
+        got = browser.execute_script(run, SSE_STREAM, cuts)
+        assert got == {
+            "events": SSE_EVENTS,
+            "retries": [2500],
+            "comments": [" heartbeat"],
+            "last": "",
+        }, cuts
+
+
 @pytest.mark.xfail(
     reason="the SSE endpoint (issue 16 point 2: GET .../messages with Accept: "
     "text/event-stream) is not in the service yet; remove this mark when it lands",

@@ -676,5 +676,7 @@
     else say("Choose a project, then a queue.");
   }
 
+  // for tests/test_console.py, which checks the parser in the browser
+  window.feedsvcConsole = { SseParser };
   init();
 })();
