@@ -16,9 +16,10 @@ from redis.utils import HIREDIS_AVAILABLE
 from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
-from feedsvc.appkeys import AUTH_TOKENS, CLOCK, SETTINGS, STORE
+from feedsvc.appkeys import AUTH_TOKENS, CLOCK, LIVE, SETTINGS, STORE
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
+from feedsvc.live import LiveFeeds
 from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
@@ -33,8 +34,11 @@ def _storage_context(
             log.warning("hiredis is not installed; replies are parsed in Python")
         store = make_store(settings, clock)
         await store.open()
+        live = LiveFeeds(store, settings.stream_buffer)
         app[STORE] = store
+        app[LIVE] = live
         yield
+        await live.close()
         await store.close()
 
     return storage

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
+from feedsvc.live import LiveFeeds
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -21,6 +22,8 @@ SETTINGS = web.AppKey("settings", Settings)
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 #: Set by the storage cleanup context once the store is open; absent before.
 STORE = web.AppKey("store", FeedStore)
+#: The shared tails of live followers (long polls, event streams); set with STORE.
+LIVE = web.AppKey("live", LiveFeeds)
 #: Bearer token -> project (``--auth-token``); empty means no authentication.
 AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
 #: This app's own Prometheus registry (several apps in one process do not collide).

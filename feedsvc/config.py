@@ -207,6 +207,25 @@ class Settings:
     keepalive_timeout: float = _opt(
         75.0, "seconds an idle keep-alive connection is kept open", minimum=0.1
     )
+    stream_heartbeat: float = _opt(
+        15.0, "seconds between heartbeat comments on an event stream", minimum=0.1
+    )
+    stream_lifetime: float = _opt(
+        600.0,
+        "seconds an event stream stays open (±10%), then the client reconnects with Last-Event-ID",
+        minimum=1.0,
+    )
+    stream_retry: int = _opt(
+        2000, "milliseconds an event stream tells its client to wait before reconnecting", minimum=0
+    )
+    stream_buffer: int = _opt(
+        64, "batches of messages held for a slow event stream before it is cut off", minimum=1
+    )
+    max_followers: int = _opt(
+        10000,
+        "event streams and long polls one process serves at once (503 with Retry-After beyond)",
+        minimum=1,
+    )
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(
         False,

@@ -121,6 +121,10 @@ class StorageUnavailable(Unavailable):
     pass
 
 
+class TooManyFollowers(Unavailable):
+    """The process serves --max-followers streams and long polls already."""
+
+
 class NotReplicated(StorageUnavailable):
     """A write done on the primary but not confirmed by --min-replicas-ack
     replicas in time: it may or may not survive a failover."""

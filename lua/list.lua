@@ -3,7 +3,8 @@
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
 --       include_claimed (1/0), include_delayed (1/0), scan_limit
 -- Returns {next_marker or '', then per message:
---          id, seq, body, ttl, created_ms, live claim id or '', claim count}.
+--          id, seq, body, ttl, created_ms, live claim id or '', claim count,
+--          author (the poster's client id)}.
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
@@ -46,6 +47,7 @@ while count < limit and scanned < scan_limit do
         out[#out + 1] = m[3]
         out[#out + 1] = claim
         out[#out + 1] = m[9] or '0'
+        out[#out + 1] = m[5] or ''
         count = count + 1
         if count == limit then break end
       end

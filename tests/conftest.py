@@ -86,7 +86,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 # Suites that run against a real 3-primary Redis Cluster as well as a single
 # server: the store contract and the HTTP API, for both drivers.
-CLUSTER_SUITES = {"test_follow", "test_store", "test_store_claims", "test_api", "test_api_claims"}
+CLUSTER_SUITES = {
+    "test_follow",
+    "test_live",
+    "test_store",
+    "test_store_claims",
+    "test_api",
+    "test_api_claims",
+}
 
 
 @pytest.fixture(scope="session")

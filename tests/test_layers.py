@@ -23,6 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
+    # live followers' shared reads, over the storage interface
+    ("feedsvc.live",),
     # the app's typed state keys: a leaf every HTTP module may read
     ("feedsvc.appkeys",),
     # routes, handlers, validation, middleware, metrics, openapi
@@ -47,7 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
-APPKEYS_MAY_IMPORT = {"feedsvc.config", "feedsvc.clock", "feedsvc.storage.base"}
+APPKEYS_MAY_IMPORT = {"feedsvc.config", "feedsvc.clock", "feedsvc.storage.base", "feedsvc.live"}
 
 
 def module_names(package: Path) -> dict[str, Path]:

@@ -82,12 +82,13 @@ def test_only_storage_names_a_driver() -> None:
 
 def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     """One decoder per script reply: list.lua's layout (see its header)."""
-    out = [b"7", b"ab" * 12, b"7", b'{"x":1}', b"60", b"1000", b"", b"0"]
+    out = [b"7", b"ab" * 12, b"7", b'{"x":1}', b"60", b"1000", b"", b"0", b"me"]
     page = record.list_reply(out)
     assert page.next_marker == 7
     [message] = page.messages
     assert (message.id, message.seq, message.body, message.ttl) == ("ab" * 12, 7, b'{"x":1}', 60)
     assert message.claim_id is None
+    assert message.author == "me"
     assert record.list_reply([b""]).next_marker is None
 
 

@@ -27,7 +27,7 @@ from feedsvc.errors import (
     RequestTimeout,
     Unavailable,
 )
-from feedsvc.storage.base import FeedStore, ListQuery, Message, MessageSummary
+from feedsvc.storage.base import Claim, FeedStore, ListQuery, Message, MessagePage, MessageSummary
 
 API_VERSION = "2"
 DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
@@ -65,7 +65,7 @@ def _queue_href(queue: str) -> str:
     return f"/v2/queues/{queue}"
 
 
-def _message_json(queue: str, message: Message, now: int) -> dict[str, Any]:
+def message_json(queue: str, message: Message, now: int) -> dict[str, Any]:
     href = f"/v2/queues/{queue}/messages/{message.id}"
     if message.claim_id is not None:
         href += f"?claim_id={message.claim_id}"
@@ -305,9 +305,18 @@ async def get_messages(request: web.Request) -> web.Response:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
         if not found:
             raise NotFound(f"No messages with ids {', '.join(ids)} in queue {queue}.")
-        return json_response({"messages": [_message_json(queue, m, now) for m in found]})
+        return json_response({"messages": [message_json(queue, m, now) for m in found]})
 
-    list_query = ListQuery(
+    list_query = list_query_of(request, client)
+    page = await store.list_messages(project, queue, list_query)
+    return page_response(queue, page, list_query, now)
+
+
+def list_query_of(request: web.Request, client: str) -> ListQuery:
+    """A list request's marker, limit and filters."""
+    settings = _settings(request)
+    query = request.query
+    return ListQuery(
         client_id=client,
         marker=v.message_marker(query),
         limit=v.bounded_int(
@@ -321,7 +330,10 @@ async def get_messages(request: web.Request) -> web.Response:
         include_claimed=v.flag(query, "include_claimed"),
         include_delayed=v.flag(query, "include_delayed"),
     )
-    page = await store.list_messages(project, queue, list_query)
+
+
+def page_response(queue: str, page: MessagePage, list_query: ListQuery, now: int) -> web.Response:
+    """A page of messages, with its next link (none when the page is empty)."""
     links = []
     if page.next_marker is not None:
         params = {"marker": str(page.next_marker), "limit": str(list_query.limit)}
@@ -331,7 +343,7 @@ async def get_messages(request: web.Request) -> web.Response:
         href = f"/v2/queues/{queue}/messages?{urlencode(params)}"
         links.append({"rel": "next", "href": href})
     payload = {
-        "messages": [_message_json(queue, m, now) for m in page.messages],
+        "messages": [message_json(queue, m, now) for m in page.messages],
         "links": links,
     }
     return json_response(payload)
@@ -346,7 +358,7 @@ async def get_message(request: web.Request) -> web.Response:
         found = await _store(request).get_messages(project, queue, [message_id])
     if not found:
         raise MessageNotFound(message_id)
-    return json_response(_message_json(queue, found[0], _now(request)))
+    return json_response(message_json(queue, found[0], _now(request)))
 
 
 async def delete_message(request: web.Request) -> web.Response:
@@ -405,18 +417,40 @@ async def post_claim(request: web.Request) -> web.Response:
         1,
         settings.max_messages_per_claim_or_pop,
     )
+    seconds = v.wait_seconds(request.query)
     ttl, grace = v.claim_options(await read_body(request), settings)
-    claim = await _store(request).claim_messages(project, queue, ttl, grace, limit)
+    store = _store(request)
+    claim = await store.claim_messages(project, queue, ttl, grace, limit)
+    if claim is None and seconds:
+        claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
-    body = orjson.dumps({"messages": [_message_json(queue, m, now) for m in claim.messages]})
+    body = orjson.dumps({"messages": [message_json(queue, m, now) for m in claim.messages]})
     return web.Response(
         status=201,
         body=body,
         content_type="application/json",
         headers={"Location": _claim_href(queue, claim.id)},
     )
+
+
+async def _claim_waiting(
+    store: FeedStore, project: str, queue: str, terms: tuple[int, int, int], seconds: float
+) -> Claim | None:
+    """Claim as soon as something is claimable (a post, a delayed message
+    falling due, a queue change), or give up after seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    ttl, grace, limit = terms
+    async with store.follow(project, queue) as follow:
+        while (remaining := deadline - loop.time()) > 0:
+            token = follow.token()
+            claim = await store.claim_messages(project, queue, ttl, grace, limit)
+            if claim is not None or follow.ended:
+                return claim
+            await follow.wait(token, remaining)
+    return None
 
 
 def _claim_id(request: web.Request) -> str:
@@ -435,7 +469,7 @@ async def get_claim(request: web.Request) -> web.Response:
         {
             "age": claim.age(now),
             "ttl": claim.ttl,
-            "messages": [_message_json(queue, m, now) for m in claim.messages],
+            "messages": [message_json(queue, m, now) for m in claim.messages],
             "href": _claim_href(queue, claim.id),
         }
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from feedsvc.api import console, metrics, openapi
+from feedsvc.api import console, metrics, openapi, streams
 from feedsvc.api import handlers as h
 
 QUEUE = "/v2/queues/{queue}"
@@ -25,7 +25,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", QUEUE + "/purge", h.purge_queue),
     ("GET", QUEUE + "/stats", h.get_queue_stats),
     ("POST", QUEUE + "/messages", h.post_messages),
-    ("GET", QUEUE + "/messages", h.get_messages),
+    ("GET", QUEUE + "/messages", streams.get_messages),
     ("DELETE", QUEUE + "/messages", h.delete_messages),
     ("GET", QUEUE + "/messages/{message_id}", h.get_message),
     ("DELETE", QUEUE + "/messages/{message_id}", h.delete_message),

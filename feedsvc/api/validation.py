@@ -125,6 +125,24 @@ def bounded_int(query: Mapping[str, str], name: str, default: int, low: int, hig
     return value
 
 
+#: The longest long poll, in seconds (as SQS's WaitTimeSeconds).
+MAX_WAIT = 20.0
+
+
+def wait_seconds(query: Mapping[str, str]) -> float:
+    """``wait``: 0 (default, no waiting) to MAX_WAIT seconds, decimals allowed."""
+    raw = query.get("wait")
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise BadRequest("The value of wait must be a number of seconds.") from None
+    if not 0 <= seconds <= MAX_WAIT:  # also refuses nan
+        raise BadRequest(f"The value of wait must be at least 0 and at most {MAX_WAIT:g}.")
+    return seconds
+
+
 def message_marker(query: Mapping[str, str]) -> int | None:
     raw = query.get("marker")
     if raw is None or raw == "":

@@ -88,6 +88,7 @@ class Message:
     created_ms: int
     claim_id: str | None = None
     claim_count: int = 0
+    author: str | None = None  # the poster's client id, where a list needs it
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)

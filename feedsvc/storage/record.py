@@ -241,6 +241,7 @@ class Row:
             created_ms=self.created,
             claim_id=self.claim if self.claimed(now) else None,
             claim_count=self.count,
+            author=self.author.decode(),
         )
 
 
@@ -261,7 +262,9 @@ class Parked:
     count: int  # how often it was claimed
 
 
-def _message(out: list[Any], i: int, claim_id: str | None = None, count: int = 0) -> Message:
+def _message(
+    out: list[Any], i: int, claim_id: str | None = None, count: int = 0, author: str | None = None
+) -> Message:
     """The five fields every script reply starts a message with: id, seq,
     body, ttl, created."""
     return Message(
@@ -272,13 +275,16 @@ def _message(out: list[Any], i: int, claim_id: str | None = None, count: int = 0
         created_ms=int(out[i + 4]),
         claim_id=claim_id,
         claim_count=count,
+        author=author,
     )
 
 
 def list_reply(out: list[Any]) -> MessagePage:
-    """list.lua: {next marker or '', then id, seq, body, ttl, created, claim, count...}."""
+    """list.lua: {next marker or '', then id, seq, body, ttl, created, claim,
+    count, author...}."""
     messages = [
-        _message(out, i, text(out[i + 5]) or None, int(out[i + 6])) for i in range(1, len(out), 7)
+        _message(out, i, text(out[i + 5]) or None, int(out[i + 6]), text(out[i + 7]))
+        for i in range(1, len(out), 8)
     ]
     return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
 

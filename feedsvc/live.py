@@ -1,0 +1,258 @@
+"""Live following of a queue (long polls and event streams), sharing reads.
+
+A :class:`Follower` keeps its own position (the marker of the last message it
+was given) and filters (its client id with ``echo``, ``include_claimed``),
+exactly those of a list request, so it sees exactly what following the list's
+``next`` links would show. It first reads its own backlog, page by page, like
+a list reader. Once a read comes back empty it has *caught up* and joins its
+queue's :class:`Tail`: one task per followed queue and process, which waits
+for the queue's wake-ups (``FeedStore.follow``: through Redis, nothing read
+while idle) and then reads what is new **once** for all of them, unfiltered
+(echo on, claimed included), handing the batch to every caught-up follower,
+which filters it for itself. A thousand followers of a queue cost one read
+per wake-up, not a thousand.
+
+Joining without a gap or a repeat: the follower notes the tail's position
+before its last (empty) read. Entries up to that position existed before the
+read, so none of them is visible to this follower: it may take that position
+as its own. It joins only if the tail has read nothing since (no await
+between the check and the join); otherwise it reads again. Batches carry
+what lies after the tail's previous position, and a follower drops whatever
+is not after its own.
+
+A follower whose buffer of batches is full (a client too slow to keep up) is
+dropped; it resumes from its last position (the messages are in Redis). A
+lost wake-up costs latency only: the tail re-reads from its position on the
+next one, and the store wakes everyone after a lost subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedsvc.errors import Unavailable
+from feedsvc.storage.base import FeedStore, ListQuery, Message
+
+log = logging.getLogger("feedsvc")
+
+# Messages a tail or a catching-up follower reads per page, and pages per wake-up.
+PAGE = 20
+PAGES_PER_READ = 50
+# Seconds a tail waits before reading again after Redis trouble.
+RETRY_AFTER_TROUBLE = 1.0
+
+
+@dataclass(slots=True)
+class Batch:
+    """What a tail read: messages after ``after`` up to ``upto``, in order."""
+
+    messages: list[Message]
+    after: int
+    upto: int
+    ended: bool = False  # the queue was deleted
+    # the bytes of each message's event, made once for all followers (see api)
+    encoded: dict[Any, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    client_id: str
+    echo: bool = False
+    include_claimed: bool = False
+
+    def query(self, marker: int | None, limit: int = PAGE) -> ListQuery:
+        return ListQuery(
+            self.client_id,
+            marker=marker,
+            limit=limit,
+            echo=self.echo,
+            include_claimed=self.include_claimed,
+        )
+
+
+class Follower:
+    """One long poll or event stream: a position, filters, a bounded buffer."""
+
+    def __init__(self, position: int | None, filters: Filters, buffer: int) -> None:
+        self.position = position
+        self.filters = filters
+        self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=buffer)
+        self.dropped = False  # too slow: its buffer overflowed
+
+    def offer(self, batch: Batch) -> bool:
+        """Queue a batch; False if the buffer is full (the follower is then
+        dropped: it sees the batches queued so far, then ``dropped``)."""
+        try:
+            self._batches.put_nowait(batch)
+        except asyncio.QueueFull:
+            self.dropped = True
+            return False
+        return True
+
+    async def next(self, seconds: float) -> tuple[list[Message], Batch] | None:
+        """The messages of the next batch visible to this follower (possibly
+        none), and the batch; None if seconds passed without one."""
+        try:
+            async with asyncio.timeout(seconds):
+                batch = await self._batches.get()
+        except TimeoutError:
+            return None
+        return self.take(batch), batch
+
+    def take(self, batch: Batch) -> list[Message]:
+        """The batch's messages this follower has not had and may see; moves on."""
+        after = self.position or 0
+        f = self.filters
+        visible = [
+            m
+            for m in batch.messages
+            if m.seq > after
+            and (f.echo or m.author != f.client_id)
+            and (f.include_claimed or m.claim_id is None)
+        ]
+        self.position = max(after, batch.upto)
+        return visible
+
+
+class Tail:
+    """The shared reader of one queue in this process."""
+
+    def __init__(self, store: FeedStore, project: str, queue: str, position: int) -> None:
+        self._store = store
+        self._project, self._queue = project, queue
+        self.position = position
+        self.followers: set[Follower] = set()
+        self.reads = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        async with self._store.follow(self._project, self._queue) as follow:
+            while True:
+                token = follow.token()
+                try:
+                    batch = await self._read()
+                except Unavailable as exc:
+                    log.debug("tail of %s: %s; reading again later", self._queue, exc)
+                    await follow.wait(token, RETRY_AFTER_TROUBLE)
+                    continue
+                if batch is not None:
+                    for follower in list(self.followers):
+                        if not follower.offer(batch):
+                            self.followers.discard(follower)
+                if follow.ended:
+                    end = Batch([], self.position, self.position, ended=True)
+                    for follower in list(self.followers):
+                        follower.offer(end)
+                    return
+                if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
+                    await follow.wait(token, 3600.0)
+
+    async def _read(self) -> Batch | None:
+        """Everything new after the position, unfiltered; None if nothing."""
+        everything = Filters("", echo=True, include_claimed=True)
+        messages: list[Message] = []
+        marker = after = self.position
+        for _ in range(PAGES_PER_READ):
+            page = await self._store.list_messages(
+                self._project, self._queue, everything.query(marker)
+            )
+            self.reads += 1
+            messages += page.messages
+            if page.next_marker is None:
+                break
+            marker = page.next_marker
+        if marker == after:
+            return None
+        assert marker is not None
+        self.position = marker
+        return Batch(messages, after, marker)
+
+
+class LiveFeeds:
+    """The tails of this process, one per followed queue."""
+
+    def __init__(self, store: FeedStore, buffer: int) -> None:
+        self._store = store
+        self._buffer = buffer
+        self._tails: dict[tuple[str, str], Tail] = {}
+        self.followers = 0  # long polls and streams now
+
+    @property
+    def tails(self) -> int:
+        return len(self._tails)
+
+    @asynccontextmanager
+    async def follower(
+        self, project: str, queue: str, position: int | None, filters: Filters
+    ) -> AsyncIterator[Follower]:
+        """A follower, not yet caught up: call ``catch_up`` until it returns []."""
+        follower = Follower(position, filters, self._buffer)
+        self.followers += 1
+        try:
+            yield follower
+        finally:
+            self.followers -= 1
+            await self._leave(project, queue, follower)
+
+    async def catch_up(
+        self, project: str, queue: str, follower: Follower, limit: int = PAGE
+    ) -> list[Message]:
+        """Its next page of backlog; [] once it has caught up and joined the tail."""
+        key = (project, queue)
+        while True:
+            tail = self._tails.get(key)
+            before = tail.position if tail is not None else None
+            page = await self._store.list_messages(
+                project, queue, follower.filters.query(follower.position, limit)
+            )
+            if page.messages:
+                follower.position = page.messages[-1].seq
+                return page.messages
+            if page.next_marker is not None:  # a scan that stopped early
+                follower.position = page.next_marker
+                continue
+            # Caught up. What the tail had read before this read is invisible to us.
+            if before is not None and before > (follower.position or 0):
+                follower.position = before
+            tail = self._tails.get(key)
+            if tail is None:
+                tail = Tail(self._store, project, queue, follower.position or 0)
+                self._tails[key] = tail
+                tail.followers.add(follower)
+                tail.start()
+                return []
+            mine = follower.position or 0
+            if tail.position == before or (before is None and tail.position <= mine):
+                tail.followers.add(follower)
+                return []
+            # the tail read more meanwhile: read again from our position
+
+    async def _leave(self, project: str, queue: str, follower: Follower) -> None:
+        key = (project, queue)
+        tail = self._tails.get(key)
+        if tail is None or follower not in tail.followers:
+            return
+        tail.followers.discard(follower)
+        if not tail.followers:
+            del self._tails[key]
+            await tail.stop()
+
+    async def close(self) -> None:
+        tails, self._tails = self._tails, {}
+        for tail in tails.values():
+            await tail.stop()

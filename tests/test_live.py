@@ -1,0 +1,267 @@
+"""Long polls and Server-Sent Events over HTTP: woken by posts, resumable,
+exactly what a list shows; both drivers, single Redis and Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import ClientResponse, web
+from aiohttp.test_utils import TestClient, TestServer
+
+from feedsvc.app import create_app
+from feedsvc.appkeys import LIVE
+from feedsvc.config import Settings
+
+Client = TestClient[web.Request, web.Application]
+Headers = dict[str, str]
+MESSAGES = "/v2/queues/q/messages"
+
+
+async def post(http: Client, headers: Headers, *bodies: Any, queue: str = "q") -> list[str]:
+    doc = {"messages": [{"body": b} for b in bodies]}
+    response = await http.post(f"/v2/queues/{queue}/messages", json=doc, headers=headers)
+    assert response.status == 201, await response.text()
+    return [href.rsplit("/", 1)[1] for href in (await response.json())["resources"]]
+
+
+def other_client(headers: Headers) -> Headers:
+    return {**headers, "Client-ID": str(uuid.uuid4())}
+
+
+async def post_soon(http: Client, headers: Headers, *bodies: Any) -> list[str]:
+    await asyncio.sleep(0.2)
+    return await post(http, other_client(headers), *bodies)
+
+
+# -- long poll -------------------------------------------------------------------
+
+
+async def test_a_long_poll_returns_as_soon_as_a_message_arrives(
+    http: Client, headers: Headers
+) -> None:
+    poster = asyncio.create_task(post_soon(http, headers, {"n": 1}))
+    response = await http.get(MESSAGES, params={"wait": "10"}, headers=headers)
+    assert response.status == 200
+    page = await response.json()
+    assert [m["id"] for m in page["messages"]] == await poster
+    assert page["messages"][0]["body"] == {"n": 1}
+    # the next link leads past it: nothing more, at once
+    [link] = page["links"]
+    again = await http.get(link["href"], headers=headers)
+    assert (await again.json())["messages"] == []
+
+
+async def test_a_long_poll_with_nothing_ends_empty_after_its_wait(
+    http: Client, headers: Headers
+) -> None:
+    response = await http.get(MESSAGES, params={"wait": "0.3"}, headers=headers)
+    assert response.status == 200
+    assert await response.json() == {"messages": [], "links": []}
+
+
+async def test_a_long_poll_from_a_marker_sees_only_what_follows(
+    http: Client, headers: Headers
+) -> None:
+    first, second = await post(http, other_client(headers), 1, 2)
+    page = await (await http.get(MESSAGES, params={"limit": "1"}, headers=headers)).json()
+    marker = page["links"][0]["href"].split("marker=")[1].split("&")[0]
+    response = await http.get(MESSAGES, params={"wait": "5", "marker": marker}, headers=headers)
+    assert [m["id"] for m in (await response.json())["messages"]] == [second]
+    assert first != second
+
+
+async def test_a_long_poll_is_not_woken_by_its_own_posts(http: Client, headers: Headers) -> None:
+    async def own_post() -> None:
+        await asyncio.sleep(0.1)
+        await post(http, headers, "mine")
+
+    poster = asyncio.create_task(own_post())
+    response = await http.get(MESSAGES, params={"wait": "0.6"}, headers=headers)
+    await poster
+    assert (await response.json())["messages"] == []  # echo is off by default
+    echoed = await http.get(MESSAGES, params={"wait": "1", "echo": "true"}, headers=headers)
+    assert [m["body"] for m in (await echoed.json())["messages"]] == ["mine"]
+
+
+@pytest.mark.parametrize("wait", ["-1", "20.5", "abc", "nan", "inf"])
+async def test_a_bad_wait_is_400(http: Client, headers: Headers, wait: str) -> None:
+    response = await http.get(MESSAGES, params={"wait": wait}, headers=headers)
+    assert response.status == 400
+    assert "wait" in (await response.json())["description"]
+    claim = await http.post(
+        "/v2/queues/q/claims", params={"wait": wait}, json={"ttl": 60, "grace": 60}, headers=headers
+    )
+    assert claim.status == 400
+
+
+async def test_a_waiting_claim_takes_the_message_posted_meanwhile(
+    http: Client, headers: Headers
+) -> None:
+    poster = asyncio.create_task(post_soon(http, headers, "work"))
+    response = await http.post(
+        "/v2/queues/q/claims", params={"wait": "10"}, json={"ttl": 60, "grace": 60}, headers=headers
+    )
+    assert response.status == 201, await response.text()
+    assert [m["body"] for m in (await response.json())["messages"]] == ["work"]
+    await poster
+    nothing = await http.post(
+        "/v2/queues/q/claims",
+        params={"wait": "0.2"},
+        json={"ttl": 60, "grace": 60},
+        headers=headers,
+    )
+    assert nothing.status == 204
+
+
+# -- event streams -----------------------------------------------------------------
+
+
+async def open_stream(
+    http: Client, headers: Headers, last_event_id: str | None = None, **params: str
+) -> ClientResponse:
+    extra = {"Accept": "text/event-stream"}
+    if last_event_id is not None:
+        extra["Last-Event-ID"] = last_event_id
+    response = await http.get(MESSAGES, params=params, headers={**headers, **extra})
+    assert response.status == 200, await response.text()
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    assert response.headers["Cache-Control"] == "no-cache"
+    return response
+
+
+async def next_event(response: ClientResponse, seconds: float = 10) -> dict[str, str]:
+    """The next event's fields (comments skipped)."""
+    fields: dict[str, str] = {}
+    async with asyncio.timeout(seconds):
+        while True:
+            line = (await response.content.readline()).decode()
+            if line == "":
+                raise EOFError("the stream ended")
+            line = line.rstrip("\n")
+            if line == "":
+                if fields:
+                    return fields
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+async def test_a_stream_sends_the_backlog_then_live_messages(
+    http: Client, headers: Headers
+) -> None:
+    backlog = await post(http, other_client(headers), "a", "b")
+    stream = await open_stream(http, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        seen = [await next_event(stream) for _ in backlog]
+        assert [orjson.loads(e["data"])["id"] for e in seen] == backlog
+        assert {e["event"] for e in seen} == {"message"}
+        live = await post(http, other_client(headers), "c")
+        event = await next_event(stream)
+        message = orjson.loads(event["data"])
+        assert (message["id"], message["body"]) == (live[0], "c")
+        # the data is the message exactly as a list page shows it
+        listed = await (await http.get(MESSAGES, headers=headers)).json()
+        as_listed = {m["id"]: m for m in listed["messages"]}[message["id"]]
+        assert message.keys() == as_listed.keys()
+        assert message["href"] == as_listed["href"]
+        # ids are markers: listing after one gives what follows it
+        after = await http.get(MESSAGES, params={"marker": seen[0]["id"]}, headers=headers)
+        assert [m["id"] for m in (await after.json())["messages"]] == [backlog[1], live[0]]
+    finally:
+        stream.close()
+
+
+async def test_a_stream_resumes_after_last_event_id_without_gap_or_repeat(
+    http: Client, headers: Headers
+) -> None:
+    ids = await post(http, other_client(headers), 1, 2, 3)
+    stream = await open_stream(http, headers)
+    await next_event(stream)  # retry
+    first = await next_event(stream)
+    stream.close()
+    more = await post(http, other_client(headers), 4)
+    again = await open_stream(http, headers, last_event_id=first["id"])
+    try:
+        await next_event(again)
+        got = [orjson.loads((await next_event(again))["data"])["id"] for _ in range(3)]
+        assert got == [ids[1], ids[2], more[0]]
+    finally:
+        again.close()
+
+
+async def test_a_stream_ends_when_its_queue_is_deleted(http: Client, headers: Headers) -> None:
+    await post(http, other_client(headers), "x")
+    stream = await open_stream(http, headers)
+    try:
+        await next_event(stream)
+        await next_event(stream)
+        deleted = await http.delete("/v2/queues/q", headers=headers)
+        assert deleted.status == 204
+        assert (await next_event(stream))["event"] == "end"
+    finally:
+        stream.close()
+
+
+async def test_a_stream_with_a_bad_last_event_id_is_400(http: Client, headers: Headers) -> None:
+    response = await http.get(
+        MESSAGES, headers={**headers, "Accept": "text/event-stream", "Last-Event-ID": "x1"}
+    )
+    assert response.status == 400
+    assert "Last-Event-ID" in (await response.json())["description"]
+
+
+async def test_a_stream_sees_nothing_of_another_project(http: Client, headers: Headers) -> None:
+    stream = await open_stream(http, headers)
+    try:
+        await next_event(stream)
+        stranger = {**other_client(headers), "X-Project-ID": "other-" + uuid.uuid4().hex}
+        await post(http, stranger, "not yours")
+        mine = await post(http, other_client(headers), "yours")
+        event = await next_event(stream)
+        assert orjson.loads(event["data"])["id"] == mine[0]
+    finally:
+        stream.close()
+
+
+async def test_many_streams_of_a_queue_share_one_tail(http: Client, headers: Headers) -> None:
+    """Fifty caught-up followers each see every message once, in order, and the
+    process reads the queue once per wake-up, not once per follower."""
+    streams = [await open_stream(http, headers) for _ in range(50)]
+    try:
+        for stream in streams:
+            await next_event(stream)
+        live = http.app[LIVE]
+        assert live.tails == 1
+        [tail] = live._tails.values()
+        reads_before = tail.reads
+        ids: list[str] = []
+        for n in range(5):
+            ids += await post(http, other_client(headers), n)
+        for stream in streams:
+            got = [orjson.loads((await next_event(stream))["data"])["id"] for _ in ids]
+            assert got == ids
+        assert tail.reads - reads_before <= 2 * len(ids), "reads multiplied with followers"
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+async def test_followers_beyond_the_limit_get_503(settings: Settings, headers: Headers) -> None:
+    app = create_app(settings.replace(max_followers=1))
+    async with TestClient(TestServer(app)) as http:
+        first = await open_stream(http, headers)
+        try:
+            response = await http.get(MESSAGES, headers={**headers, "Accept": "text/event-stream"})
+            assert response.status == 503
+            assert response.headers["Retry-After"]
+            poll = await http.get(MESSAGES, params={"wait": "1"}, headers=headers)
+            assert poll.status == 503
+        finally:
+            first.close()
