@@ -9,9 +9,7 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from aiohttp import web
 
@@ -78,6 +76,8 @@ async def serve(
         access_log_format=ACCESS_FORMAT,
         handle_signals=False,
         keepalive_timeout=settings.keepalive_timeout,
+        # every request head, not only a connection's first, within --client-timeout
+        head_timeout=settings.client_timeout,
         # after an early answer (413, 408) do not wait long for the rest of a body
         lingering_time=1.0,
         # the grace period is spent by Drain.run(); cleanup() only cuts off
@@ -108,7 +108,6 @@ async def serve(
         # a worker ignores SIGINT: its supervisor decides when it stops
         if signal.getsignal(sig) is not signal.SIG_IGN:
             loop.add_signal_handler(sig, stop.set)
-    sweeper = asyncio.create_task(drop_silent_connections(runner, settings.client_timeout))
     try:
         if on_listening is not None:
             host, port = runner.addresses[0][:2]
@@ -118,35 +117,8 @@ async def serve(
         log.info("shutting down")
         if on_stopping is not None:
             on_stopping()
-        sweeper.cancel()
         await drain.run()
         await runner.cleanup()
-
-
-async def drop_silent_connections(runner: web.AppRunner, head_timeout: float) -> None:
-    """Close connections that have not sent a whole request head in time.
-
-    aiohttp bounds idle keep-alive connections (--keepalive-timeout) but not
-    a client that connects and then sends nothing, or half a request line:
-    without this, such clients would hold sockets forever. Slow bodies are
-    bounded where they are read (408).
-    """
-    first_seen: dict[Any, float] = {}  # handlers have __slots__: no weak references
-    while True:
-        await asyncio.sleep(min(1.0, head_timeout / 2))
-        server = runner.server
-        if server is None:
-            continue
-        now = time.monotonic()
-        waiting: dict[Any, float] = {}
-        for handler in server.connections:
-            if handler._request_count:  # it has sent a request head
-                continue
-            started = waiting[handler] = first_seen.get(handler, now)
-            if now - started >= head_timeout and handler.transport is not None:
-                log.debug("closing a connection that sent no request in time")
-                handler.transport.close()
-        first_seen = waiting
 
 
 def run_serve(settings: Settings) -> int:

@@ -23,6 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
@@ -215,7 +216,7 @@ async def test_aiohttp_request_count(served: Served) -> None:
     try:
         with canary(
             "RequestHandler._request_count (request heads received on a connection)",
-            "feedsvc/cli.py (drop_silent_connections)",
+            "feedsvc/api/protocol.py (JsonErrorRequestHandler.data_received: the head clock)",
             "aiohttp",
         ):
             await until(has_connection(served))
@@ -231,12 +232,39 @@ async def test_aiohttp_request_count(served: Served) -> None:
         writer.close()
 
 
+async def test_aiohttp_messages(served: Served) -> None:
+    reader, writer = await served.connect()
+    try:
+        with canary(
+            "RequestHandler._messages (parsed (message, payload) pairs, the last one "
+            "appended as its head is parsed; the payload is at EOF once its body is in)",
+            "feedsvc/api/protocol.py (JsonErrorRequestHandler.data_received: the head clock)",
+            "aiohttp",
+        ):
+            await until(has_connection(served))
+            handler = served.handler()
+            await send(writer, "/slow")  # keeps the next request queued
+            await asyncio.wait_for(served.entered.wait(), 10)
+            writer.write(b"POST / HTTP/1.1\r\nHost: canary\r\nContent-Length: 3\r\n\r\na")
+            await until(lambda: len(handler._messages) == 1)
+            message, payload = handler._messages[-1]
+            assert getattr(message, "path", None) == "/", message
+            assert isinstance(payload, StreamReader), payload
+            assert not payload.is_eof(), "a body at EOF before it was sent"
+            writer.write(b"bc")
+            await until(payload.is_eof)
+            served.release.set()
+            await answer(reader)
+    finally:
+        writer.close()
+
+
 async def test_aiohttp_waiter(served: Served) -> None:
     reader, writer = await served.connect()
     try:
         with canary(
             "RequestHandler._waiter (set, not done, while waiting for a request head)",
-            "feedsvc/drain.py (is_idle)",
+            "feedsvc/drain.py (is_idle), feedsvc/api/protocol.py (_head_overdue)",
             "aiohttp",
         ):
             await until(has_connection(served))
@@ -284,8 +312,8 @@ async def test_aiohttp_request_handler_class() -> None:
     try:
         with canary(
             "AppRunner._make_server, Server._loop and ._kwargs (which make each connection's "
-            "RequestHandler) and RequestHandler.handle_error (which answers a request that "
-            "could not be parsed)",
+            "RequestHandler), RequestHandler.handle_error (which answers a request that "
+            "could not be parsed) and .finish_response (which sends each response)",
             "feedsvc/api/protocol.py (FeedAppRunner, JsonErrorRequestHandler)",
             "aiohttp",
         ):
@@ -295,6 +323,11 @@ async def test_aiohttp_request_handler_class() -> None:
             ]  # fmt: skip
             assert list(inspect.signature(RequestHandler.handle_error).parameters) == [
                 "self", "request", "status", "exc", "message"
+            ]  # fmt: skip
+            # the head clock restarts when a response has been sent
+            assert inspect.iscoroutinefunction(RequestHandler.finish_response)
+            assert list(inspect.signature(RequestHandler.finish_response).parameters) == [
+                "self", "request", "resp", "start_time"
             ]  # fmt: skip
             await runner.setup()
             server = runner.server

@@ -8,20 +8,37 @@ as the error middleware would (Zaqar-style JSON, ``X-Openstack-Request-Id``,
 ``Connection: close``) and logs it as the client error it is: INFO, one
 line, no traceback. A 5xx from aiohttp itself (a bug) keeps its traceback.
 
+It also bounds how long a request head may take to arrive (``head_timeout``,
+``--client-timeout``), on every request of a connection. aiohttp bounds only
+an idle keep-alive connection (``keepalive_timeout``), and that timer runs
+through a half-sent head too: a client sending a byte a second held a
+connection 75 s. The head clock starts when the connection is made (the
+first head), and when the first bytes of a later head arrive, or when the
+response before it ends if they arrived while it was being handled; it stops
+when the head is complete. Bytes of a body start no clock (a slow body is the
+handler's 408), nor does silence after a response (that is the keep-alive
+timeout's). A head that was complete in time is never cut afterwards, so a
+long poll or an event stream runs as long as its handler wants. Bytes that
+arrive in the same packet as the end of the previous request start the clock
+only with the next packet; a client that then stops is an idle connection.
+
 aiohttp has no option for the connection handler's class: an ``AppRunner``
 makes a ``web.Server``, which makes a ``RequestHandler`` per connection.
 :class:`FeedAppRunner` makes a server that makes ours, through the private
-``AppRunner._make_server`` and ``Server._kwargs``/``_loop``;
+``AppRunner._make_server`` and ``Server._kwargs``/``_loop``; the head clock
+reads ``RequestHandler._request_count``, ``._messages`` and ``._waiter``.
 tests/test_canaries.py checks that they still mean what this module assumes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
@@ -34,9 +51,73 @@ MALFORMED = "Malformed HTTP request"
 
 
 class JsonErrorRequestHandler(web.RequestHandler):
-    """aiohttp's connection handler, with feedsvc's error answers and log levels."""
+    """aiohttp's connection handler, with feedsvc's error answers and log
+    levels, and a time limit on every request head (``head_timeout``)."""
 
-    __slots__ = ()
+    __slots__ = ("_body", "_head_timeout", "_head_timer")
+
+    def __init__(
+        self, manager: web.Server, *, head_timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(manager, **kwargs)
+        self._head_timeout = head_timeout
+        # set while a head is due: fires head_timeout after its clock started
+        self._head_timer: asyncio.TimerHandle | None = None
+        # the body of the last request whose head arrived: until it is read,
+        # the bytes that come are its, not a head's
+        self._body: StreamReader | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._start_head_clock()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_clock()
+        self._body = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._head_timer is None and (self._body is None or self._body.is_eof()):
+            self._start_head_clock()  # no body is due: these bytes begin a head
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads and self._messages:
+            # (bytes after the head in this packet start no clock: the next packet does)
+            self._stop_head_clock()
+            self._body = self._messages[-1][1]
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            if self._head_timer is not None:
+                # the next head began while this request was handled: its time
+                # counts from now, when the client has its answer
+                self._start_head_clock()
+
+    def _start_head_clock(self) -> None:
+        if self._head_timeout is None:
+            return
+        self._stop_head_clock()
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self._head_timeout, self._head_overdue
+        )
+
+    def _stop_head_clock(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():  # no request is being handled
+            log.debug("closing a connection that sent no whole request head in time")
+            self._head_timer = None
+            self.force_close()
+        # else a request runs (its head began this clock while it was handled):
+        # the timer stays set, and finish_response starts the clock again
 
     def handle_error(
         self,
@@ -80,12 +161,28 @@ class JsonErrorRequestHandler(web.RequestHandler):
 
 
 class _Server(web.Server):
+    def __init__(self, *args: Any, head_timeout: float | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
+
     def __call__(self) -> web.RequestHandler:
-        return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        return JsonErrorRequestHandler(
+            self, loop=self._loop, head_timeout=self.head_timeout, **self._kwargs
+        )
 
 
 class FeedAppRunner(web.AppRunner):
-    """``web.AppRunner`` whose connections are handled by :class:`JsonErrorRequestHandler`."""
+    """``web.AppRunner`` whose connections are handled by :class:`JsonErrorRequestHandler`.
+
+    ``head_timeout``: seconds every request head may take to arrive (None:
+    no limit but aiohttp's ``keepalive_timeout``).
+    """
+
+    def __init__(
+        self, app: web.Application, *, head_timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(app, **kwargs)
+        self.head_timeout = head_timeout
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()
@@ -94,5 +191,6 @@ class FeedAppRunner(web.AppRunner):
             request_factory=made.request_factory,
             handler_cancellation=made.handler_cancellation,
             loop=made._loop,
+            head_timeout=self.head_timeout,
             **made._kwargs,
         )
