@@ -212,7 +212,8 @@ class Settings:
     )
     stream_lifetime: float = _opt(
         600.0,
-        "seconds an event stream stays open (±10%), then the client reconnects with Last-Event-ID",
+        "seconds an event stream stays open (give or take a tenth), then the client "
+        "reconnects with Last-Event-ID",
         minimum=1.0,
     )
     stream_retry: int = _opt(
