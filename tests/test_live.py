@@ -265,3 +265,18 @@ async def test_followers_beyond_the_limit_get_503(settings: Settings, headers: H
             assert poll.status == 503
         finally:
             first.close()
+
+
+async def test_a_stream_carries_a_request_id_like_every_answer(
+    http: Client, headers: Headers
+) -> None:
+    # the error middleware set it after the handler returned: too late for a
+    # stream, whose head is sent when it starts
+    listed = await http.get(MESSAGES, headers=headers)
+    assert listed.headers["X-Openstack-Request-Id"].startswith("req-")
+    stream = await open_stream(http, headers)
+    try:
+        assert stream.headers["X-Openstack-Request-Id"].startswith("req-")
+        assert stream.headers["X-Openstack-Request-Id"] != listed.headers["X-Openstack-Request-Id"]
+    finally:
+        stream.close()

@@ -5,6 +5,8 @@
 * schemathesis fuzzes a live ``feedsvc serve`` of each driver with requests
   made from the document (valid and invalid ones): no 5xx, and every answer
   is one the document describes (status, content type, headers, body).
+  Long polls are cut to 0.1 s there; the live features (long poll, event
+  stream, the followers' 503) are checked against the document separately.
 * Bodies over the size limit are refused while they stream in; clients that
   stall are disconnected; too many or too large headers are a 4xx.
 """
@@ -22,6 +24,8 @@ from typing import Any
 
 import aiohttp
 import hypothesis
+import jsonschema_rs
+import orjson
 import pytest
 import requests
 import schemathesis
@@ -62,6 +66,8 @@ CHECKS = [
 ]
 # A client that stops sending must be disconnected (or answered) within this.
 SLOW_CLIENT_BOUND = 15.0
+# The fuzz's longest long poll (wait=): up to 20 s each would not fit its time.
+FUZZ_MAX_WAIT = 0.1
 
 schemathesis.serializer.alias(v.JSON_PATCH, "application/json")
 
@@ -235,6 +241,105 @@ async def test_served_without_headers(driver: str, redis_url: str) -> None:
         assert await resp.json() == json.loads(json.dumps(openapi_document(settings)))
 
 
+def test_live_features_are_described() -> None:
+    for settings in (Settings(), Settings().replace(max_followers=7, stream_retry=500)):
+        document = openapi_document(settings)
+        paths = document["paths"]
+        listing = paths["/v2/queues/{queue}/messages"]["get"]
+        claiming = paths["/v2/queues/{queue}/claims"]["post"]
+        for operation in (listing, claiming):
+            wait = parameter(document, operation, "wait")
+            assert (wait["in"], wait["required"]) == ("query", False)
+            assert wait["schema"] == {
+                "type": "number",
+                "minimum": 0,
+                "maximum": v.MAX_WAIT,
+                "default": 0,
+            }
+        last = parameter(document, listing, "Last-Event-ID")
+        assert (last["in"], last["required"]) == ("header", False)
+        ok = resolve(document, listing["responses"]["200"])
+        assert set(ok["content"]) == {"application/json", "text/event-stream"}
+        stream = ok["content"]["text/event-stream"]["schema"]["description"]
+        for said in ("`id: <marker>`", "`event: message`", "`data: ", "Last-Event-ID",
+                     "`event: end`", f"`retry: {settings.stream_retry}`", "heartbeat"):  # fmt: skip
+            assert said in stream, said
+        busy = resolve(document, listing["responses"]["503"])
+        assert f"--max-followers ({settings.max_followers})" in busy["description"]
+        assert busy["headers"]["Retry-After"]["required"] is True
+
+
+def conforms(document: dict[str, Any], schema: dict[str, Any], instance: Any) -> bool:
+    root = {**schema, "components": document["components"]}
+    return bool(jsonschema_rs.Draft202012Validator(root).is_valid(instance))
+
+
+def described_answer(
+    document: dict[str, Any], operation: dict[str, Any], response: aiohttp.ClientResponse
+) -> dict[str, Any]:
+    """The document's content entry for this answer; its required headers are there."""
+    assert str(response.status) in operation["responses"], response.status
+    described = resolve(document, operation["responses"][str(response.status)])
+    for name, header in described.get("headers", {}).items():
+        if header.get("required"):
+            assert name in response.headers, (response.status, name)
+    content: dict[str, Any] = described["content"][response.content_type]
+    return content
+
+
+async def test_long_polls_and_streams_answer_as_described(
+    settings: Settings, headers: dict[str, str]
+) -> None:
+    settings = settings.replace(max_followers=1)
+    document = openapi_document(settings)
+    listing = document["paths"]["/v2/queues/{queue}/messages"]["get"]
+    claiming = document["paths"]["/v2/queues/{queue}/claims"]["post"]
+    message = {"$ref": "#/components/schemas/Message"}
+    url = "/v2/queues/described/messages"
+    async with TestClient(TestServer(create_app(settings))) as http:
+        stream = await http.get(url, headers={**headers, "Accept": "text/event-stream"})
+        try:
+            assert stream.status == 200
+            described_answer(document, listing, stream)
+            full = await http.get(url, params={"wait": "0.1"}, headers=headers)
+            assert full.status == 503
+            entry = described_answer(document, listing, full)
+            assert conforms(document, entry["schema"], await full.json())
+            poster = {**headers, "Client-ID": str(uuid.uuid4())}
+            posted = await http.post(url, json={"messages": [{"body": {"n": 1}}]}, headers=poster)
+            assert posted.status == 201
+            events: list[dict[str, str]] = []
+            async with asyncio.timeout(10):
+                fields: dict[str, str] = {}
+                while len(events) < 2:  # retry:, then the message
+                    line = (await stream.content.readline()).decode().rstrip("\n")
+                    if line:
+                        name, _, value = line.partition(":")
+                        fields[name] = value.removeprefix(" ")
+                    elif fields:
+                        events.append(fields)
+                        fields = {}
+            event = events[1]
+            assert event["event"] == "message"
+            data = orjson.loads(event["data"])
+            assert conforms(document, message, data), data
+            assert event["id"].isdigit()
+        finally:
+            stream.close()
+        polled = await http.get(url, params={"wait": "5", "echo": "true"}, headers=headers)
+        entry = described_answer(document, listing, polled)
+        assert conforms(document, entry["schema"], await polled.json())
+        claim = await http.post(
+            "/v2/queues/described/claims",
+            params={"wait": "2.5"},
+            json={"ttl": 60, "grace": 60},
+            headers=headers,
+        )
+        assert claim.status == 201
+        entry = described_answer(document, claiming, claim)
+        assert conforms(document, entry["schema"], await claim.json())
+
+
 # -- against a live service ------------------------------------------------------------
 
 
@@ -251,6 +356,19 @@ def services(
             )
             for driver in DRIVERS
         }
+
+
+def shorter_waits(context: Any, query: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A valid wait= in the fuzz holds at most FUZZ_MAX_WAIT s (invalid ones stay)."""
+    if not isinstance(query, dict) or "wait" not in query:
+        return query
+    try:
+        seconds = float(query["wait"])
+    except (TypeError, ValueError):
+        return query
+    if FUZZ_MAX_WAIT < seconds <= v.MAX_WAIT:
+        return {**query, "wait": FUZZ_MAX_WAIT}
+    return query
 
 
 def fuzz(
@@ -307,6 +425,7 @@ def test_fuzzing_finds_no_5xx_and_no_answer_off_the_document(
     session = requests.Session()
     failures: list[str] = []
     statuses: Counter[int] = Counter()
+    schema.hooks.register_hook_with_name(shorter_waits, "map_query")
     calls = 0
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result

@@ -25,6 +25,9 @@ from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, 
 log = logging.getLogger("feedsvc.api")
 
 REQUEST_ID_HEADER = "X-Openstack-Request-Id"
+#: The request's id, for a handler that sends its head itself (an event stream):
+#: the middleware sets the header only on the response a handler returns.
+REQUEST_ID = web.RequestKey("request_id", str)
 # Cheaper than a uuid4 per request, and still unique across processes.
 _REQUEST_PREFIX = "req-" + os.urandom(6).hex() + "-"
 _request_numbers = itertools.count(1)
@@ -51,7 +54,7 @@ def error_response(status: int, title: str, description: str, request_id: str) -
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = new_request_id()
+    request_id = request[REQUEST_ID] = new_request_id()
     try:
         response = await handler(request)
     except FeedError as exc:

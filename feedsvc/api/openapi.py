@@ -396,7 +396,7 @@ def _response(
     return response
 
 
-def _responses() -> dict[str, Schema]:
+def _responses(s: Settings) -> dict[str, Schema]:
     def error(description: str, headers: dict[str, Schema] | None = None) -> Schema:
         return _response(description, _schema("Error"), headers=headers)
 
@@ -412,6 +412,12 @@ def _responses() -> dict[str, Schema]:
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
         "Unavailable": error(
             "Redis is unreachable, timed out, or too contended: try again later.",
+            headers=RETRY_AFTER,
+        ),
+        "UnavailableOrTooManyFollowers": error(
+            "Redis is unreachable, timed out, or too contended; or, for a long poll "
+            "(wait > 0) or an event stream, this process already serves "
+            f"--max-followers ({s.max_followers}) of them: try again later.",
             headers=RETRY_AFTER,
         ),
     }
@@ -489,6 +495,22 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "Opaque position from a `next` link: the page starts after it. A marker this "
             "service did not give out is 400.",
         ),
+        "Wait": _query(
+            "wait",
+            {"type": "number", "minimum": 0, "maximum": v.MAX_WAIT, "default": 0},
+            "Long poll: seconds (decimals allowed) to hold the request while its answer "
+            "would be empty, answering as soon as there is something (0: answer at once).",
+        ),
+        "LastEventId": {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "required": False,
+            "description": "Event stream only (Accept: text/event-stream): start after this "
+            "event id, i.e. the marker of the last message received (what EventSource sends "
+            "when it reconnects); it takes precedence over marker. An id this service did "
+            "not give out is 400. Ignored by a plain list.",
+            "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+        },
         "Ids": {
             "name": "ids",
             "in": "query",
@@ -504,6 +526,40 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             },
         },
     }
+
+
+EVENT_STREAM = "text/event-stream"
+
+
+def _message_list_or_stream(s: Settings) -> Schema:
+    """200 of the message list: a JSON page, or (Accept: text/event-stream) a stream."""
+    response = _response("Messages.", _schema("MessageList"))
+    response["content"][EVENT_STREAM] = {
+        "schema": {
+            "type": "string",
+            "description": "Server-Sent Events, UTF-8, one event per message, oldest first: "
+            "`id: <marker>`, `event: message`, `data: <the message as a list page shows it "
+            "(schema Message), one line of JSON>`, then a blank line. The stream starts "
+            "after Last-Event-ID, else after marker, else at the head of the queue: the "
+            "backlog first, then each message as it is posted, never an expired one or "
+            "(without include_claimed) a claimed one; echo filters as on the list. It "
+            f"opens with `retry: {s.stream_retry}` (milliseconds before a reconnect), "
+            f"sends a `: heartbeat` comment after {s.stream_heartbeat:g} s without events, "
+            "sends `event: end` with `data: {}` and closes if the queue is deleted, and "
+            f"closes after about {s.stream_lifetime:g} s (+-10 %), or when the client "
+            "reads too slowly; reconnecting with the last id as Last-Event-ID loses and "
+            "repeats nothing. Redis trouble or too many followers before the stream "
+            "starts are a JSON 503.",
+            "example": "retry: 2000\n\nid: 1784124000000000001\nevent: message\n"
+            'data: {"id":"...","href":"...","ttl":3600,"age":0,"body":"hi"}\n\n',
+        }
+    }
+    response["headers"]["Cache-Control"] = {
+        "required": False,
+        "description": "no-cache on an event stream.",
+        "schema": {"type": "string"},
+    }
+    return response
 
 
 def _common(*extra: str) -> list[Schema]:
@@ -714,21 +770,32 @@ def _paths(s: Settings) -> dict[str, Schema]:
                     "content": {JSON: {"schema": _schema("NewMessages")}},
                 },
             ),
-            "get": _operation(
-                "listMessages",
-                "A page of messages after a marker, or the messages named by ids",
-                {
-                    "200": _response("Messages.", _schema("MessageList")),
-                    **_errors("404"),
-                },
-                parameters=[
-                    *_common("Queue", "MessageMarker", "MessageLimit"),
-                    _flag("echo", "Include this client's own messages."),
-                    _flag("include_claimed", "Include claimed messages."),
-                    _flag("include_delayed", "Include messages whose delay has not passed."),
-                    _ref("parameters", "Ids"),
-                ],
-            ),
+            "get": {
+                **_operation(
+                    "listMessages",
+                    "A page of messages after a marker, or the messages named by ids; "
+                    "with wait, a long poll; with Accept: text/event-stream, a live stream",
+                    {
+                        "200": _message_list_or_stream(s),
+                        **_errors("404"),
+                        "503": _ref("responses", "UnavailableOrTooManyFollowers"),
+                    },
+                    parameters=[
+                        *_common("Queue", "MessageMarker", "MessageLimit", "Wait"),
+                        _flag("echo", "Include this client's own messages."),
+                        _flag("include_claimed", "Include claimed messages."),
+                        _flag("include_delayed", "Include messages whose delay has not passed."),
+                        _ref("parameters", "Ids"),
+                        _ref("parameters", "LastEventId"),
+                    ],
+                ),
+                "description": "A plain list answers at once. With wait=S a page that would "
+                "be empty is held until a message is visible after the marker (then that "
+                "page at once) or S seconds pass (then the empty page); wait is ignored "
+                "with ids. A request with Accept: text/event-stream gets a stream of the "
+                "queue instead (see the 200 response); limit, ids and wait do not apply to "
+                "it, and include_delayed is ignored (a delayed message appears once due).",
+            },
             "delete": _operation(
                 "deleteMessages",
                 "Delete the messages named by ids, or pop some",
@@ -783,6 +850,13 @@ def _paths(s: Settings) -> dict[str, Schema]:
                         "limit",
                         _int(1, s.max_messages_per_claim_or_pop, claim_limit),
                         "Most messages to claim.",
+                    ),
+                    _query(
+                        "wait",
+                        {"type": "number", "minimum": 0, "maximum": v.MAX_WAIT, "default": 0},
+                        "Seconds (decimals allowed) to wait for something claimable when "
+                        "nothing is now: the claim is made as soon as a message can be "
+                        "claimed, else 204 after the wait (0: answer at once).",
                     ),
                 ],
                 body={
@@ -868,7 +942,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "components": {
             "schemas": _schemas(settings),
             "parameters": _parameters(settings),
-            "responses": _responses(),
+            "responses": _responses(settings),
         },
     }
     if settings.auth_tokens():

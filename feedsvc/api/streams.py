@@ -24,6 +24,7 @@ from aiohttp import web
 from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
 from feedsvc.api.handlers import message_json
+from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
 from feedsvc.live import PAGE, Batch, Filters
@@ -135,6 +136,7 @@ async def stream_messages(
                 "Content-Type": EVENT_STREAM,
                 "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
+                REQUEST_ID_HEADER: request[REQUEST_ID],
             }
         )
         await response.prepare(request)
