@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 from redis.utils import HIREDIS_AVAILABLE
@@ -16,7 +17,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
-from feedsvc.appkeys import AUTH_TOKENS, CLOCK, LIVE, SETTINGS, STORE
+from feedsvc.appkeys import AUTH_TOKENS, CLOCK, EMBEDDED_REDIS, LIVE, SETTINGS, STORE
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.live import LiveFeeds
@@ -44,7 +45,12 @@ def _storage_context(
     return storage
 
 
-def create_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> web.Application:
+def create_app(
+    settings: Settings,
+    clock: Clock = SYSTEM_CLOCK,
+    embedded_redis: Callable[[], dict[str, Any]] | None = None,
+) -> web.Application:
+    """The application; embedded_redis reports the embedded Redis in /v2/health."""
     # Zaqar's post-size limit applies to the whole request body; aiohttp
     # refuses a larger body while reading it, before buffering it whole.
     app = web.Application(
@@ -54,6 +60,8 @@ def create_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> web.Applicati
     app[SETTINGS] = settings
     app[CLOCK] = clock
     app[AUTH_TOKENS] = settings.auth_tokens()
+    if embedded_redis is not None:
+        app[EMBEDDED_REDIS] = embedded_redis
     setup_metrics(app)
     app.cleanup_ctx.append(_storage_context(settings, clock))
     add_routes(app, settings.bench_routes)

@@ -9,6 +9,9 @@ reading a key never ties two handler modules together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -29,3 +32,6 @@ AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
 #: This app's own Prometheus registry (several apps in one process do not collide).
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)
+#: The embedded Redis's report for /v2/health (``feedsvc.embedded``); absent
+#: when the service runs on a Redis it did not start.
+EMBEDDED_REDIS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("embedded_redis")

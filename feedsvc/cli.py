@@ -10,6 +10,8 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 from aiohttp import web
 
@@ -17,10 +19,10 @@ from feedsvc import __version__
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
-from feedsvc.data_dir import make_data_dir
 from feedsvc.drain import CUT_OFF_WAIT, Drain
+from feedsvc.embedded import EmbeddedRedis
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
-from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
+from feedsvc.redis_server import RedisServerError, RedisServerNotFound
 from feedsvc.workers import bind, run_workers
 
 log = logging.getLogger("feedsvc")
@@ -59,6 +61,7 @@ async def serve(
     sock: socket.socket | None = None,
     on_listening: OnListening | None = None,
     on_stopping: Callable[[], None] | None = None,
+    embedded_redis: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """Serve until SIGTERM (or SIGINT, unless ignored), then drain and close.
 
@@ -66,9 +69,10 @@ async def serve(
     ``on_listening`` runs once the socket accepts and the stop signals are
     handled, so whoever it tells may send SIGTERM at once; ``on_stopping``
     runs when the stop begins. The stop sequence is
-    :class:`feedsvc.drain.Drain`'s.
+    :class:`feedsvc.drain.Drain`'s. ``embedded_redis`` reports the embedded
+    Redis in /v2/health.
     """
-    app = create_app(settings)
+    app = create_app(settings, embedded_redis=embedded_redis)
     # answers requests too malformed to reach a route as JSON, like other errors
     runner = FeedAppRunner(
         app,
@@ -123,7 +127,7 @@ async def serve(
 
 def run_serve(settings: Settings) -> int:
     """Run ``feedsvc serve``: its exit code (2: a setting this machine cannot honour)."""
-    embedded: RedisServer | None = None
+    embedded: EmbeddedRedis | None = None
     try:
         # first, so that an address we cannot have costs nothing
         sock = bind(settings)
@@ -132,29 +136,29 @@ def run_serve(settings: Settings) -> int:
     try:
         if settings.redis_url is None:
             try:
-                data_dir = make_data_dir(settings.data_dir)
-                embedded = RedisServer(data_dir, appendfsync=settings.redis_fsync)
+                embedded = EmbeddedRedis(settings.data_dir, settings.redis_fsync)
                 embedded.start()
             except UnusableSetting as exc:
                 return refuse(exc)
             except (RedisServerNotFound, RedisServerError) as exc:
                 print(f"feedsvc: error: {exc}", file=sys.stderr)
                 return 1
-            log.info("embedded Redis at %s (data in %s)", embedded.url, settings.data_dir)
             settings = settings.replace(redis_url=embedded.url)
+        report = None if embedded is None else embedded.status.read
         count = settings.worker_count()
         if count > 1:
-            return run_workers(settings, count, serve_on, sock)
+            return run_workers(settings, count, partial(serve_on, embedded_redis=report), sock)
         ready_file = settings.ready_file
         if ready_file is None:
-            serve_on(settings, sock)
+            serve_on(settings, sock, embedded_redis=report)
         else:
 
             def announce(host: str, port: int) -> None:
                 ready = Ready.listening(host, port, os.getpid(), 1, settings.redis_url)
                 write_ready_file(ready_file, ready)
 
-            serve_on(settings, sock, announce, lambda: remove_ready_file(ready_file))
+            stopping = partial(remove_ready_file, ready_file)
+            serve_on(settings, sock, announce, stopping, embedded_redis=report)
     finally:
         sock.close()
         if embedded is not None:
@@ -172,9 +176,10 @@ def serve_on(
     sock: socket.socket | None = None,
     on_listening: OnListening | None = None,
     on_stopping: Callable[[], None] | None = None,
+    embedded_redis: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
-        runner.run(serve(settings, sock, on_listening, on_stopping))
+        runner.run(serve(settings, sock, on_listening, on_stopping, embedded_redis))
 
 
 ACCESS_FORMAT = '%a "%r" %s %b %Tf %{X-Openstack-Request-Id}o'

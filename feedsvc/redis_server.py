@@ -258,6 +258,15 @@ class RedisServer:
     def running(self) -> bool:
         return self.pid is not None
 
+    def poll(self) -> int | None:
+        """The exit code once the server has exited by itself, else None.
+
+        Reaps the process (no zombie is left). Negative: the signal that
+        killed it. None also before :meth:`start` and after :meth:`stop`
+        or :meth:`kill`.
+        """
+        return None if self._proc is None else self._proc.poll()
+
     @property
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"

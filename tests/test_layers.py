@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
         "feedsvc.workers",
         "feedsvc.redis_server",
         "feedsvc.data_dir",
+        "feedsvc.embedded",
         "feedsvc.readiness",
     ),
     # the command line

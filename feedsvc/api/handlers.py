@@ -17,7 +17,7 @@ from aiohttp import web
 
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
-from feedsvc.appkeys import CLOCK, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, EMBEDDED_REDIS, SETTINGS, STORE
 from feedsvc.config import Settings
 from feedsvc.errors import (
     BadRequest,
@@ -161,6 +161,9 @@ async def get_health(request: web.Request) -> web.Response:
         "watch_conflicts_exhausted": store.counters.watch_conflicts_exhausted,
         "noscript_reloads": store.counters.noscript_reloads,
     }
+    embedded_redis = request.app.get(EMBEDDED_REDIS)
+    if embedded_redis is not None:
+        payload["embedded_redis"] = embedded_redis()
     response = json_response(payload, status=200 if reachable else 503)
     if not reachable:
         response.headers["Retry-After"] = "1"

@@ -322,6 +322,32 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                 "watch_retries": _int(0),
                 "watch_conflicts_exhausted": _int(0),
                 "noscript_reloads": _int(0),
+                "embedded_redis": {
+                    **_obj(
+                        {
+                            "running": {"type": "boolean"},
+                            "pid": {"type": ["integer", "null"], "minimum": 1},
+                            "restarts": _int(0),
+                            "last_exit": {
+                                "oneOf": [
+                                    {"type": "null"},
+                                    _obj(
+                                        {
+                                            "code": {"type": ["integer", "null"]},
+                                            "signal": {"type": ["string", "null"]},
+                                            "at": {"type": "string", "format": "date-time"},
+                                        },
+                                        ["code", "signal", "at"],
+                                    ),
+                                ]
+                            },
+                        },
+                        ["running", "pid", "restarts", "last_exit"],
+                    ),
+                    "description": "Only when the service started its own Redis (no "
+                    "--redis-url): whether it runs, how often it was restarted after it "
+                    "died, and its last exit (code, or the signal that killed it).",
+                },
             },
             [
                 "storage_reachable",

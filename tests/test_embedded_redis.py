@@ -1,0 +1,157 @@
+"""The embedded Redis of ``feedsvc serve``: supervised."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from feedsvc.api.openapi import openapi_document
+from feedsvc.config import Settings
+from feedsvc.testing import ServiceProcess
+from tests.test_cli import pid_of_redis, request
+
+pytestmark = pytest.mark.process  # feedsvc serve with its own redis-server
+
+MESSAGES = "/v2/queues/embedded/messages"
+#: Only tells a hang from an answer: no test measures how fast anything is.
+PATIENCE = 20.0
+
+
+def post(url: str, body: object) -> None:
+    status, reply = request("POST", url + MESSAGES, {"messages": [{"body": body}]})
+    assert status == 201, reply
+
+
+def bodies(url: str) -> list[Any]:
+    status, reply = request("GET", url + MESSAGES + "?echo=true")
+    assert status == 200, reply
+    return [m["body"] for m in json.loads(reply)["messages"]]
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return any(
+        line.split()[1:2] == ["Z"] for line in status.splitlines() if line.startswith("State:")
+    )
+
+
+def server_info(url: str) -> dict[str, Any]:
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        info: dict[str, Any] = client.info("server")
+    finally:
+        client.close()
+    return info
+
+
+# -- a killed embedded Redis is restarted -------------------------------------
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_killed_embedded_redis_is_restarted(workers: str) -> None:
+    with ServiceProcess("--workers", workers, "--redis-fsync", "always") as svc:
+        assert svc.redis_url is not None
+        post(svc.url, {"before": "the kill"})
+        killed = pid_of_redis(svc.redis_url)
+        os.kill(killed, signal.SIGKILL)
+
+        # health says 503 (with Retry-After) until Redis is back, then 200
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            status, reply = request("GET", svc.url + "/v2/health")
+            doc = json.loads(reply) if reply else {}
+            if status == 200 and doc.get("embedded_redis", {}).get("restarts") == 1:
+                break
+            assert status in (200, 503), reply
+            assert time.monotonic() < deadline, f"not restarted: {status} {reply!r}"
+            time.sleep(0.05)
+
+        embedded = doc["embedded_redis"]
+        # as the OpenAPI document describes it
+        described = openapi_document(Settings())["components"]["schemas"]["Health"]
+        fields = described["properties"]["embedded_redis"]["properties"]
+        assert set(embedded) == set(fields)
+        assert set(embedded["last_exit"]) == set(fields["last_exit"]["oneOf"][1]["properties"])
+        assert embedded["running"] is True
+        assert embedded["last_exit"]["signal"] == "SIGKILL"
+        assert doc["storage_reachable"] is True
+        restarted = pid_of_redis(svc.redis_url)
+        assert restarted != killed
+        assert embedded["pid"] == restarted
+        # on the same port and data dir: what was posted before is there
+        post(svc.url, {"after": "the restart"})
+        assert bodies(svc.url) == [{"before": "the kill"}, {"after": "the restart"}]
+        assert not is_zombie(killed), "the killed redis-server was never reaped"
+        log = svc.log_text()
+        assert f"ERROR feedsvc.embedded: embedded Redis (pid {killed}) died" in log, log
+        assert svc.stop() == 0
+
+
+def test_a_restart_that_fails_is_tried_again() -> None:
+    with ServiceProcess("--redis-connect-timeout", "0.5", "--redis-timeout", "0.5") as svc:
+        assert svc.redis_url is not None
+        post(svc.url, "kept")
+        killed = pid_of_redis(svc.redis_url)
+        port = int(svc.redis_url.rsplit(":", 1)[1].split("/")[0])
+        # paused, the service cannot restart Redis before the port is taken
+        os.kill(svc.pid, signal.SIGSTOP)
+        try:
+            os.kill(killed, signal.SIGKILL)
+            deadline = time.monotonic() + PATIENCE
+            while not is_zombie(killed):  # dead (it has closed its port), not yet reaped
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with socket.socket() as squatter:
+                # (the killed server's connections may linger in TIME_WAIT)
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                while True:  # the port is free a moment after the death
+                    try:
+                        squatter.bind(("127.0.0.1", port))
+                        break
+                    except OSError:
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                squatter.listen()  # and never answers: --redis-timeout makes that a 503
+                os.kill(svc.pid, signal.SIGCONT)
+                deadline = time.monotonic() + PATIENCE
+                while svc.log_text().count("embedded Redis did not restart") < 2:
+                    assert time.monotonic() < deadline, svc.log_text()
+                    time.sleep(0.05)
+                status, reply = request("GET", svc.url + "/v2/health")
+                assert status == 503
+                doc = json.loads(reply)
+                assert doc["embedded_redis"]["running"] is False
+                assert doc["embedded_redis"]["pid"] is None
+                assert doc["embedded_redis"]["restarts"] == 0
+        finally:
+            os.kill(svc.pid, signal.SIGCONT)
+        # the port is free again: the next attempt starts it
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            status, reply = request("GET", svc.url + "/v2/health")
+            # (Redis may answer a moment before the watchdog has seen it answer)
+            if status == 200 and json.loads(reply)["embedded_redis"]["running"]:
+                break
+            assert time.monotonic() < deadline, reply
+            time.sleep(0.05)
+        assert json.loads(reply)["embedded_redis"]["restarts"] == 1, reply
+        assert bodies(svc.url) == ["kept"]
+        assert svc.stop() == 0
+    # each failed start waited longer than the one before (the back-off grows)
+    waits = [
+        float(w)
+        for w in re.findall(r"did not restart \(next attempt in ([\d.]+) s\)", svc.log_text())
+    ]
+    assert waits == sorted(waits) and waits[0] < waits[-1], waits
