@@ -84,6 +84,13 @@ class Follower:
         self.filters = filters
         self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=buffer)
         self.dropped = False  # too slow: its buffer overflowed
+        self.gone = False  # its client went away
+
+    def hang_up(self) -> None:
+        """Its client went away: wake it to finish (a full buffer wakes it anyway)."""
+        self.gone = True
+        with contextlib.suppress(asyncio.QueueFull):
+            self._batches.put_nowait(Batch([], 0, 0))
 
     def offer(self, batch: Batch) -> bool:
         """Queue a batch; False if the buffer is full (the follower is then

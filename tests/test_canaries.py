@@ -306,6 +306,28 @@ async def test_aiohttp_request_in_progress(served: Served) -> None:
         writer.close()
 
 
+async def test_aiohttp_current_request(served: Served) -> None:
+    reader, writer = await served.connect()
+    try:
+        with canary(
+            "RequestHandler._current_request (the request being handled, if any)",
+            "feedsvc/api/protocol.py (connection_lost: on_hang_up)",
+            "aiohttp",
+        ):
+            await until(has_connection(served))
+            handler = served.handler()
+            assert handler._current_request is None
+            await send(writer, "/slow")
+            await asyncio.wait_for(served.entered.wait(), 10)
+            assert isinstance(handler._current_request, web.BaseRequest)
+            assert handler._current_request.path == "/slow"
+            served.release.set()
+            await answer(reader)
+            await until(lambda: handler._current_request is None)
+    finally:
+        writer.close()
+
+
 async def test_aiohttp_request_handler_class() -> None:
     app = web.Application()
     runner = FeedAppRunner(app, handle_signals=False, keepalive_timeout=12.5)

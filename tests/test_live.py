@@ -12,6 +12,7 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
 from feedsvc.config import Settings
@@ -280,3 +281,39 @@ async def test_a_stream_carries_a_request_id_like_every_answer(
         assert stream.headers["X-Openstack-Request-Id"] != listed.headers["X-Openstack-Request-Id"]
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("kind", ["long poll", "stream"])
+async def test_a_follower_whose_client_goes_away_is_freed_at_once(
+    settings: Settings, headers: Headers, kind: str
+) -> None:
+    """Not at its next write (a heartbeat, 15 s on) or the end of its wait (20 s)."""
+    app = create_app(settings)
+    runner = FeedAppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = int(runner.addresses[0][1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        query = "?wait=20" if kind == "long poll" else ""
+        accept = "text/event-stream" if kind == "stream" else "application/json"
+        lines = [f"GET {MESSAGES}{query} HTTP/1.1", "Host: feedsvc", f"Accept: {accept}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        live = app[LIVE]
+        for _ in range(200):
+            if live.followers == 1:
+                break
+            await asyncio.sleep(0.025)
+        assert live.followers == 1, await asyncio.wait_for(reader.read(300), 1)
+        writer.close()
+        for _ in range(200):  # at most 5 s
+            if live.followers == 0:
+                break
+            await asyncio.sleep(0.025)
+        assert live.followers == 0, f"the {kind} outlived its client"
+        assert live.tails == 0
+        del reader
+    finally:
+        await runner.cleanup()

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
@@ -48,6 +50,24 @@ log = logging.getLogger("feedsvc.api")
 
 #: The title of an answer to a request aiohttp could not parse.
 MALFORMED = "Malformed HTTP request"
+
+
+# Requests being handled (by id) -> what to call if their client goes away.
+_HANG_UPS: dict[int, Callable[[], None]] = {}
+
+
+@contextmanager
+def on_hang_up(request: BaseRequest, hang_up: Callable[[], None]) -> Iterator[None]:
+    """Call hang_up if the client goes away while this request is handled:
+    aiohttp does not cancel handlers, so a waiting long poll or a quiet event
+    stream would otherwise notice only at its next write. (Served by
+    FeedAppRunner's handler; elsewhere, e.g. aiohttp's test server, it is
+    never called.)"""
+    _HANG_UPS[id(request)] = hang_up
+    try:
+        yield
+    finally:
+        _HANG_UPS.pop(id(request), None)
 
 
 class JsonErrorRequestHandler(web.RequestHandler):
@@ -74,7 +94,11 @@ class JsonErrorRequestHandler(web.RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_head_clock()
         self._body = None
+        request = self._current_request
         super().connection_lost(exc)
+        hang_up = _HANG_UPS.get(id(request)) if request is not None else None
+        if hang_up is not None:
+            hang_up()  # a long poll or a stream: free it now, not at its next write
 
     def data_received(self, data: bytes) -> None:
         if data and self._head_timer is None and (self._body is None or self._body.is_eof()):

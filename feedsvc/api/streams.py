@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import orjson
 from aiohttp import web
@@ -25,6 +27,7 @@ from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
+from feedsvc.api.protocol import on_hang_up
 from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
 from feedsvc.live import PAGE, Batch, Filters
@@ -87,18 +90,27 @@ async def long_poll(
                 await follow.wait(token, remaining)
     live = request.app[LIVE]
     filters = Filters(query.client_id, query.echo, query.include_claimed)
-    async with live.follower(project, queue, query.marker, filters) as follower:
+    async with (
+        live.follower(project, queue, query.marker, filters) as follower,
+        _hung_up(request, follower.hang_up),
+    ):
         messages = await live.catch_up(project, queue, follower, query.limit)
         while not messages:
             remaining = deadline - loop.time()
             got = await follower.next(remaining) if remaining > 0 else None
-            if got is None or got[1].ended:
+            if got is None or got[1].ended or follower.gone:
                 return MessagePage([], None)
             messages = got[0]
         if len(messages) > query.limit:
             messages = messages[: query.limit]
             return MessagePage(messages, messages[-1].seq)
         return MessagePage(messages, follower.position)
+
+
+@asynccontextmanager
+async def _hung_up(request: web.Request, hang_up: Callable[[], None]) -> AsyncIterator[None]:
+    with on_hang_up(request, hang_up):
+        yield
 
 
 def _event(queue: str, message: Message, now: int, batch: Batch | None) -> bytes:
@@ -128,7 +140,10 @@ async def stream_messages(
         )
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
-    async with live.follower(project, queue, position, filters) as follower:
+    async with (
+        live.follower(project, queue, position, filters) as follower,
+        _hung_up(request, follower.hang_up),
+    ):
         # the first page is read before answering: Redis trouble is still a 503
         backlog = await live.catch_up(project, queue, follower, PAGE)
         response = web.StreamResponse(
@@ -160,7 +175,7 @@ async def stream_messages(
                 if batch.ended:
                     await response.write(b"event: end\ndata: {}\n\n")
                     break
-                if follower.dropped:  # too slow: it reconnects from its last id
+                if follower.dropped or follower.gone:  # too slow (it reconnects), or gone
                     break
         except (ConnectionResetError, Unavailable):
             pass  # the client went away, or Redis did: it resumes from its last id
