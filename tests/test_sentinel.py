@@ -151,3 +151,39 @@ async def test_a_failover_under_load_is_followed(
     # had the write, so the promoted replica has every acknowledged message.
     if acks:
         assert lost == 0, f"{lost} acknowledged messages lost despite --min-replicas-ack"
+
+
+@pytest.mark.parametrize("acks", [0])
+async def test_a_follower_is_woken_after_a_failover(sentinel: LocalSentinel, acks: int) -> None:
+    """The subscription moves to the new master with everything else: a post
+    after the failover still wakes a follower that was waiting before it."""
+    store = make_store(make_settings(sentinel.url, driver="lua", min_replicas_ack=acks))
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()
+        async with store.follow(project, "q") as follow:
+            old = sentinel.master.port
+            sentinel.master.kill()
+            await asyncio.to_thread(sentinel.wait_for_failover, old)
+            for _ in range(200):  # the store follows the announcement
+                if store.counters.master_switches:
+                    break
+                await asyncio.sleep(0.05)
+            woken = False
+            for _ in range(50):
+                token = follow.token()
+                try:
+                    await store.post_messages(project, "q", "w", [NewMessage(b"1")])
+                except Unavailable:
+                    await asyncio.sleep(0.1)
+                    continue
+                if await follow.wait(token, 2):
+                    woken = True
+                    break
+            assert woken, "posts on the new master no longer wake the follower"
+            for _ in range(3):  # and not just once, by the re-subscription's own wake-up
+                token = follow.token()
+                await store.post_messages(project, "q", "w", [NewMessage(b"1")])
+                assert await follow.wait(token, 5)
+    finally:
+        await store.close()
