@@ -1,24 +1,25 @@
 """The embedded Redis of ``feedsvc serve`` (no ``--redis-url``): started in
 its data dir, kept alive, and reported in ``/v2/health``.
 
-:class:`EmbeddedRedis` makes the data dir and starts the server in it
-(:class:`feedsvc.redis_server.RedisServer`). Then a watchdog
-thread looks at the child every ``POLL_INTERVAL`` seconds. When the child
-has died (killed, crashed, out of memory), the watchdog reaps it (no
-zombie), logs the death at ERROR and starts the server again on the same
-port and data dir, after a back-off: ``RESTART_BACKOFF_MIN`` seconds, doubled
-for every death or failed start that follows within ``STABLE_AFTER`` seconds
-of the last start, at most ``RESTART_BACKOFF_MAX``; a failed start is logged
-at ERROR and tried again. Meanwhile requests are answered 503 with
-Retry-After, as for any Redis that cannot be reached, and the service's
-connections find the new server by themselves (same address; the lua
-driver reloads its scripts on NOSCRIPT). With ``--workers`` the parent,
-which started Redis, runs the watchdog; workers only read its report.
+:class:`EmbeddedRedis` makes the data dir, locks it (:mod:`feedsvc.data_dir`)
+and starts the server in it (:class:`feedsvc.redis_server.RedisServer`).
+Then a watchdog thread looks at the child every ``POLL_INTERVAL`` seconds.
+When the child has died (killed, crashed, out of memory), the watchdog
+reaps it (no zombie), logs the death at ERROR and starts the server again
+on the same port and data dir, after a back-off: ``RESTART_BACKOFF_MIN``
+seconds, doubled for every death or failed start that follows within
+``STABLE_AFTER`` seconds of the last start, at most ``RESTART_BACKOFF_MAX``;
+a failed start is logged at ERROR and tried again. Meanwhile requests are
+answered 503 with Retry-After, as for any Redis that cannot be reached, and
+the service's connections find the new server by themselves (same address;
+the lua driver reloads its scripts on NOSCRIPT). With ``--workers`` the
+parent, which started Redis, runs the watchdog; workers only read its
+report.
 
 The report (``"embedded_redis"`` in ``/v2/health``)::
 
-    {"running": true, "pid": 4242, "restarts": 1, "last_exit": {"code": null, "signal": "SIGKILL",
-                                  "at": "2026-11-24T09:54:25Z"}}
+    {"running": true, "pid": 4242, "restarts": 1,
+     "last_exit": {"code": null, "signal": "SIGKILL", "at": "2026-11-24T09:54:25Z"}}
 
 It lives in a page of shared memory (:class:`SharedStatus`), written by the
 watchdog and read by every process forked after it was made: the workers.
@@ -38,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from feedsvc.data_dir import make_data_dir
+from feedsvc.data_dir import DataDirLock, make_data_dir
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
 
 log = logging.getLogger("feedsvc.embedded")
@@ -89,19 +90,28 @@ class SharedStatus:
 class EmbeddedRedis:
     """The embedded Redis of one ``feedsvc serve``, supervised (module docstring).
 
-    The constructor makes the data dir; :meth:`start` starts the server
-    and the watchdog; :meth:`stop` stops both. Start and stop in the main
-    thread.
+    The constructor takes the data dir (made and locked); :meth:`start`
+    starts the server and the watchdog; :meth:`stop` stops both and unlocks
+    the data dir. Start and stop in the main thread.
 
     Raises (constructor, start):
-        UnusableSetting: the data dir is no directory.
+        UnusableSetting: the data dir is no directory, or is in use.
         RedisServerNotFound: no server at all.
         RedisServerError: the server did not start.
     """
 
     def __init__(self, data_dir: Path, appendfsync: str) -> None:
         self.data_dir = make_data_dir(data_dir)
-        self.server = RedisServer(self.data_dir, appendfsync=appendfsync)
+        self._lock = DataDirLock(self.data_dir)
+        try:
+            assert self._lock.fd is not None
+            # the server holds the lock too: a new service waits until it is gone
+            self.server = RedisServer(
+                self.data_dir, appendfsync=appendfsync, pass_fds=(self._lock.fd,)
+            )
+        except BaseException:
+            self._lock.release()
+            raise
         self.status = SharedStatus()
         self._restarts = 0
         self._last_exit: dict[str, Any] | None = None
@@ -117,8 +127,13 @@ class EmbeddedRedis:
 
     def start(self) -> None:
         """Start the server and watch it."""
-        self.server.start()
+        try:
+            self.server.start()
+        except BaseException:
+            self._lock.release()
+            raise
         self._pid = self.server.pid
+        self._lock.note_server(self._pid)
         self._publish()
         log.info(
             "embedded Redis (pid %s) at %s, data in %s",
@@ -130,13 +145,14 @@ class EmbeddedRedis:
         self._watchdog.start()
 
     def stop(self) -> None:
-        """Stop the watchdog and the server (it writes its AOF and exits). Idempotent."""
+        """Stop the watchdog and the server (it writes its AOF and exits); unlock. Idempotent."""
         self._stopping.set()
         with self._mutex:
             self.server.stop()
         if self._watchdog is not None:
             self._watchdog.join()
             self._watchdog = None
+        self._lock.release()
 
     # -- the watchdog ----------------------------------------------------------------
 
@@ -181,6 +197,7 @@ class EmbeddedRedis:
                 return False
         self._restarts += 1
         self._pid = self.server.pid
+        self._lock.note_server(self._pid)
         self._publish()
         log.warning(
             "embedded Redis restarted (pid %s, restart %d) at %s",

@@ -218,6 +218,7 @@ class RedisServer:
         appendfsync: str = "everysec",
         executable: str | None = None,
         extra_args: Sequence[str] = (),
+        pass_fds: Sequence[int] = (),
     ) -> None:
         if appendfsync not in _APPENDFSYNC_CHOICES:
             raise ValueError(
@@ -230,6 +231,8 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.extra_args: tuple[str, ...] = tuple(extra_args)
+        # descriptors the server inherits (and so holds open): a lock on its data dir
+        self.pass_fds: tuple[int, ...] = tuple(pass_fds)
         self.executable = (
             find_redis_server() if executable is None else _resolve_executable(executable)
         )
@@ -384,6 +387,7 @@ class RedisServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
+                pass_fds=self.pass_fds,
                 # From Python, preexec_fn is the only way to set PDEATHSIG on
                 # the child. The threads caveat is about the child blocking
                 # on a lock another thread held at fork time; the hook only

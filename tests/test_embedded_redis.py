@@ -1,4 +1,5 @@
-"""The embedded Redis of ``feedsvc serve``: supervised."""
+"""The embedded Redis of ``feedsvc serve``: supervised, and one service per
+data dir."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pytest
 import redis
 
 from feedsvc.api.openapi import openapi_document
-from feedsvc.config import Settings
+from feedsvc.config import Settings, UnusableSetting
+from feedsvc.data_dir import LOCK_NAME, DataDirLock
 from feedsvc.testing import ServiceProcess
-from tests.test_cli import pid_of_redis, request
+from tests.test_cli import one_line_error, pid_of_redis, request, run_cli
 
 pytestmark = pytest.mark.process  # feedsvc serve with its own redis-server
 
@@ -155,3 +157,53 @@ def test_a_restart_that_fails_is_tried_again() -> None:
         for w in re.findall(r"did not restart \(next attempt in ([\d.]+) s\)", svc.log_text())
     ]
     assert waits == sorted(waits) and waits[0] < waits[-1], waits
+
+
+# -- one service per data dir ----------------------------------------------------
+
+
+def test_the_data_dir_lock_is_exclusive(tmp_path: Path) -> None:
+    first = DataDirLock(tmp_path)
+    try:
+        # flock conflicts between two open files, even in one process
+        with pytest.raises(
+            UnusableSetting, match=rf"in use by another feedsvc \(pid {os.getpid()}\)"
+        ):
+            DataDirLock(tmp_path)
+    finally:
+        first.release()
+    DataDirLock(tmp_path).release()
+
+
+def test_a_lock_left_to_the_redis_server_of_a_dead_service_says_so(tmp_path: Path) -> None:
+    held = DataDirLock(tmp_path)
+    try:
+        # what the lock file says after its feedsvc died and its redis-server lives on
+        dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process has it
+        (tmp_path / LOCK_NAME).write_text(f"{dead}\n4242\n")
+        with pytest.raises(UnusableSetting) as refused:
+            DataDirLock(tmp_path)
+        message = str(refused.value)
+        assert f"redis-server (pid 4242) of feedsvc pid {dead}, which has exited" in message
+    finally:
+        held.release()
+
+
+# -- one service per data dir ----------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_second_service_on_one_data_dir_is_refused(tmp_path: Path, workers: str) -> None:
+    data_dir = tmp_path / "data"
+    with ServiceProcess("--data-dir", str(data_dir), "--workers", workers) as first:
+        post(first.url, "first")
+        second = run_cli("serve", "--port", "0", "--data-dir", str(data_dir), timeout=PATIENCE)
+        line = one_line_error(second)
+        assert str(data_dir) in line
+        assert "in use" in line
+        assert f"pid {first.pid}" in line
+        assert bodies(first.url) == ["first"]
+        assert first.stop() == 0
+    # once the first has stopped, the data dir is free again
+    with ServiceProcess("--data-dir", str(data_dir)) as again:
+        assert bodies(again.url) == ["first"]
