@@ -41,11 +41,20 @@ comparison runner's audit) can also be asked for what it never saw:
 
 * **lost**: a stream's acknowledged messages after the last one seen (a gap
   can only be seen below a later message; this is the tail).
+
+A live follower stopped at any moment can be asked the same about what it
+must have seen by then, across streams: a stamp may carry ``posted``, the
+wall-clock time its POST was sent. A message acknowledged (201 received)
+before another message was even sent lies before it in the queue, so a
+reader that saw the later one has passed the earlier one's place: if it
+never saw it, that is **lost** too (``missed``). This needs each stream's
+acknowledgement times, which only the producers' own process knows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import bisect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -65,10 +74,15 @@ class Stamp:
     producer: str
     seq: int
     started: float
+    posted: float | None = None  # wall-clock time its POST was sent
 
     def body(self, pad: str = "") -> dict[str, Any]:
         """The message body that carries this stamp (``pad`` sets its size)."""
-        return {"p": self.producer, "s": self.seq, "t": self.started, "x": pad}
+        body: dict[str, Any] = {"p": self.producer, "s": self.seq, "t": self.started}
+        if self.posted is not None:
+            body["w"] = self.posted
+        body["x"] = pad
+        return body
 
 
 def read_stamp(body: object) -> Stamp | None:
@@ -83,7 +97,10 @@ def read_stamp(body: object) -> Stamp | None:
         or not isinstance(started, int | float)
     ):
         return None
-    return Stamp(producer, seq, float(started))
+    posted = body.get("w")
+    if not isinstance(posted, int | float) or isinstance(posted, bool):
+        posted = None
+    return Stamp(producer, seq, float(started), None if posted is None else float(posted))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +157,17 @@ class FeedChecker:
     excused_expired: int = 0
     excused_consumed: int = 0
     findings: int = 0
+    #: the latest ``posted`` time among the stamps seen
+    latest_posted: float | None = None
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
     def see(self, stamp: Stamp, ttl: float, now: float) -> Finding | None:
         """Take the next message read (``ttl`` in seconds, ``now`` wall clock)."""
         self.checked += 1
+        if stamp.posted is not None and (
+            self.latest_posted is None or stamp.posted > self.latest_posted
+        ):
+            self.latest_posted = stamp.posted
         stream = self._streams.get(stamp.producer)
         if stream is None:
             stream = self._streams[stamp.producer] = _Stream()
@@ -179,5 +202,31 @@ class FeedChecker:
             seen = 0 if stream is None else stream.last
             if last > seen:
                 found.append(Finding(LOST, self.queue, producer, seen + 1, last))
+        self.findings += len(found)
+        return found
+
+    def missed(self, acks: Mapping[str, Sequence[tuple[float, int]]]) -> list[Finding]:
+        """Findings for messages this reader must have seen by now and did not:
+        ``acks`` maps each stream to its ``(time the 201 arrived, last seq it
+        acknowledged)`` in order. Everything acknowledged before the latest
+        ``posted`` time seen lies before that message in the queue. Messages a
+        consumer deleted are excused, as in ``see``."""
+        if self.latest_posted is None:
+            return []
+        found = []
+        for producer, log in acks.items():
+            index = bisect.bisect_left(log, (self.latest_posted, -1))
+            if index == 0:
+                continue
+            required = log[index - 1][1]
+            stream = self._streams.get(producer)
+            seen = 0 if stream is None else stream.last
+            unseen = [
+                s
+                for s in range(seen + 1, required + 1)
+                if not self.consumed(self.queue, producer, s)
+            ]
+            if unseen:
+                found.append(Finding(LOST, self.queue, producer, unseen[0], unseen[-1]))
         self.findings += len(found)
         return found

@@ -734,10 +734,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     r = commands.add_parser(
         "report",
-        help="write the tables and plot again from a compare.json",
-        description="Re-render compare.{csv,md,png} next to a saved compare.json.",
+        help="write the tables and plot again from a compare.json or follow.json",
+        description="Re-render compare.{csv,md,png} (or follow.*) next to a saved JSON.",
     )
-    r.add_argument("json", type=Path, help="a compare.json written by compare")
+    r.add_argument("json", type=Path, help="a compare.json or follow.json")
+    from loadtest import follow
+
+    follow.add_parser(commands)
     return parser
 
 
@@ -791,8 +794,17 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if args.command == "follow":
+        from loadtest import follow
+
+        return follow.run(args)
     if args.command == "report":
         saved = json.loads(args.json.read_text())
+        if saved.get("kind") == "follow":
+            from loadtest import follow
+
+            print(follow.rerender(saved, args.json.parent), end="")
+            return 0
         rows = [Row.from_dict(d) for d in saved["rows"]]
         render(Config(**saved["settings"]), rows, saved["machine"], args.json.parent)
         print(markdown(rows), end="")

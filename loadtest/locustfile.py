@@ -20,6 +20,16 @@ the web UI shows them under "Custom parameters"):
   a Locust failure named ``no-miss: gap`` / ``duplicate`` / ``reorder``.
 * ``Consumer`` claims up to ``--claim-limit`` messages, deletes each through
   its href (which carries the claim id) and releases the claim.
+* ``LongPoller`` follows one queue from its head with long polls
+  (``wait=--long-poll-wait``), following ``next`` links; ``Streamer`` follows
+  one with a Server-Sent Events stream, reconnecting with ``Last-Event-ID``
+  whenever the stream ends. Follower ``i`` of a class takes queue ``i mod
+  --queues``. Like observers, both check every message; all three record
+  each message's post-to-delivery latency (the producer stamps the time it
+  sent the POST) as ``deliver poll``, ``deliver long-poll``, ``deliver sse``
+  in the timings. When the test stops, every reader is also asked for
+  messages of this process's producers that it must have seen by then and
+  did not (checker.py, ``missed``): ``no-miss: lost``.
 
 Consumers and the checker: a deleted message legitimately disappears. A
 consumer notes each message in this process's ``CONSUMED`` set *before* it
@@ -33,9 +43,11 @@ still are); the checked comparison runs use no consumers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
+import socket
 import sys
 import time
 import uuid
@@ -44,6 +56,7 @@ from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode, urlsplit
 
 from locust import FastHttpUser, events, task
 from locust.env import Environment
@@ -52,10 +65,12 @@ from locust.runners import MasterRunner, WorkerRunner
 
 try:
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 
 log = logging.getLogger("loadtest")
@@ -128,7 +143,12 @@ def add_options(parser: Any) -> None:
     option("producer-weight", int, 4, "weight of the Producer class")
     option("observer-weight", int, 1, "weight of the Observer class")
     option("consumer-weight", int, 1, "weight of the Consumer class")
+    option("long-poller-weight", int, 1, "weight of the LongPoller class")
+    option("streamer-weight", int, 1, "weight of the Streamer class")
     option("observers", int, 0, "exact number of observers (0: by weight)")
+    option("long-pollers", int, 0, "exact number of long pollers (0: by weight)")
+    option("streamers", int, 0, "exact number of SSE streamers (0: by weight)")
+    option("long-poll-wait", float, 20.0, "long pollers' wait=, seconds (0..20)")
     option("batch", int, 1, "a producer posts 1..BATCH messages per request")
     option("message-size", int, 100, "padding in each message body, bytes")
     option("ttl", int, 3600, "message ttl, seconds")
@@ -153,6 +173,7 @@ class Options:
     claim_limit: int
     poll_interval: float
     producer_wait: float
+    long_poll_wait: float
 
     @classmethod
     def of(cls, environment: Environment) -> Options:
@@ -170,6 +191,7 @@ class Options:
             claim_limit=o.claim_limit,
             poll_interval=o.poll_interval,
             producer_wait=o.producer_wait,
+            long_poll_wait=o.long_poll_wait,
         )
 
 
@@ -180,7 +202,11 @@ def apply_weights(environment: Environment) -> None:
     Producer.weight = o.producer_weight
     Observer.weight = o.observer_weight
     Consumer.weight = o.consumer_weight
+    LongPoller.weight = o.long_poller_weight
+    Streamer.weight = o.streamer_weight
     Observer.fixed_count = max(0, o.observers)
+    LongPoller.fixed_count = max(0, o.long_pollers)
+    Streamer.fixed_count = max(0, o.streamers)
 
 
 # -- process-wide state --------------------------------------------------------
@@ -193,7 +219,12 @@ CHECKERS: list[FeedChecker] = []
 ACKED = {"messages": 0}
 #: queue -> stream -> last acknowledged seq, for the runner's final audit.
 ACKED_STREAMS: dict[str, dict[str, int]] = {}
+#: queue -> stream -> [(time the 201 arrived, last seq acknowledged)], in order:
+#: what each reader must have seen by the end (FeedChecker.missed).
+ACK_LOG: dict[str, dict[str, list[tuple[float, int]]]] = {}
 JUDGE_GAPS = {"exact": True}
+#: followers started so far per class, to spread them over the queues
+FOLLOWER_NUMBERS: dict[str, itertools.count[int]] = {}
 
 
 def was_consumed(queue: str, producer: str, seq: int) -> bool:
@@ -209,6 +240,31 @@ def describe(response: Any) -> str:
 
 class CheckFailed(Exception):
     """A no-miss checker finding, reported as a Locust failure."""
+
+
+def report(environment: Environment, finding: Finding) -> None:
+    log.error("no-miss checker: %s", finding)
+    environment.events.request.fire(  # type: ignore[no-untyped-call]
+        request_type="CHECK",
+        name=f"no-miss: {finding.kind}",
+        response_time=0,
+        response_length=0,
+        exception=CheckFailed(str(finding)),
+        context={},
+    )
+
+
+def deliver(environment: Environment, checker: FeedChecker, message: Any, mode: str) -> None:
+    """A reader got a message: check it, and record its post-to-delivery latency."""
+    stamp = read_stamp(message["body"])
+    if stamp is None:
+        return
+    now = time.time()
+    finding = checker.see(stamp, message["ttl"], now)
+    if finding is not None:
+        report(environment, finding)
+    if stamp.posted is not None:
+        RECORDER.record(f"deliver {mode}", now, (now - stamp.posted) * 1000, True)
 
 
 @listen(events.init)
@@ -231,8 +287,10 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     RECORDER.spawned_at = RECORDER.stopping_at = None
     ACKED["messages"] = 0
     ACKED_STREAMS.clear()
+    ACK_LOG.clear()
     CHECKERS.clear()
     CONSUMED.clear()
+    FOLLOWER_NUMBERS.clear()
 
 
 @listen(events.spawning_complete)
@@ -266,9 +324,16 @@ def on_test_stopping(environment: Environment, **_: Any) -> None:
 def on_test_stop(environment: Environment, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner):
         return
+    missed = 0
+    for checker in CHECKERS:
+        for finding in checker.missed(ACK_LOG.get(checker.queue, {})):
+            missed += 1
+            report(environment, finding)
     totals = {
         "acknowledged": ACKED["messages"],
         "checked": sum(c.checked for c in CHECKERS),
+        "readers": len(CHECKERS),
+        "missed_at_stop": missed,
         "findings": sum(c.findings for c in CHECKERS),
         "excused_expired": sum(c.excused_expired for c in CHECKERS),
         "excused_consumed": sum(c.excused_consumed for c in CHECKERS),
@@ -333,8 +398,9 @@ class Producer(FeedUser):
         stream = self._stream(queue)
         count = random.randint(1, o.batch)
         first = stream.next_seq
+        posted = time.time()
         messages = [
-            {"ttl": o.ttl, "body": Stamp(stream.producer, seq, stream.started).body(o.pad)}
+            {"ttl": o.ttl, "body": Stamp(stream.producer, seq, stream.started, posted).body(o.pad)}
             for seq in range(first, first + count)
         ]
         with self.client.post(
@@ -348,6 +414,8 @@ class Producer(FeedUser):
                 stream.next_seq += count
                 ACKED["messages"] += count
                 ACKED_STREAMS.setdefault(queue, {})[stream.producer] = stream.next_seq - 1
+                acks = ACK_LOG.setdefault(queue, {}).setdefault(stream.producer, [])
+                acks.append((time.time(), stream.next_seq - 1))
                 response.success()
             else:
                 # Unknown outcome: later messages go to a new stream, so the
@@ -383,29 +451,13 @@ class Observer(FeedUser):
                 response.failure(describe(response))
                 return
             payload = json.loads(response.content or b"null")
-        now = time.time()
         checker = self.checkers[queue]
         for message in payload["messages"]:
-            stamp = read_stamp(message["body"])
-            if stamp is not None:
-                finding = checker.see(stamp, message["ttl"], now)
-                if finding is not None:
-                    self.report(finding)
+            deliver(self.environment, checker, message, "poll")
         following = [link["href"] for link in payload["links"] if link["rel"] == "next"]
         if following:
             self.cursors[queue] = following[0]
         self.idle = not payload["messages"]
-
-    def report(self, finding: Finding) -> None:
-        log.error("no-miss checker: %s", finding)
-        self.environment.events.request.fire(
-            request_type="CHECK",
-            name=f"no-miss: {finding.kind}",
-            response_time=0,
-            response_length=0,
-            exception=CheckFailed(str(finding)),
-            context={},
-        )
 
 
 class Consumer(FeedUser):
@@ -446,3 +498,158 @@ class Consumer(FeedUser):
             self.client.delete(message["href"], headers=self.headers, name="DELETE message")
         if claim:
             self.client.delete(claim, headers=self.headers, name="DELETE claim")
+
+
+def follower_queue(environment: Environment, kind: str) -> str:
+    """The queue the next follower of a class follows: 0, 1, ... mod --queues."""
+    o = Options.of(environment)
+    number = next(FOLLOWER_NUMBERS.setdefault(kind, itertools.count()))
+    return o.queues[number % len(o.queues)]
+
+
+class LongPoller(FeedUser):
+    """Follows one queue with long polls, following next links."""
+
+    weight = 1
+    network_timeout = 40.0  # a poll is held up to 20 s
+
+    def wait_time(self) -> float:
+        return 0.0
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.queue = follower_queue(self.environment, "LongPoller")
+        self.checker = FeedChecker(self.queue, was_consumed)
+        CHECKERS.append(self.checker)
+        self.cursor = f"/v2/queues/{self.queue}/messages?" + urlencode(
+            {"limit": self.options.page_size, "echo": "true", "include_claimed": "true"}
+        )
+
+    @task
+    def poll_messages(self) -> None:
+        wait = urlencode({"wait": f"{self.options.long_poll_wait:g}"})
+        with self.client.get(
+            f"{self.cursor}&{wait}",
+            headers=self.headers,
+            name="GET messages wait",
+            catch_response=True,
+        ) as response:
+            if response.status_code != 200:
+                response.failure(describe(response))
+                time.sleep(1.0)  # a 503 (too many followers, Redis): back off
+                return
+            payload = json.loads(response.content or b"null")
+        for message in payload["messages"]:
+            deliver(self.environment, self.checker, message, "long-poll")
+        following = [link["href"] for link in payload["links"] if link["rel"] == "next"]
+        if following:
+            self.cursor = following[0]
+
+
+class Streamer(FeedUser):
+    """Follows one queue over Server-Sent Events on a socket of its own,
+    reconnecting with Last-Event-ID whenever the stream ends."""
+
+    weight = 1
+    # seconds without a byte (heartbeats included) before the stream counts as dead
+    silence = 45.0
+
+    def wait_time(self) -> float:
+        return self.pause
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.queue = follower_queue(self.environment, "Streamer")
+        self.checker = FeedChecker(self.queue, was_consumed)
+        CHECKERS.append(self.checker)
+        self.last_id: str | None = None
+        self.pause = 0.0
+        where = urlsplit(self.host or "")
+        self.address: tuple[str, int] = (where.hostname or "127.0.0.1", where.port or 80)
+
+    def request_bytes(self) -> bytes:
+        query = urlencode({"echo": "true", "include_claimed": "true"})
+        lines = [
+            f"GET /v2/queues/{self.queue}/messages?{query} HTTP/1.1",
+            f"Host: {self.address[0]}:{self.address[1]}",
+            "Accept: text/event-stream",
+            f"Client-ID: {self.headers['Client-ID']}",
+            f"X-Project-ID: {self.headers['X-Project-ID']}",
+        ]
+        if self.last_id is not None:
+            lines.append(f"Last-Event-ID: {self.last_id}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+    def failed(self, started: float, what: str) -> None:
+        self.environment.events.request.fire(
+            request_type="SSE",
+            name="GET stream",
+            response_time=(time.time() - started) * 1000,
+            response_length=0,
+            exception=ConnectionError(what),
+            context={},
+        )
+        self.pause = 1.0
+
+    @task
+    def follow(self) -> None:
+        started = time.time()
+        try:
+            sock = socket.create_connection(self.address, timeout=self.connection_timeout)
+        except OSError as exc:
+            self.failed(started, f"connect: {exc!r}")
+            return
+        try:
+            sock.settimeout(self.silence)
+            sock.sendall(self.request_bytes())
+            self.read_stream(sock, started)
+        except (OSError, FramingError, ValueError) as exc:
+            self.failed(started, f"{type(exc).__name__}: {exc}")
+        finally:
+            sock.close()
+
+    def read_stream(self, sock: socket.socket, started: float) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed before the response head")
+            head += chunk
+        head, _, rest = head.partition(b"\r\n\r\n")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        status = int(status_line.split(" ", 2)[1])
+        fields = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        if status != 200:
+            raise ConnectionError(f"{status}: {rest[:200]!r}")
+        self.environment.events.request.fire(
+            request_type="SSE",
+            name="GET stream",
+            response_time=(time.time() - started) * 1000,
+            response_length=len(head),
+            exception=None,
+            context={},
+        )
+        chunked = fields.get("transfer-encoding", "").lower() == "chunked"
+        decoder = ChunkedDecoder() if chunked else None
+        parser = EventStreamParser()
+        parser.last_id = self.last_id
+        data = rest
+        while True:
+            body = decoder.feed(data) if decoder is not None else data
+            for event in parser.feed(body):
+                if event.type == "message":
+                    deliver(self.environment, self.checker, json.loads(event.data), "sse")
+                    self.last_id = event.id
+                elif event.type == "end":  # the queue was deleted
+                    self.pause = 1.0
+                    return
+            if decoder is not None and decoder.done:
+                break
+            data = sock.recv(65536)
+            if not data:
+                break
+        # the server ended the stream (its lifetime, or this reader was too slow)
+        self.pause = (parser.retry_ms or 0) / 1000

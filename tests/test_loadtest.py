@@ -1,8 +1,9 @@
-"""loadtest/: the no-miss checker on synthetic input, the timing summary, and a
-short headless Locust run against a live ``feedsvc serve`` for each driver.
+"""loadtest/: the no-miss checker on synthetic input, the timing summary, the
+event-stream reader, and short headless Locust runs against a live
+``feedsvc serve`` (for each driver; with followers; the read-mode runner).
 
-The smoke run asserts that every request succeeded and that the checker saw
-messages and found nothing wrong; it asserts nothing about speed.
+The smoke runs assert that every request succeeded and that the checker saw
+messages and found nothing wrong; they assert nothing about speed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from feedsvc.testing import ServiceProcess
-from loadtest import compare, timings
+from loadtest import compare, follow, timings
 from loadtest.checker import (
     DUPLICATE,
     GAP,
@@ -38,6 +39,7 @@ from loadtest.checker import (
     Stamp,
     read_stamp,
 )
+from loadtest.eventstream import ChunkedDecoder, Event, EventStreamParser, FramingError
 from tests.conftest import REPO_ROOT
 
 T0 = 1_000_000.0
@@ -124,6 +126,101 @@ def test_stamps_round_trip_and_foreign_bodies_are_ignored() -> None:
     assert read_stamp(json.loads(json.dumps(stamp.body("xx")))) == stamp
     for body in [None, "text", [1], {"p": "a", "s": "1", "t": T0}, {"p": "a", "s": True, "t": 1}]:
         assert read_stamp(body) is None
+
+
+def test_posted_stamps_round_trip() -> None:
+    stamp = Stamp("p.1", 7, T0, T0 + 5.25)
+    assert read_stamp(json.loads(json.dumps(stamp.body()))) == stamp
+    assert read_stamp({"p": "a", "s": 1, "t": T0, "w": True}) == Stamp("a", 1, T0)
+
+
+def seen_by(items: list[tuple[str, int, float]]) -> FeedChecker:
+    checker = FeedChecker("q")
+    for producer, seq, posted in items:
+        assert checker.see(Stamp(producer, seq, T0, posted), TTL, T0 + 10) is None
+    return checker
+
+
+def test_missed_is_what_was_acknowledged_before_the_latest_seen_post() -> None:
+    acks = {
+        "a": [(T0 + 1.0, 1), (T0 + 2.0, 3), (T0 + 4.0, 4)],  # seq 2 and 3 in one batch
+        "b": [(T0 + 1.5, 1), (T0 + 3.5, 2)],
+    }
+    # saw a's 1..3 and b's 1; the latest of them was sent at T0 + 3: b's 2
+    # (acknowledged at 3.5) and a's 4 (at 4.0) may be still on their way
+    checker = seen_by([("a", 1, T0 + 0.5), ("b", 1, T0 + 1.0), ("a", 2, T0 + 1.8)])
+    checker.see(Stamp("a", 3, T0, T0 + 3.0), TTL, T0 + 10)
+    assert checker.missed(acks) == []
+    # a reader that saw b's 2 (sent at 3.4) must have seen a's 1..3 (acknowledged by 2.0)
+    late = seen_by([("b", 1, T0 + 1.0), ("b", 2, T0 + 3.4)])
+    assert late.missed(acks) == [Finding(LOST, "q", "a", 1, 3)]
+    assert late.findings == 1
+    # exactly at the ack time is not before it
+    edge = seen_by([("b", 1, T0 + 2.0)])
+    assert edge.missed(acks) == [Finding(LOST, "q", "a", 1, 1)]
+    # deleted by a consumer: excused; no posted stamps: nothing to judge
+    consumed = FeedChecker("q", lambda q, p, s: True)
+    consumed.see(Stamp("b", 1, T0, T0 + 9.0), TTL, T0 + 10)
+    assert consumed.missed(acks) == []
+    assert FeedChecker("q").missed(acks) == []
+
+
+STREAM = (
+    b"retry: 2000\n\n"
+    b": heartbeat\n\n"
+    b'id: 11\nevent: message\ndata: {"a": 1}\n\n'
+    b"id: 12\r\ndata: two\r\ndata: lines\r\n\r\n"
+    b"data: no id\rid: 13\r\r"
+    b"event: end\ndata: {}\n\n"
+    b"data: unfinished"
+)
+EVENTS = [
+    Event("message", '{"a": 1}', "11"),
+    Event("message", "two\nlines", "12"),
+    Event("message", "no id", "13"),
+    Event("end", "{}", "13"),
+]
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    out = b"".join(
+        b"%x;ext=1\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size])
+        for i in range(0, len(body), size)
+    )
+    return out + b"0\r\n\r\n"
+
+
+def test_event_stream_parser_takes_any_cut() -> None:
+    for cut in range(len(STREAM) + 1):
+        parser = EventStreamParser()
+        events = parser.feed(STREAM[:cut]) + parser.feed(STREAM[cut:])
+        assert events == EVENTS, cut
+        assert parser.retry_ms == 2000
+    parser = EventStreamParser()
+    assert [e for byte in STREAM for e in parser.feed(bytes([byte]))] == EVENTS
+    bom = EventStreamParser()
+    assert bom.feed("\ufeffdata: x\n\n".encode()) == [Event("message", "x", None)]
+
+
+def test_chunked_decoder_takes_any_cut() -> None:
+    framed = chunked(STREAM, 7)
+    for cut in range(len(framed) + 1):
+        decoder = ChunkedDecoder()
+        body = decoder.feed(framed[:cut]) + decoder.feed(framed[cut:])
+        assert body == STREAM, cut
+        assert decoder.done
+    decoder = ChunkedDecoder()
+    assert b"".join(decoder.feed(bytes([b])) for b in framed) == STREAM
+    for bad in (b"zz\r\n", b"3\r\nabcXY"):
+        with pytest.raises(FramingError):
+            ChunkedDecoder().feed(bad)
+
+
+def test_value_at_interpolates_a_cumulative_series() -> None:
+    times, series = [10.0, 11.0, 13.0], [0.0, 100.0, 300.0]
+    assert follow.value_at(times, series, 10.5) == 50.0
+    assert follow.value_at(times, series, 12.0) == 200.0
+    assert (follow.value_at(times, series, 0), follow.value_at(times, series, 99)) == (0.0, 300.0)
 
 
 def test_timings_summary_of_the_steady_window(tmp_path: Path) -> None:
@@ -250,3 +347,65 @@ def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
     checker = records[0].meta["checker"]
     assert checker["checked"] > 0, checker
     assert checker["findings"] == 0, checker
+
+
+@pytest.mark.process
+def test_locust_followers_check_every_message(redis_url: str, tmp_path: Path) -> None:
+    """Long pollers, SSE streamers and pollers each check every message and
+    record its post-to-delivery latency; nothing is missed at the stop."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
+    flags = ("--redis-url", redis_url, "--log-level", "WARNING", "--stream-lifetime", "2")
+    with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
+        result = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
+             "--headless", "--only-summary", "-u", "9", "-r", "9", "-t", "5s", "--host", serve.url,
+             "--project", f"smoke-{uuid.uuid4().hex}", "--queues", "2", "--observers", "2",
+             "--long-pollers", "2", "--streamers", "2", "--producer-wait", "0.05",
+             "--poll-interval", "0.3", "--long-poll-wait", "2", "--csv", str(tmp_path / "locust"),
+             "--timings-dir", str(tmp_path / "timings"),
+             "Producer", "Observer", "LongPoller", "Streamer"],
+            capture_output=True, text=True, timeout=60, check=False, env=env, cwd=REPO_ROOT,
+        )  # fmt: skip
+        serve.stop(signal.SIGTERM)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    with (tmp_path / "locust_stats.csv").open() as f:
+        stats = {row["Name"]: row for row in csv.DictReader(f)}
+    # streams live 2 s (+-10 %): each streamer reconnected with Last-Event-ID
+    assert int(stats["GET stream"]["Request Count"]) >= 4, output
+    assert int(stats["GET messages wait"]["Request Count"]) > 0, output
+    assert int(stats["Aggregated"]["Failure Count"]) == 0, output
+    [record] = timings.load(tmp_path / "timings")
+    checker = record.meta["checker"]
+    assert checker["readers"] == 2 * 2 + 2 + 2  # an observer reads both queues
+    assert checker["findings"] == 0 and checker["missed_at_stop"] == 0, checker
+    posts = len(record.samples["POST messages"]) // 3
+    for mode in ("poll", "long-poll", "sse"):
+        # two readers of the mode, each on one of the two queues (observers: both)
+        delivered = len(record.samples[f"deliver {mode}"]) // 3
+        assert 0 < delivered <= 2 * posts, (mode, delivered, posts)
+
+
+@pytest.mark.process
+def test_follow_runner_reports_a_read_mode(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadtest", "follow", "--drivers", "lua", "--modes", "sse",
+         "--producers", "2", "--producer-wait", "0.05", "--followers", "3", "--duration", "5",
+         "--warmup", "1", "--idle-wait", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    saved = json.loads((out / "follow.json").read_text())
+    [row] = saved["rows"]
+    assert (row["driver"], row["mode"], row["followers"]) == ("lua", "sse", 3)
+    assert row["deliveries_per_s"] > 0 and row["p99_ms"] > 0
+    assert row["post_cost"] > 1  # an EVALSHA and the commands its script runs
+    assert row["redis_commands"] > 0
+    assert row["checker"]["findings"] == 0 and row["audit"]["findings"] == 0
+    assert {"follow.md", "follow.csv", "follow.png"} <= {p.name for p in out.iterdir()}
+    again = subprocess.run(
+        [sys.executable, "-m", "loadtest", "report", str(out / "follow.json")],
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert again.returncode == 0 and "| sse | lua | 3 |" in again.stdout, again.stderr
