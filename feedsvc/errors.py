@@ -8,7 +8,8 @@ status from ``FeedError.status``. Nothing else catches them.
 
     FeedError
     ├── BadRequest                 400  malformed or out-of-range input
-    │   └── InvalidClaim           400  claim_id wrong or expired on delete
+    │   ├── InvalidClaim           400  claim_id wrong or expired on delete
+    │   └── InvalidContentType     400  a body sent as a form (x-www-form-urlencoded)
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
     │   └── MessageIsClaimed       403  delete of a claimed message without claim_id
@@ -50,6 +51,10 @@ class BadRequest(FeedError):
 
 class InvalidClaim(BadRequest):
     title = "Unable to delete"
+
+
+class InvalidContentType(BadRequest):
+    title = "Invalid Content-Type"
 
 
 class Unauthorized(FeedError):

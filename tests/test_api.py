@@ -410,6 +410,87 @@ async def test_queue_metadata_over_64k_is_400(http: Client, headers: Headers) ->
     await error(await http.put("/v2/queues/q", json=metadata, headers=headers), 400)
 
 
+def padded_metadata(size: int) -> bytes:
+    """A metadata body of exactly size bytes, most of them spaces: compact,
+    it is about 1 KiB."""
+    body = b'{"big": "' + b"x" * 1000 + b'"}'
+    return body[:-1] + b" " * (size - len(body)) + body[-1:]
+
+
+async def test_queue_metadata_limit_counts_the_body_as_sent(http: Client, headers: Headers) -> None:
+    # Zaqar measures the request body (Content-Length), whitespace included,
+    # before reading it; the compact re-encoding is not what the client sent.
+    json_headers = {**headers, "Content-Type": "application/json"}
+    too_big = padded_metadata(65538)
+    doc = await error(await http.put("/v2/queues/q", data=too_big, headers=json_headers), 400)
+    assert "65536" in doc["description"]
+    assert (await ok_json(await http.get("/v2/queues", headers=headers)))["queues"] == []
+    at_limit = padded_metadata(65536)
+    assert (await http.put("/v2/queues/q", data=at_limit, headers=json_headers)).status == 201
+    # a PATCH body is measured the same way
+    patch = b'[{"op": "add", "path": "/metadata/y", "value": 1}' + b" " * 65536 + b"]"
+    patch_headers = {**headers, "Content-Type": "application/openstack-messaging-v2.0-json-patch"}
+    resp = await http.patch("/v2/queues/q", data=patch, headers=patch_headers)
+    assert "65536" in (await error(resp, 400))["description"]
+    assert "y" not in await ok_json(await http.get("/v2/queues/q", headers=headers))
+
+
+@pytest.mark.parametrize("body", [b"  ", b"\n", b" \t\r\n "])
+async def test_put_queue_with_a_blank_body_is_400(
+    http: Client, headers: Headers, body: bytes
+) -> None:
+    # Zaqar reads any body that has a length: whitespace is not JSON. Only an
+    # empty body means "no metadata".
+    json_headers = {**headers, "Content-Type": "application/json"}
+    await error(await http.put("/v2/queues/q", data=body, headers=json_headers), 400)
+    assert (await ok_json(await http.get("/v2/queues", headers=headers)))["queues"] == []
+
+
+FORM = "application/x-www-form-urlencoded"
+
+
+@pytest.mark.parametrize(
+    "content_type", [FORM, "Application/X-WWW-Form-URLEncoded", FORM + "; charset=utf-8"]
+)
+async def test_a_form_urlencoded_body_is_400(
+    http: Client, headers: Headers, content_type: str
+) -> None:
+    # Zaqar refuses a body sent as a form (what `curl -d` sends unless told
+    # otherwise) before looking at anything else, Client-ID included.
+    form = {**headers, "Content-Type": content_type}
+    message = json.dumps({"messages": [{"body": 1}]})
+    for method, path, body in [
+        ("POST", messages_path("q"), message),
+        ("PUT", "/v2/queues/q", '{"a": 1}'),
+        ("POST", "/v2/queues/q/claims", '{"ttl": 60}'),
+    ]:
+        resp = await http.request(method, path, data=body, headers=form)
+        doc = await error(resp, 400)
+        assert doc["title"] == "Invalid Content-Type", (method, path, doc)
+        no_client = {k: v for k, v in form.items() if k != "Client-ID"}
+        resp = await http.request(method, path, data=body, headers=no_client)
+        assert (await error(resp, 400))["title"] == "Invalid Content-Type"
+    assert (await ok_json(await http.get("/v2/queues", headers=headers)))["queues"] == []
+    # Without a body the content type does not matter (Zaqar's own test).
+    resp = await http.put("/v2/queues/q", headers=form)
+    assert resp.status == 201, await resp.text()
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "application/json", "text/plain", "application/octet-stream"]
+)
+async def test_other_content_types_of_a_json_body_are_accepted(
+    http: Client, headers: Headers, content_type: str | None
+) -> None:
+    # Zaqar reads the body as JSON whatever else the client calls it.
+    sent = headers if content_type is None else {**headers, "Content-Type": content_type}
+    body = json.dumps({"messages": [{"body": 1}]}).encode()
+    resp = await http.post(
+        messages_path("q"), data=body, headers=sent, skip_auto_headers=["Content-Type"]
+    )
+    await ok_json(resp, 201)
+
+
 async def test_queue_default_ttl_applies_to_messages(http: Client, headers: Headers) -> None:
     resp = await http.put("/v2/queues/q", json={"_default_message_ttl": 120}, headers=headers)
     assert resp.status == 201

@@ -348,7 +348,11 @@ def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]
         f"http://{LOCAL}:{port}{path}",
         data=None if body is None else json.dumps(body).encode(),
         method=method,
-        headers={"Client-ID": str(uuid.uuid4()), "X-Project-ID": "docker-test"},
+        headers={
+            "Client-ID": str(uuid.uuid4()),
+            "X-Project-ID": "docker-test",
+            "Content-Type": "application/json",  # urllib's default is a form: a 400
+        },
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         raw = response.read()

@@ -31,7 +31,12 @@ from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve --workers, and a redis-server of its own
 
-HEADERS = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "workers"}
+HEADERS = {
+    "Client-ID": str(uuid.uuid4()),
+    "X-Project-ID": "workers",
+    # urllib sends a body as a form unless told otherwise, and a form is a 400
+    "Content-Type": "application/json",
+}
 
 
 def alive(pid: int) -> bool:

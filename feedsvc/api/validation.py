@@ -18,7 +18,13 @@ from multidict import MultiMapping
 
 from feedsvc.appkeys import AUTH_TOKENS
 from feedsvc.config import Settings
-from feedsvc.errors import BadRequest, Conflict, Unauthorized, UnsupportedMediaType
+from feedsvc.errors import (
+    BadRequest,
+    Conflict,
+    InvalidContentType,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from feedsvc.storage.base import NewMessage
 
 # "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
@@ -57,13 +63,35 @@ def client_id(request: web.Request) -> str:
         raise BadRequest("Malformed hexadecimal UUID in Client-ID.") from None
 
 
+FORM = "application/x-www-form-urlencoded"
+
+
+def refuse_form_body(request: web.Request) -> None:
+    """A body sent as a form is a 400, whatever it holds: what ``curl -d``
+    sends unless told otherwise, and Zaqar's answer to it (its bug 1547100).
+
+    Any other content type is read as JSON, as Zaqar does. A request without
+    a body passes. Unlike Zaqar, which compares the whole header, parameters
+    (``; charset=utf-8``) do not make a form something else.
+    """
+    raw = request.headers.get("Content-Type")
+    if raw is not None and request.body_exists and raw.partition(";")[0].strip().lower() == FORM:
+        raise InvalidContentType(
+            f"Endpoint does not accept `{FORM}` content; currently supported media "
+            "type is `application/json`; specify proper client-side media type with the "
+            '"Content-Type" header.'
+        )
+
+
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
-    """(project, client id) of a /v2 request; Client-ID is checked first, as Zaqar does.
+    """(project, client id) of a /v2 request; a form body is refused first,
+    then Client-ID is checked, as Zaqar does.
 
     With --auth-token the project is the bearer token's (401 without a known
     token); the home document, which shows no data, passes authenticate=False
     (ping and health do not ask for a caller at all).
     """
+    refuse_form_body(request)
     client = client_id(request)
     tokens = request.app[AUTH_TOKENS]
     if tokens and authenticate:
@@ -350,14 +378,24 @@ MAX_METADATA_SIZE = 65536
 JSON_PATCH = "application/openstack-messaging-v2.0-json-patch"
 
 
+def _metadata_size(size: int) -> None:
+    if size > MAX_METADATA_SIZE:
+        raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
+
+
 def queue_metadata(raw: bytes, settings: Settings) -> dict[str, Any]:
-    """The metadata of a queue PUT; an empty body means none."""
-    if not raw.strip():
+    """The metadata of a queue PUT; an empty body means none.
+
+    As in Zaqar, the size limit applies to the body as sent, whitespace
+    included, and a body of whitespace alone is not JSON (a 400).
+    """
+    _metadata_size(len(raw))
+    if not raw:
         return {}
     document = json_document(raw)
     if not isinstance(document, dict):
         raise BadRequest("Queue metadata must be a JSON object.")
-    return checked_metadata(document, settings)
+    return checked_metadata(document, settings, size=len(raw))
 
 
 def _reserved_int(metadata: Mapping[str, Any], name: str, low: int, high: int) -> None:
@@ -368,16 +406,21 @@ def _reserved_int(metadata: Mapping[str, Any], name: str, low: int, high: int) -
         raise BadRequest(f"{name} must be an integer from {low} to {high}.")
 
 
-def checked_metadata(metadata: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Validate depth, integers, size and the reserved settings that feedsvc honours."""
+def checked_metadata(
+    metadata: dict[str, Any], settings: Settings, size: int | None = None
+) -> dict[str, Any]:
+    """Validate depth, integers, size and the reserved settings that feedsvc honours.
+
+    size is the bytes the client sent (a PUT body); metadata a PATCH made is
+    measured as stored, compact, so that patches cannot grow it without bound.
+    """
     encoded = _encoded(metadata, "Queue metadata")
     if encoded is None:
         raise BadRequest(
             "Queue metadata may hold integers from -2**63 to 2**64-1 only (64 bits); "
             "write larger ones as strings."
         )
-    if len(encoded) > MAX_METADATA_SIZE:
-        raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
+    _metadata_size(len(encoded) if size is None else size)
     ttl_range = (settings.min_message_ttl, settings.max_message_ttl)
     _reserved_int(metadata, "_default_message_ttl", *ttl_range)
     _reserved_int(metadata, "_dead_letter_queue_messages_ttl", *ttl_range)
@@ -391,7 +434,11 @@ def checked_metadata(metadata: dict[str, Any], settings: Settings) -> dict[str, 
 
 
 def metadata_patch(request: web.Request, raw: bytes) -> list[dict[str, Any]]:
-    """A json-patch document of add/remove/replace operations on /metadata/<key>."""
+    """A json-patch document of add/remove/replace operations on /metadata/<key>.
+
+    Its body is held to the metadata size limit first, as Zaqar does.
+    """
+    _metadata_size(len(raw))
     if request.content_type != JSON_PATCH:
         raise UnsupportedMediaType(f"Accepted media type for PATCH: {JSON_PATCH}.")
     if not raw.strip():
