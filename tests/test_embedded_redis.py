@@ -288,6 +288,23 @@ def test_a_recorded_server_is_found_where_it_now_is(tmp_path: Path) -> None:
     assert record == {**moved, "executable": str(VALKEY)}
 
 
+@pytest.mark.skipif(system_server() is None, reason="needs a redis-server on PATH")
+def test_a_recorded_path_alone_is_never_run(tmp_path: Path) -> None:
+    # whoever can write the data dir must not choose the program feedsvc runs
+    ran = tmp_path / "it ran"
+    impostor = tmp_path / "redis-server"
+    impostor.write_text(f"#!/bin/sh\ntouch '{ran}'\necho 'Redis server v=0.0.1'\n")
+    impostor.chmod(0o755)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    record = {"server": "redis", "version": "0.0.1", "executable": str(impostor)}
+    (data_dir / "redis-server.json").write_text(json.dumps(record))
+    with ServiceProcess("--data-dir", str(data_dir)) as svc:
+        post(svc.url, "served by a real redis-server")
+        assert svc.stop() == 0
+    assert not ran.exists()
+
+
 def test_a_recorded_server_that_is_gone_is_one_line_and_exit_2(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
