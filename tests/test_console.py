@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -199,6 +200,10 @@ def open_console(driver: WebDriver, url: str, project: str, queue: str | None = 
 def tail_ids(driver: WebDriver) -> list[str]:
     items = driver.find_elements(By.CSS_SELECTOR, "#tail li.message")
     return [str(item.get_attribute("data-id")) for item in items]
+
+
+def tail_state(driver: WebDriver) -> str | None:
+    return driver.find_element(By.ID, "tail-state").get_attribute("data-state")
 
 
 def severe_log(driver: webdriver.Chrome) -> list[dict[str, Any]]:
@@ -406,11 +411,6 @@ def test_sse_parser_frames_events_whatever_the_chunking(
         }, cuts
 
 
-@pytest.mark.xfail(
-    reason="the SSE endpoint (issue 16 point 2: GET .../messages with Accept: "
-    "text/event-stream) is not in the service yet; remove this mark when it lands",
-    strict=True,
-)
 def test_live_tail_shows_posts_and_resumes_after_a_restart_without_gap_or_repeat(
     redis_server: RedisServer, browser: WebDriver, project: str, tmp_path: Path
 ) -> None:
@@ -424,7 +424,7 @@ def test_live_tail_shows_posts_and_resumes_after_a_restart_without_gap_or_repeat
         open_console(browser, url, project, "live")
         wait_for(
             browser,
-            lambda d: d.find_element(By.ID, "tail-state").get_attribute("data-state") == "live",
+            lambda d: tail_state(d) == "live",
         )
         assert tail_ids(browser) == []  # the list showed n=0; the tail starts after it
 
@@ -439,7 +439,7 @@ def test_live_tail_shows_posts_and_resumes_after_a_restart_without_gap_or_repeat
         first.kill()
         wait_for(
             browser,
-            lambda d: d.find_element(By.ID, "tail-state").get_attribute("data-state") != "live",
+            lambda d: tail_state(d) != "live",
         )
         with ServiceProcess("--redis-url", redis_server.url) as other:
             posted += post(other.url, headers, "live", {"n": 4}, {"n": 5})
@@ -454,15 +454,36 @@ def test_live_tail_shows_posts_and_resumes_after_a_restart_without_gap_or_repeat
         ]
         assert bodies == [1, 2, 3, 4, 5, 6]
         assert int(text_of(browser, "#tail-reconnects")) >= 1
-        assert browser.find_element(By.ID, "tail-state").get_attribute("data-state") == "live"
+        assert tail_state(browser) == "live"
         screenshot(browser, tmp_path / "console-tail.png")
 
         # the queue deleted: the stream ends and the page does not reconnect
         assert call("DELETE", f"{url}/v2/queues/live", headers)[0] == 204
         wait_for(
             browser,
-            lambda d: d.find_element(By.ID, "tail-state").get_attribute("data-state") == "ended",
+            lambda d: tail_state(d) == "ended",
         )
     finally:
         first.close(graceful=False)
         again.close(graceful=False)
+
+
+def test_live_tail_goes_on_across_the_servers_own_closes(
+    redis_server: RedisServer, browser: WebDriver, project: str
+) -> None:
+    """Streams end after --stream-lifetime (about 1 s here) while posts go on:
+    the page reconnects each time with Last-Event-ID and shows every post once."""
+    headers = client_headers(project)
+    with ServiceProcess(
+        "--redis-url", redis_server.url, "--stream-lifetime", "1", "--stream-retry", "100"
+    ) as svc:
+        open_console(browser, svc.url, project, "churn")
+        wait_for(browser, lambda d: tail_state(d) == "live")
+        posted: list[str] = []
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            posted += post(svc.url, headers, "churn", {"n": len(posted)})
+            time.sleep(0.1)
+        wait_for(browser, lambda d: len(tail_ids(d)) >= len(posted))
+        assert tail_ids(browser) == posted
+        assert int(text_of(browser, "#tail-reconnects")) >= 2
