@@ -433,6 +433,12 @@ async def test_queue_metadata_limit_counts_the_body_as_sent(http: Client, header
     resp = await http.patch("/v2/queues/q", data=patch, headers=patch_headers)
     assert "65536" in (await error(resp, 400))["description"]
     assert "y" not in await ok_json(await http.get("/v2/queues/q", headers=headers))
+    # Larger than any post: still the metadata's 400, from Content-Length,
+    # not the 413 of a body over the post size limit.
+    huge = padded_metadata(MAX_POST_SIZE + 1)
+    for method, sent in (("PUT", json_headers), ("PATCH", patch_headers)):
+        resp = await http.request(method, "/v2/queues/q2", data=huge, headers=sent)
+        assert "65536" in (await error(resp, 400))["description"], method
 
 
 @pytest.mark.parametrize("body", [b"  ", b"\n", b" \t\r\n "])

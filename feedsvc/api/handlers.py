@@ -213,6 +213,7 @@ async def list_queues(request: web.Request) -> web.Response:
 async def create_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
+    v.metadata_length(request)
     metadata = v.queue_metadata(await read_body(request), _settings(request))
     created = await _store(request).create_queue(project, queue, metadata)
     # Like Zaqar, a PUT on an existing queue changes nothing (use PATCH).
@@ -231,6 +232,7 @@ async def patch_queue(request: web.Request) -> web.Response:
     settings = _settings(request)
     project, _ = v.caller(request)
     queue = v.queue_name(request)
+    v.metadata_length(request)
     patch = v.metadata_patch(request, await read_body(request))
 
     def change(current: dict[str, Any]) -> dict[str, Any]:

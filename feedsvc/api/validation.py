@@ -383,6 +383,14 @@ def _metadata_size(size: int) -> None:
         raise BadRequest(f"Queue metadata is too large. Max size: {MAX_METADATA_SIZE}")
 
 
+def metadata_length(request: web.Request) -> None:
+    """A queue PUT's or PATCH's declared length, checked before the body is
+    read, as Zaqar does: over the metadata limit is a 400 however large the
+    body (not the 413 of a body over the post size limit)."""
+    if request.content_length is not None:
+        _metadata_size(request.content_length)
+
+
 def queue_metadata(raw: bytes, settings: Settings) -> dict[str, Any]:
     """The metadata of a queue PUT; an empty body means none.
 
