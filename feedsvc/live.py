@@ -130,10 +130,17 @@ class Follower:
 class Tail:
     """The shared reader of one queue in this process."""
 
-    def __init__(self, store: FeedStore, project: str, queue: str, position: int) -> None:
+    def __init__(
+        self, store: FeedStore, project: str, queue: str, position: int, existed: bool
+    ) -> None:
         self._store = store
         self._project, self._queue = project, queue
         self.position = position
+        # whether the queue existed when its first follower caught up: if it
+        # is gone once the subscription stands, it was deleted in between
+        # and its end was announced before anyone here listened
+        self._existed = existed
+        self.ended = False  # the queue was deleted: a new follower starts a new tail
         self.followers: set[Follower] = set()
         self.reads = 0
         self._task: asyncio.Task[None] | None = None
@@ -149,7 +156,8 @@ class Tail:
 
     async def _run(self) -> None:
         async with self._store.follow(self._project, self._queue) as follow:
-            while True:
+            deleted = self._existed and await self._gone()
+            while not deleted:
                 token = follow.token()
                 try:
                     batch = await self._read()
@@ -162,12 +170,19 @@ class Tail:
                         if not follower.offer(batch):
                             self.followers.discard(follower)
                 if follow.ended:
-                    end = Batch([], self.position, self.position, ended=True)
-                    for follower in list(self.followers):
-                        follower.offer(end)
-                    return
+                    break
                 if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
                     await follow.wait(token, 3600.0)
+            self.ended = True
+            end = Batch([], self.position, self.position, ended=True)
+            for follower in list(self.followers):
+                follower.offer(end)
+
+    async def _gone(self) -> bool:
+        try:
+            return await self._store.get_queue_metadata(self._project, self._queue) is None
+        except Unavailable:
+            return False  # unknown: the announcement or a later read will tell
 
     async def _read(self) -> Batch | None:
         """Everything new after the position, unfiltered; None if nothing."""
@@ -223,6 +238,9 @@ class LiveFeeds:
         key = (project, queue)
         while True:
             tail = self._tails.get(key)
+            if tail is not None and tail.ended:
+                del self._tails[key]
+                tail = None
             before = tail.position if tail is not None else None
             page = await self._store.list_messages(
                 project, queue, follower.filters.query(follower.position, limit)
@@ -237,8 +255,14 @@ class LiveFeeds:
             if before is not None and before > (follower.position or 0):
                 follower.position = before
             tail = self._tails.get(key)
+            if tail is not None and tail.ended:
+                del self._tails[key]
+                tail = None
             if tail is None:
-                tail = Tail(self._store, project, queue, follower.position or 0)
+                existed = await self._store.get_queue_metadata(project, queue) is not None
+                if key in self._tails:  # another follower started it meanwhile
+                    continue
+                tail = Tail(self._store, project, queue, follower.position or 0, existed)
                 self._tails[key] = tail
                 tail.followers.add(follower)
                 tail.start()

@@ -16,6 +16,8 @@ from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
 from feedsvc.config import Settings
+from feedsvc.live import Filters, LiveFeeds
+from feedsvc.storage.base import FeedStore, NewMessage
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -317,3 +319,29 @@ async def test_a_follower_whose_client_goes_away_is_freed_at_once(
         del reader
     finally:
         await runner.cleanup()
+
+
+async def test_a_queue_deleted_while_its_tail_subscribes_still_ends_it(
+    store: FeedStore, project: str
+) -> None:
+    """The deletion's announcement may go out before the new tail listens:
+    the tail then finds the queue gone and ends its followers all the same."""
+    await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
+    live = LiveFeeds(store, buffer=8)
+    try:
+        async with live.follower(project, "q", None, Filters("reader")) as follower:
+            assert len(await live.catch_up(project, "q", follower)) == 1
+            assert await live.catch_up(project, "q", follower) == []  # joined: tail starts
+            await store.delete_queue(project, "q")  # before or while it subscribes
+            got = await follower.next(10)
+            while got is not None and not got[1].ended:
+                got = await follower.next(10)
+            assert got is not None and got[1].ended, "the deleted queue's followers were not ended"
+        # the queue made again is followed by a new tail, not the ended one
+        async with live.follower(project, "q", None, Filters("reader")) as again:
+            assert await live.catch_up(project, "q", again) == []
+            await store.post_messages(project, "q", "writer", [NewMessage(b"2")])
+            got = await again.next(10)
+            assert got is not None and [m.body for m in got[0]] == [b"2"]
+    finally:
+        await live.close()
