@@ -198,6 +198,12 @@ class Settings:
         "routes need 'Authorization: Bearer TOKEN' (else 401) and the project is "
         "the token's, not X-Project-ID's",
     )
+    signed_url_key: str | None = _opt(
+        None,
+        "secret key of pre-signed URLs (POST /v2/queues/{name}/share), HMAC-SHA256 as "
+        "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
+        "are 404. Prefer the environment variable: a flag shows in ps",
+    )
     client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "

@@ -23,7 +23,10 @@ fails without running.
 
 A block that cannot run here (``make test``, a container engine, a cluster
 elsewhere) has the comment ``<!-- tests/test_readme.py skips this block:
-REASON -->`` on the line before its fence; keep those rare.
+REASON -->`` on the line before its fence; keep those rare. A block that
+needs the service started with a setting the README asks the reader for
+has ``<!-- tests/test_readme.py serves this block with FEEDSVC_NAME=VALUE
+... -->`` there instead: its service gets those variables.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -48,6 +51,10 @@ pytestmark = pytest.mark.process  # feedsvc serve, bash, curl, python
 README = REPO_ROOT / "README.md"
 RUNNABLE = ("console", "sh", "bash", "python")
 SKIP = re.compile(r"<!-- tests/test_readme\.py skips this block: (?P<reason>\S.*?) -->")
+SERVE = re.compile(
+    r"<!-- tests/test_readme\.py serves this block with "
+    r"(?P<env>FEEDSVC_\w+=\S+(?: FEEDSVC_\w+=\S+)*) -->"
+)
 FENCE = re.compile(r"^```(?P<info>\S*)\s*$")
 #: Set while an example runs: a README example that runs the test suite
 #: must not run the examples again.
@@ -69,6 +76,7 @@ class Block:
     code: str
     skip_reason: str | None = None
     output: str | None = None  # the text block that shows what it prints
+    serve_env: dict[str, str] = field(default_factory=dict)  # the service's settings
 
     @property
     def name(self) -> str:
@@ -92,9 +100,11 @@ def readme_blocks(text: str) -> list[Block]:
         assert end is not None, f"README.md:{i + 1}: a fence that is never closed"
         above = lines[i - 1] if i else ""
         marker = SKIP.fullmatch(above.strip())
-        assert marker or "test_readme" not in above, (
+        serve = SERVE.fullmatch(above.strip())
+        assert marker or serve or "test_readme" not in above, (
             f"README.md:{i}: write the marker as "
-            "'<!-- tests/test_readme.py skips this block: REASON -->'"
+            "'<!-- tests/test_readme.py skips this block: REASON -->' or "
+            "'<!-- tests/test_readme.py serves this block with FEEDSVC_NAME=VALUE -->'"
         )
         block = Block(
             opening.group("info"),
@@ -102,6 +112,8 @@ def readme_blocks(text: str) -> list[Block]:
             "\n".join(lines[i + 1 : end]) + "\n",
             marker.group("reason") if marker else None,
         )
+        if serve:
+            block.serve_env = dict(pair.split("=", 1) for pair in serve.group("env").split())
         previous = blocks[-1] if blocks else None
         if (
             block.language == "text"
@@ -243,9 +255,10 @@ def run_program(block: Block, env: dict[str, str], cwd: Path) -> None:
 
 
 @pytest.fixture
-def service() -> Iterator[ServiceProcess]:
-    """A fresh feedsvc with default settings and its own embedded Redis."""
-    with ServiceProcess() as svc:
+def service(block: Block) -> Iterator[ServiceProcess]:
+    """A fresh feedsvc with its own embedded Redis, and default settings but
+    for those the block's serve marker names."""
+    with ServiceProcess(env=block.serve_env) as svc:
         yield svc
 
 
@@ -274,6 +287,18 @@ def test_readme_has_examples_and_every_skip_says_why() -> None:
     for block in blocks:
         if block.language == "console":
             assert console_commands(block), f"{block.name}: no '$ ' command"
+
+
+def test_a_serve_marker_names_the_services_settings() -> None:
+    text = (
+        "<!-- tests/test_readme.py serves this block with FEEDSVC_A=1 FEEDSVC_B_C=x=y -->\n"
+        "```console\n$ true\n```\n```console\n$ true\n```\n"
+    )
+    marked, plain = readme_blocks(text)
+    assert marked.serve_env == {"FEEDSVC_A": "1", "FEEDSVC_B_C": "x=y"}
+    assert plain.serve_env == {}
+    with pytest.raises(AssertionError, match="write the marker"):
+        readme_blocks("<!-- tests/test_readme.py serves it with A=1 -->\n```sh\ntrue\n```\n")
 
 
 def test_remote_addresses() -> None:

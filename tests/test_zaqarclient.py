@@ -33,6 +33,7 @@ pytestmark = pytest.mark.process  # feedsvc serve, for python-zaqarclient to tal
 # A bound on items taken from a stream: a listing that loops shows up as a
 # failed assertion instead of a hang.
 MAX_ITEMS = 200
+SIGNED_URL_KEY = "zaqarclient-" + uuid.uuid4().hex
 RESERVED_KEYS = {
     "_max_messages_post_size",
     "_default_message_ttl",
@@ -52,7 +53,8 @@ def service(
     """The base URL of a running ``feedsvc serve`` using one driver."""
     driver = str(request.param)
     log = tmp_path_factory.mktemp(f"serve-{driver}") / "serve.log"
-    flags = ("--redis-url", redis_server.url, "--driver", driver, "--min-message-ttl", "1")
+    flags = ("--redis-url", redis_server.url, "--driver", driver, "--min-message-ttl", "1",
+             "--signed-url-key", SIGNED_URL_KEY)  # fmt: skip
     with ServiceProcess(*flags, log_path=log) as svc:
         assert f"driver {driver}" in svc.log_text()
         yield svc.url
@@ -117,6 +119,38 @@ def test_client_id_is_sent_dashless(cli: Any) -> None:
     q.post([{"body": "mine"}])
     assert take(q.messages()) == []
     assert [m.body for m in take(q.messages(echo=True))] == ["mine"]
+
+
+def test_signed_url_client(cli: Any, service: str) -> None:
+    # The client's own way: a signed URL made by one client, handed to
+    # another that holds nothing else (backend "signed-url").
+    url = cli.queue("shared").signed_url(
+        paths=["messages", "claims"], methods=["GET", "POST", "DELETE"], ttl_seconds=600
+    )
+    assert url["paths"] == ["/v2/queues/shared/claims", "/v2/queues/shared/messages"]
+    options = {k: url[k] for k in ("signature", "expires", "methods", "paths")}
+    conf = {
+        "auth_opts": {
+            "backend": "signed-url",
+            "options": {**options, "os_project_id": url["project"]},
+        },
+        "client_uuid": uuid.uuid4().hex,
+    }
+    guest = zaqar.Client(service, version=2, conf=conf).queue("shared")
+    guest.post([{"body": n} for n in range(3)])
+    assert [m.body for m in take(guest.messages(echo=True))] == [0, 1, 2]
+    claim = guest.claim(ttl=60, grace=60, limit=2)
+    claimed = list(claim)
+    claimed[0].delete()  # DELETE .../messages/{id}?claim_id=...
+    claim.delete()
+    assert [m.body for m in take(cli.queue("shared").messages(echo=True))] == [1, 2]
+    # what it was not signed for
+    with pytest.raises(zaqar_errors.ResourceNotFound):
+        guest.stats  # noqa: B018 (a property that sends a request)
+    elsewhere = zaqar.Client(service, version=2, conf=conf).queue("other")
+    with pytest.raises(zaqar_errors.ResourceNotFound):
+        elsewhere.post([{"body": "x"}])
+    assert queue_names(cli) == ["shared"]
 
 
 # -- queues ----------------------------------------------------------------------------------

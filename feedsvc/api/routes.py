@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from feedsvc.api import console, metrics, openapi, streams
+from feedsvc.api import console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
 
 QUEUE = "/v2/queues/{queue}"
@@ -23,6 +23,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PATCH", QUEUE, h.patch_queue),
     ("DELETE", QUEUE, h.delete_queue),
     ("POST", QUEUE + "/purge", h.purge_queue),
+    ("POST", QUEUE + "/share", signed_urls.share_queue),
     ("GET", QUEUE + "/stats", h.get_queue_stats),
     ("POST", QUEUE + "/messages", h.post_messages),
     ("GET", QUEUE + "/messages", streams.get_messages),

@@ -83,16 +83,25 @@ def refuse_form_body(request: web.Request) -> None:
         )
 
 
+#: The project of a request whose pre-signed URL headers were verified
+#: (``feedsvc.api.signed_urls``); absent on every other request.
+SIGNED_PROJECT = web.RequestKey("signed_project", str)
+
+
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; a form body is refused first,
     then Client-ID is checked, as Zaqar does.
 
     With --auth-token the project is the bearer token's (401 without a known
-    token); the home document, which shows no data, passes authenticate=False
-    (ping and health do not ask for a caller at all).
+    token), unless the request's pre-signed URL was verified: then it is the
+    project signed for. The home document, which shows no data, passes
+    authenticate=False (ping and health do not ask for a caller at all).
     """
     refuse_form_body(request)
     client = client_id(request)
+    signed = request.get(SIGNED_PROJECT)
+    if signed is not None:
+        return signed, client
     tokens = request.app[AUTH_TOKENS]
     if tokens and authenticate:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")

@@ -1,0 +1,183 @@
+"""Pre-signed URLs, made and checked as Zaqar does (``zaqar/common/urls.py``).
+
+``POST /v2/queues/{q}/share`` with ``{"paths", "methods", "expires"}``
+answers ``{"paths", "methods", "project", "expires", "signature"}``: the
+signature is HMAC-SHA256, keyed by ``--signed-url-key``, over the text
+``<paths>\\n<methods>\\n<project>\\n<expires>`` (each list sorted and joined
+by commas, the two characters backslash and n between the parts, expires
+in UTC to the second, ``%Y-%m-%dT%H:%M:%S``). The text is Zaqar's byte for
+byte, so a URL one of the two signed works on the other given the same key.
+
+Whoever holds the answer sends it back as ``URL-Signature``, ``URL-Paths``,
+``URL-Methods`` and ``URL-Expires``, with the project as ``X-Project-ID``
+(and a Client-ID, as every /v2 request): such a request is served with no
+bearer token, for those methods and for those paths and what lies below them
+(a messages path covers each message), until it expires.
+
+A request that carries any ``URL-*`` header is checked by
+:func:`signed_url_middleware` before anything else, and is 404 (as in Zaqar)
+unless the signature holds for its method and path: a missing, wrong or
+expired signature, another path or method, a service without a key, all the
+same. It is never served as if it were unsigned.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from feedsvc.api import handlers as h
+from feedsvc.api import validation as v
+from feedsvc.appkeys import CLOCK, SETTINGS
+from feedsvc.errors import BadRequest, NotFound
+
+#: The request headers of a pre-signed URL (any one of them makes a request signed).
+SIGNED_HEADERS = ("URL-Signature", "URL-Expires", "URL-Methods", "URL-Paths")
+#: What a URL may be made for, below its queue (Zaqar's list).
+SHARE_PATHS = ("messages", "subscriptions", "claims")
+#: The methods a URL may allow: those feedsvc's routes answer.
+METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+#: Zaqar's format of expires, in the signed text and in the answer.
+DATE_FORMAT = "%Y-%m-%dT%H:%M:%S"
+#: How long a URL lasts when the request names no expiry (Zaqar's default).
+DEFAULT_LIFETIME = dt.timedelta(days=1)
+_SHARE_KEYS = frozenset(("paths", "methods", "expires"))
+
+
+def signature(
+    key: str, paths: Sequence[str], methods: Sequence[str], project: str, expires: str
+) -> str:
+    """The hex HMAC-SHA256 Zaqar's ``create_signed_url`` makes."""
+    text = "\\n".join((",".join(sorted(paths)), ",".join(sorted(methods)), project, expires))
+    return hmac.new(key.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def expiry(value: Any, now: dt.datetime) -> str:
+    """An ISO 8601 time as it is signed: in UTC (a time without an offset is
+    UTC), to the second. ValueError if it is no such time or not after now
+    (a naive UTC datetime)."""
+    if not isinstance(value, str):
+        raise ValueError("`expires` must be a date and time, e.g. 2016-01-01T00:00:00.")
+    try:
+        int(value)
+    except ValueError:
+        pass
+    else:  # Zaqar's check: a number of seconds is a common mistake
+        raise ValueError(f"`expires` should be a date and time, not an integer: {value}")
+    try:
+        when = dt.datetime.fromisoformat(value)
+        if when.tzinfo is not None:
+            when = when.astimezone(dt.UTC).replace(tzinfo=None)
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"`expires` must be a date and time, e.g. 2016-01-01T00:00:00, not {value[:40]!r}."
+        ) from None
+    if when <= now:
+        raise ValueError("`expires` is lower than the current time.")
+    return when.strftime(DATE_FORMAT)
+
+
+def _now(request: web.Request) -> dt.datetime:
+    """The app clock's now, as a naive UTC datetime (as Zaqar compares)."""
+    seconds = request.app[CLOCK].now_ms() / 1000
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).replace(tzinfo=None)
+
+
+def _covers(signed_path: str, path: str) -> bool:
+    """A signed path covers itself and what lies below it. Zaqar matches it
+    as a regular expression instead, where the dot of a queue name "a.b"
+    also matches "aXb": another queue of the project."""
+    return bool(signed_path) and (path == signed_path or path.startswith(signed_path + "/"))
+
+
+def verified_project(request: web.Request) -> str:
+    """The project of a request carrying URL-* headers, if they allow it; else 404."""
+    headers = request.headers
+    key = request.app[SETTINGS].signed_url_key
+    given = headers.get("URL-Signature", "")
+    project = headers.get("X-Project-ID")
+    methods = headers.get("URL-Methods", "").split(",")
+    paths = headers.get("URL-Paths", "").split(",")
+    if key is None:
+        raise NotFound("Pre-signed URLs are off here: the service has no --signed-url-key.")
+    if request.method not in methods or not any(_covers(p, request.path) for p in paths):
+        raise NotFound(f"The pre-signed URL does not allow {request.method} {request.path}.")
+    try:
+        expires = expiry(headers.get("URL-Expires"), _now(request))
+    except ValueError:
+        raise NotFound("The pre-signed URL has expired, or its URL-Expires is malformed.") from None
+    if not given or project is None:
+        raise NotFound("A pre-signed URL needs URL-Signature and X-Project-ID.")
+    expected = signature(key, paths, methods, project, expires)
+    if not hmac.compare_digest(given.encode(errors="surrogateescape"), expected.encode()):
+        raise NotFound("The pre-signed URL's signature does not match.")
+    return project
+
+
+@web.middleware
+async def signed_url_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Checks a signed request before its handler runs, and marks it for
+    ``validation.caller`` (which then asks for no bearer token)."""
+    headers = request.headers
+    # spelt out: cheaper than a loop, on every request
+    if (
+        "URL-Signature" in headers
+        or "URL-Paths" in headers
+        or "URL-Methods" in headers
+        or "URL-Expires" in headers
+    ):
+        request[v.SIGNED_PROJECT] = verified_project(request)
+    return await handler(request)
+
+
+def _string_list(document: dict[str, Any], name: str, allowed: Sequence[str]) -> list[str] | None:
+    """The list document[name] (None when absent or empty), each item one of allowed."""
+    value = document.get(name)
+    if not value:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, str) and i in allowed for i in value):
+        raise BadRequest(f"`{name}` must be a list of {', '.join(allowed)}.")
+    return value
+
+
+async def share_queue(request: web.Request) -> web.Response:
+    """POST .../share: a pre-signed URL for the queue's messages (or the
+    paths named), in the caller's project."""
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    document = v.json_document(await h.read_body(request))
+    if not isinstance(document, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    unknown = set(document) - _SHARE_KEYS
+    if unknown:
+        raise BadRequest(f"Unknown keys: {', '.join(sorted(unknown))}.")
+    names = _string_list(document, "paths", SHARE_PATHS) or ["messages"]
+    methods = _string_list(document, "methods", METHODS) or ["GET"]
+    now = _now(request)
+    try:
+        raw = document.get("expires")
+        expires = (
+            (now + DEFAULT_LIFETIME).strftime(DATE_FORMAT) if raw is None else expiry(raw, now)
+        )
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    key = request.app[SETTINGS].signed_url_key
+    if key is None:
+        # Zaqar's status too ("The `key` can't be None")
+        raise BadRequest("Pre-signed URLs are off here: the service has no --signed-url-key.")
+    paths = sorted(f"/v2/queues/{queue}/{name}" for name in names)
+    return h.json_response(
+        {
+            "paths": paths,
+            "methods": sorted(methods),
+            "project": project,
+            "expires": expires,
+            "signature": signature(key, paths, methods, project, expires),
+        }
+    )
