@@ -81,7 +81,10 @@ async def run_through(sentinel: LocalSentinel, store: FeedStore, failover: str) 
     traffic = Traffic()
     producers = [asyncio.create_task(traffic.produce(store, project)) for _ in range(4)]
     try:
-        await asyncio.sleep(0.5)
+        for _ in range(200):  # traffic flowing before the failover (a busy machine is slow)
+            if len(traffic.acked) >= 20:
+                break
+            await asyncio.sleep(0.05)
         before = len(traffic.acked)
         old = sentinel.master.port
         if failover == "kill":
