@@ -12,7 +12,8 @@ noise; ratios are what to read.
 
 Parts: post, get, loop, pool, batch, coalesce, drivers, cluster (a local
 3-primary Redis Cluster), rtt (needs root:
-network namespace + tc netem). Needs ``wrk`` on PATH (Debian: apt install wrk).
+network namespace + tc netem), idle and fanout (live followers over SSE;
+bench/live.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -336,6 +337,16 @@ class Suite:
                 )
             self.part_drivers(url, label=" (RTT 0.25 ms)")
 
+    def part_idle(self) -> None:
+        from bench.live import part_idle
+
+        part_idle(self)
+
+    def part_fanout(self) -> None:
+        from bench.live import part_fanout
+
+        part_fanout(self)
+
     def run(self, parts: Sequence[str]) -> None:
         self.redis.start()
         try:
@@ -470,7 +481,10 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
         subprocess.run(["ip", "link", "del", "fsb0"], capture_output=True, check=False)
 
 
-PARTS = ["post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt"]
+PARTS = [
+    "post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt", "idle",
+    "fanout",
+]  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
