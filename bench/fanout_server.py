@@ -3,11 +3,12 @@ open stream (``python -m bench.fanout_server PORT``), no Redis, no feedsvc.
 
 * ``GET /stream``: an event stream that stays open (``retry:`` first, like
   feedsvc's), kept in a set;
-* ``POST /fire?seconds=S&size=B``: for S seconds, event after event, write
-  one event of B bytes (``id``, ``event: message``, ``data`` with the body
-  stamp ``{"n": ..., "t": <time of the write>}`` that bench/sse_client.py
-  reads) to every open stream, yielding to the loop once per event; answers
-  how many events and writes it made;
+* ``POST /fire?seconds=S&size=B&rate=R``: for S seconds, event after
+  event (R a second, or as fast as it goes without R), write one event of B
+  bytes (``id``, ``event: message``, ``data`` with the body stamp ``{"n":
+  ..., "t": <time of the write>}`` that bench/sse_client.py reads) to every
+  open stream, yielding to the loop once per event; answers how many events
+  and writes it made;
 * ``GET /streams``: how many streams are open.
 
 uvloop, like ``feedsvc serve``'s default.
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 STREAMS = web.AppKey("streams", set[web.StreamResponse])
+# the last event's number: it goes on across fires, so a reader sees 1, 2, 3, ...
+LAST = web.AppKey("last", list[int])
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
@@ -49,13 +52,19 @@ def event(n: int, size: int) -> bytes:
 async def fire(request: web.Request) -> web.Response:
     seconds = float(request.query.get("seconds", "5"))
     size = int(request.query.get("size", "200"))
+    rate = float(request.query.get("rate", "0"))  # events/s; 0: as fast as it goes
     streams = request.app[STREAMS]
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    n = writes = 0
+    start = loop.time()
+    deadline = start + seconds
+    last = request.app[LAST]
+    first = last[0]
+    writes = 0
     while loop.time() < deadline:
-        n += 1
-        data = event(n, size)
+        if rate > 0 and (due := start + (last[0] - first) / rate) > loop.time():
+            await asyncio.sleep(due - loop.time())
+        last[0] += 1
+        data = event(last[0], size)
         for response in list(streams):
             try:
                 await response.write(data)
@@ -64,7 +73,10 @@ async def fire(request: web.Request) -> web.Response:
                 continue
             writes += 1
         await asyncio.sleep(0)
-    return web.json_response({"events": n, "writes": writes, "event_bytes": len(event(n, size))})
+    events = last[0] - first
+    return web.json_response(
+        {"events": events, "writes": writes, "event_bytes": len(event(last[0], size))}
+    )
 
 
 async def count(request: web.Request) -> web.Response:
@@ -74,6 +86,7 @@ async def count(request: web.Request) -> web.Response:
 def make_app() -> web.Application:
     app = web.Application()
     app[STREAMS] = set()
+    app[LAST] = [0]
     app.router.add_get("/stream", stream)
     app.router.add_post("/fire", fire)
     app.router.add_get("/streams", count)

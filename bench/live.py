@@ -37,7 +37,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -420,57 +420,88 @@ def part_idle(suite: Suite) -> None:
         print(f"   failures: {examples}", flush=True)
 
 
+@dataclass
+class Fanout:
+    """The feedsvc side of a fan-out run: the clients, the producer, the counters."""
+
+    group: Clients
+    producer: Producer
+    redis: redis.Redis
+    per_post: dict[str, float]
+    streams: int
+    groups: dict[str, list[int]]
+    workdir: Path
+    seen: dict[str, int]
+
+    def step(self, rate: float) -> Step:
+        """Post at ``rate`` (a settling second, then the measured window) and judge it."""
+        self.producer.run(rate, SETTLE_S)
+        cpu = CpuWindow(self.groups)
+        stats0 = commandstats(self.redis)
+        cpu.start()
+        t0 = time.time()
+        sent = self.producer.run(rate, MEASURE_S)
+        t1 = time.time()
+        stats1 = commandstats(self.redis)
+        percent = cpu.stop()
+        time.sleep(GRACE_S)
+        got = self.group.report(t0, t1, self.workdir)
+        posted = len(sent)
+        lists = delta(stats1, stats0).get("evalsha", 0) - posted * self.per_post["evalsha"]
+        counts = {k: got[k] - self.seen.get(k, 0) for k in ("gaps", "repeats", "reconnects")}
+        self.seen.update({k: got[k] for k in counts})
+        return Step(
+            rate=rate,
+            posted_per_s=posted / (t1 - t0),
+            deliveries_per_s=got["events"] / (t1 - t0),
+            delivered_fraction=got["events"] / max(1, posted * self.streams),
+            p50_ms=ms(got["latencies"], 50),
+            p99_ms=ms(got["latencies"], 99),
+            reads_per_post=lists / max(1, posted),
+            gaps=counts["gaps"],
+            repeats=counts["repeats"],
+            reconnects=counts["reconnects"],
+            cpu=percent,
+        )
+
+
+def rates_until_behind(run: Callable[[float], Step]) -> list[Step]:
+    """FIRST_RATE, then half as much again each step until one is not
+    sustained; then once the rate midway between the last good one and it."""
+    steps: list[Step] = []
+    rate = FIRST_RATE
+    while rate <= MAX_RATE:
+        step = run(rate)
+        steps.append(step)
+        if not step.sustained:
+            good = [s.rate for s in steps if s.sustained]
+            if good and rate / good[-1] > 1.2:
+                steps.append(run(round((good[-1] + rate) / 2)))
+            break
+        rate = round(rate * RATE_STEP)
+    return steps
+
+
 def part_fanout(suite: Suite) -> None:
     from bench.run import Service
 
     raise_open_files_limit()
-    workdir = suite.workdir
     followers = FANOUT_FOLLOWERS
     queue = "fan-" + uuid.uuid4().hex[:8]
     redis_client = redis.Redis.from_url(suite.redis.url)
-    steps: list[Step] = []
-    with Service(suite.redis.url, workdir / "feedsvc-fanout.log") as svc:
+    with Service(suite.redis.url, suite.workdir / "feedsvc-fanout.log") as svc:
         per_post = post_cost(svc.port, redis_client)
-        path = f"/v2/queues/{queue}/messages?echo=true"
         producer = Producer(svc.port, queue)
-        with clients(svc.port, path, followers) as group:
+        with clients(svc.port, f"/v2/queues/{queue}/messages?echo=true", followers) as group:
             ok, failed, examples = group.ready()
             if failed:
                 print(f"   {failed} streams failed: {examples}", flush=True)
             groups = {"feedsvc": [svc.pid], "redis": [suite.redis.pid or 0],
                       "clients": group.pids}  # fmt: skip
-            rate = FIRST_RATE
-            seen_gaps = seen_repeats = seen_reconnects = 0
-            while rate <= MAX_RATE:
-                producer.run(rate, SETTLE_S)
-                cpu = CpuWindow(groups)
-                stats0 = commandstats(redis_client)
-                cpu.start()
-                t0 = time.time()
-                sent = producer.run(rate, MEASURE_S)
-                t1 = time.time()
-                stats1 = commandstats(redis_client)
-                percent = cpu.stop()
-                time.sleep(GRACE_S)
-                got = group.report(t0, t1, workdir)
-                posted = len(sent)
-                lists = delta(stats1, stats0).get("evalsha", 0) - posted * per_post["evalsha"]
-                step = Step(
-                    rate=rate,
-                    posted_per_s=posted / (t1 - t0),
-                    deliveries_per_s=got["events"] / (t1 - t0),
-                    delivered_fraction=got["events"] / max(1, posted * ok),
-                    p50_ms=ms(got["latencies"], 50),
-                    p99_ms=ms(got["latencies"], 99),
-                    reads_per_post=lists / max(1, posted),
-                    gaps=got["gaps"] - seen_gaps,
-                    repeats=got["repeats"] - seen_repeats,
-                    reconnects=got["reconnects"] - seen_reconnects,
-                    cpu=percent,
-                )
-                seen_gaps, seen_repeats = got["gaps"], got["repeats"]
-                seen_reconnects = got["reconnects"]
-                steps.append(step)
+            fanout = Fanout(group, producer, redis_client, per_post, ok, groups, suite.workdir, {})
+
+            def run(rate: float) -> Step:
+                step = fanout.step(rate)
                 suite.add(
                     f"fan-out {followers} x {rate:g} msg/s",
                     posted_per_s=step.posted_per_s,
@@ -487,54 +518,71 @@ def part_fanout(suite: Suite) -> None:
                     redis_cpu=step.cpu["redis"],
                     clients_cpu=step.cpu["clients"],
                 )
-                if not step.sustained:
-                    break
-                rate = round(rate * RATE_STEP)
+                return step
+
+            steps = rates_until_behind(run)
             time.sleep(GRACE_S)
             totals = group.stop()
         producer.close()
     redis_client.close()
     behind = sum(1 for n in totals["last_n"] if n < producer.n)
-    with bare_server(workdir) as (port, pid), clients(port, "/stream", followers) as group:
-        bare_ok, _, _ = group.ready()
-        cpu = CpuWindow({"bare": [pid], "clients": group.pids})
-        cpu.start()
-        t0 = time.time()
-        fired = get_json(f"http://127.0.0.1:{port}/fire?seconds={MEASURE_S}", "POST", 60)
-        t1 = time.time()
-        percent = cpu.stop()
-        time.sleep(GRACE_S)
-        got = group.report(t0, t1, workdir)
-        bare_totals = group.stop()
-    bare_rate = got["arrived"] / (t1 - t0)
+    paced, flat_out = bare_fanout(suite, followers)
     sustained = [s for s in steps if s.sustained]
     best = max((s.deliveries_per_s for s in sustained), default=0.0)
+    peak = max((s.deliveries_per_s for s in steps), default=0.0)
     first = steps[0] if steps else None
-    suite.add(
-        f"bare aiohttp loop, {bare_ok} streams",
-        deliveries_per_s=bare_rate,
-        events_written=fired["writes"],
-        event_bytes=fired["event_bytes"],
-        p50_ms=ms(got["latencies"], 50),
-        p99_ms=ms(got["latencies"], 99),
-        gaps=bare_totals["gaps"],
-        repeats=bare_totals["repeats"],
-        bare_cpu=percent["bare"],
-        clients_cpu=percent["clients"],
-    )
+    ceiling = flat_out["deliveries_per_s"]
     suite.add(
         f"fan-out {followers} followers: summary",
         p99_ms_at_20=first.p99_ms if first else float("nan"),
+        bare_p99_ms_at_20=paced["p99_ms"],
         reads_per_post_at_20=first.reads_per_post if first else float("nan"),
         highest_sustained_per_s=best,
-        bare_per_s=bare_rate,
-        ratio=best / bare_rate if bare_rate else float("nan"),
+        peak_delivered_per_s=peak,
+        bare_per_s=ceiling,
+        ratio=best / ceiling if ceiling else float("nan"),
         gaps=totals["gaps"],
         repeats=totals["repeats"],
         reconnects=totals["reconnects"],
         streams_behind_at_end=behind,
         post_failures=producer.failures,
     )
+
+
+def bare_fanout(suite: Suite, streams: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The bare loop to the same number of streams: paced at FIRST_RATE
+    events/s (latency at the same load), then as fast as it goes (the ceiling)."""
+    rows = []
+    with (
+        bare_server(suite.workdir) as (port, pid),
+        clients(port, "/stream", streams) as group,
+    ):
+        ok, _, _ = group.ready()
+        for label, rate in (("at 20 events/s", FIRST_RATE), ("flat out", 0.0)):
+            cpu = CpuWindow({"bare": [pid], "clients": group.pids})
+            cpu.start()
+            t0 = time.time()
+            url = f"http://127.0.0.1:{port}/fire?seconds={MEASURE_S}&rate={rate}"
+            fired = get_json(url, "POST", 60)
+            t1 = time.time()
+            percent = cpu.stop()
+            time.sleep(GRACE_S)
+            got = group.report(t0, t1, suite.workdir)
+            row = {
+                "deliveries_per_s": got["arrived"] / (t1 - t0),
+                "delivered": got["events"] / max(1, fired["writes"]),
+                "p50_ms": ms(got["latencies"], 50),
+                "p99_ms": ms(got["latencies"], 99),
+                "gaps": got["gaps"],
+                "repeats": got["repeats"],
+                "bare_cpu": percent["bare"],
+                "clients_cpu": percent["clients"],
+            }
+            suite.add(f"bare aiohttp loop, {ok} streams, {label}", **row,
+                      event_bytes=fired["event_bytes"])  # fmt: skip
+            rows.append(row)
+        group.stop()
+    return rows[0], rows[1]
 
 
 def post_cost(port: int, client: redis.Redis, posts: int = 100) -> dict[str, float]:
