@@ -149,12 +149,16 @@ class Transport(OptimisticTransactions):
         )
         self.cluster = self._servers.cluster
         self.notifier = Notifier(self._servers, clock)
+        # the hot path's shortcut: one server, coalescing, no WAIT to add
+        self._direct: Coalescer | None = None
         self.counters = StoreCounters()
         # sent after every write, on its connection, when --min-replicas-ack is set
         self._wait: Command | None = None
         if settings.min_replicas_ack:
             timeout_ms = max(1, round(settings.replica_ack_timeout * 1000))
             self._wait = ("WAIT", settings.min_replicas_ack, timeout_ms)
+        elif not self.cluster:
+            self._direct = self._servers.default_node().coalescer
 
     def open(self) -> None:
         """Start following the sentinels' announcements, behind Sentinel."""
@@ -226,6 +230,8 @@ class Transport(OptimisticTransactions):
         idempotent says whether the commands may be sent twice (see
         _exchange); by default, when every one of them only reads.
         """
+        if self._direct is not None:
+            return await self._call_direct(self._direct, commands, idempotent)
         if idempotent is None:
             idempotent = all(str(c[0]).upper() in READ_ONLY for c in commands)
         servers = self._servers
@@ -252,6 +258,31 @@ class Transport(OptimisticTransactions):
                 break
             todo = sorted(moved)
         return replies
+
+    async def _call_direct(
+        self, coalescer: Coalescer, commands: Sequence[Command], idempotent: bool | None
+    ) -> list[Any]:
+        """call() on the hot path (one server, coalescing, no WAIT): what
+        _exchange does, without its layers."""
+        started = time.perf_counter()
+        try:
+            try:
+                return await coalescer.submit(commands)
+            except rexc.ConnectionError as exc:
+                if idempotent is None:
+                    idempotent = all(str(c[0]).upper() in READ_ONLY for c in commands)
+                if not idempotent or isinstance(exc, CoalescerBusy):
+                    raise
+                self.counters.read_retries += 1
+                return await coalescer.submit(commands)
+        except _TROUBLE as exc:
+            unavailable = await self._unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        finally:
+            self.counters.redis_calls += 1
+            self.counters.redis_seconds += time.perf_counter() - started
 
     async def _exchange(
         self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool = False
