@@ -208,9 +208,15 @@ class Transport(OptimisticTransactions):
     async def slot(self) -> AsyncIterator[None]:
         """Hold one gate slot (unless this task holds one already) and
         translate Redis trouble to 503s; counts the call."""
+        async with self._gate.hold(), self._counted():
+            yield
+
+    @asynccontextmanager
+    async def _counted(self) -> AsyncIterator[None]:
+        """Translate Redis trouble to 503s; count the call and its time."""
         started = time.perf_counter()
         try:
-            async with self._gate.hold(), self.errors():
+            async with self.errors():
                 yield
         finally:
             self.counters.redis_calls += 1
@@ -263,7 +269,8 @@ class Transport(OptimisticTransactions):
         self, coalescer: Coalescer, commands: Sequence[Command], idempotent: bool | None
     ) -> list[Any]:
         """call() on the hot path (one server, coalescing, no WAIT): what
-        _exchange does, without its layers."""
+        _exchange does, with _counted() and _resending_reads() written out
+        inline (each context-manager layer costs on every request)."""
         started = time.perf_counter()
         try:
             try:
@@ -306,18 +313,9 @@ class Transport(OptimisticTransactions):
             async with self.slot():
                 done = await self._resending_reads(batches, idempotent)
             return done if wait is None else [self._replicated(got) for got in done]
-        started = time.perf_counter()
-        try:
+        async with self._counted():
             done = await self._resending_reads(batches, idempotent)
-            return done if wait is None else [self._replicated(got) for got in done]
-        except _TROUBLE as exc:
-            unavailable = await self._unavailable(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from exc
-        finally:
-            self.counters.redis_calls += 1
-            self.counters.redis_seconds += time.perf_counter() - started
+        return done if wait is None else [self._replicated(got) for got in done]
 
     def _replicated(self, replies: list[Any]) -> list[Any]:
         """Replies to a batch that ended with WAIT, less its reply; NotReplicated
