@@ -198,6 +198,12 @@ class Tail:
             if page.next_marker is None:
                 break
             marker = page.next_marker
+            if len(page.messages) < PAGE and marker == page.messages[-1].seq:
+                # a short page that ends on its last message: the scan reached
+                # the end of the feed (a scan stopped early by the scan limit,
+                # or past invisible entries, ends elsewhere): no need to read
+                # an empty page to learn it
+                break
         if marker == after:
             return None
         assert marker is not None
