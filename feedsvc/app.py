@@ -36,7 +36,7 @@ def _storage_context(
             log.warning("hiredis is not installed; replies are parsed in Python")
         store = make_store(settings, clock)
         await store.open()
-        live = LiveFeeds(store, settings.stream_buffer)
+        live = LiveFeeds(store, settings.stream_buffer, settings.scan_limit)
         app[STORE] = store
         app[LIVE] = live
         yield

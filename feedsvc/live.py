@@ -131,9 +131,16 @@ class Tail:
     """The shared reader of one queue in this process."""
 
     def __init__(
-        self, store: FeedStore, project: str, queue: str, position: int, existed: bool
+        self,
+        store: FeedStore,
+        project: str,
+        queue: str,
+        position: int,
+        existed: bool,
+        scan_limit: int,
     ) -> None:
         self._store = store
+        self._scan_limit = scan_limit
         self._project, self._queue = project, queue
         self.position = position
         # whether the queue existed when its first follower caught up: if it
@@ -197,12 +204,16 @@ class Tail:
             messages += page.messages
             if page.next_marker is None:
                 break
+            scanned_at_most = page.next_marker - (marker or 0)  # seqs are consecutive
             marker = page.next_marker
-            if len(page.messages) < PAGE and marker == page.messages[-1].seq:
-                # a short page that ends on its last message: the scan reached
-                # the end of the feed (a scan stopped early by the scan limit,
-                # or past invisible entries, ends elsewhere): no need to read
-                # an empty page to learn it
+            if (
+                len(page.messages) < PAGE
+                and marker == page.messages[-1].seq
+                and scanned_at_most < self._scan_limit
+            ):
+                # A short page, ending on its last message, that cannot have
+                # met the scan limit: its scan reached the end of the feed,
+                # so no empty read is needed to learn it.
                 break
         if marker == after:
             return None
@@ -214,9 +225,10 @@ class Tail:
 class LiveFeeds:
     """The tails of this process, one per followed queue."""
 
-    def __init__(self, store: FeedStore, buffer: int) -> None:
+    def __init__(self, store: FeedStore, buffer: int, scan_limit: int) -> None:
         self._store = store
         self._buffer = buffer
+        self._scan_limit = scan_limit  # the list's (see Tail._read)
         self._tails: dict[tuple[str, str], Tail] = {}
         self.followers = 0  # long polls and streams now
 
@@ -268,7 +280,8 @@ class LiveFeeds:
                 existed = await self._store.get_queue_metadata(project, queue) is not None
                 if key in self._tails:  # another follower started it meanwhile
                     continue
-                tail = Tail(self._store, project, queue, follower.position or 0, existed)
+                position = follower.position or 0
+                tail = Tail(self._store, project, queue, position, existed, self._scan_limit)
                 self._tails[key] = tail
                 tail.followers.add(follower)
                 tail.start()
