@@ -18,8 +18,9 @@ over the steady-state window (see timings.py):
   all and for the readers alone: before Locust starts, 200 posts to another
   queue, with nobody reading, measure what one post costs, and the posts'
   share is taken off;
-* feedsvc CPU (psutil, the service process) per delivered message, and the
-  CPU of feedsvc, Redis and Locust;
+* feedsvc CPU (psutil, the service process) per delivered message (the
+  posts' handling included), and the CPU of feedsvc, Redis, Locust and the
+  rest of the machine (on a shared machine, someone else's work);
 * the checker: every reader saw every message once and in order, and when
   the test stopped had not missed anything acknowledged before the latest
   message it saw was sent (checker.py); an audit then reads the queue whole.
@@ -285,6 +286,8 @@ def run_one(cfg: FollowConfig, driver: str, mode: str, logs: Path) -> FollowRow:
     issued = commands.between(start, end)
     by_readers = issued - cost * posts.rps * window
     cpu = {name: meter.percent(series, start, end) for name, series in meter.groups.items()}
+    cpu["machine"] = meter.percent(meter.system, start, end)
+    cpu["other"] = cpu["machine"] - sum(cpu[k] for k in ("locust", "feedsvc", "redis"))
     feedsvc_seconds = cpu["feedsvc"] / 100 * window
     return FollowRow(
         driver=driver,
@@ -317,7 +320,7 @@ COLUMNS = [
     "mode", "driver", "followers", "posts/s", "deliveries/s", "p50 ms", "p99 ms", "max ms",
     "Redis cmds / delivery", "readers' Redis cmds / delivery", "Redis cmds / post",
     "feedsvc CPU µs / delivery",
-    "feedsvc CPU %", "Redis CPU %", "Locust CPU %", "failures", "checker",
+    "feedsvc CPU %", "Redis CPU %", "Locust CPU %", "other CPU %", "failures", "checker",
 ]  # fmt: skip
 
 
@@ -332,7 +335,7 @@ def row_cells(r: FollowRow) -> list[str]:
         _num(r.reader_commands_per_delivery, 3), _num(r.commands_per_post, 1),
         _num(r.feedsvc_cpu_us_per_delivery, 0),
         _num(r.cpu["feedsvc"], 0), _num(r.cpu["redis"], 0), _num(r.cpu["locust"], 0),
-        str(r.failure_count), str(r.checker_failures),
+        _num(r.cpu.get("other", math.nan), 0), str(r.failure_count), str(r.checker_failures),
     ]  # fmt: skip
 
 
