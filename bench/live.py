@@ -599,7 +599,7 @@ def bare_fanout(suite: Suite, streams: int) -> tuple[dict[str, float], dict[str,
         clients(port, "/stream", streams) as group,
     ):
         ok, _, _ = group.ready()
-        for label, rate in (("at 20 events/s", FIRST_RATE), ("flat out", 0.0)):
+        for label, rate in (("20/s", FIRST_RATE), ("flat out", 0.0)):
             cpu = CpuWindow({"bare": [pid], "clients": group.pids})
             cpu.start()
             t0 = time.time()
@@ -620,7 +620,7 @@ def bare_fanout(suite: Suite, streams: int) -> tuple[dict[str, float], dict[str,
                 "clients_cpu": percent["clients"],
                 "other_cpu": percent["other"],
             }
-            suite.add(f"bare aiohttp loop, {ok} streams, {label}", **row,
+            suite.add(f"bare loop {ok} streams, {label}", **row,
                       event_bytes=fired["event_bytes"])  # fmt: skip
             rows.append(row)
         group.stop()
