@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -128,6 +129,21 @@ def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
         return master, manager
     pool = ConnectionPool.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **common)
     return Redis(connection_pool=pool), None
+
+
+def replicated(replies: list[Any], wanted: int, counters: StoreCounters) -> list[Any]:
+    """Replies to a batch that ended with WAIT, less its reply; NotReplicated
+    if fewer than wanted replicas confirmed the batch's writes in time."""
+    *replies, acks = replies
+    if isinstance(acks, Exception):
+        raise acks
+    if int(acks) < wanted:
+        counters.not_replicated += 1
+        raise NotReplicated(
+            f"The write reached {int(acks)} of {wanted} replicas in time; "
+            "it may or may not be kept."
+        )
+    return replies
 
 
 class Transport(OptimisticTransactions):
@@ -318,19 +334,7 @@ class Transport(OptimisticTransactions):
         return done if wait is None else [self._replicated(got) for got in done]
 
     def _replicated(self, replies: list[Any]) -> list[Any]:
-        """Replies to a batch that ended with WAIT, less its reply; NotReplicated
-        if too few replicas confirmed the batch's writes in time."""
-        *replies, acks = replies
-        if isinstance(acks, Exception):
-            raise acks
-        wanted = self._settings.min_replicas_ack
-        if int(acks) < wanted:
-            self.counters.not_replicated += 1
-            raise NotReplicated(
-                f"The write reached {int(acks)} of {wanted} replicas in time; "
-                "it may or may not be kept."
-            )
-        return replies
+        return replicated(replies, self._settings.min_replicas_ack, self.counters)
 
     async def _resending_reads(
         self, batches: Sequence[tuple[Node, list[Command]]], idempotent: bool
@@ -407,17 +411,8 @@ class Transport(OptimisticTransactions):
     # -- the rest -------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        counters = self.counters
-        out = {
-            "watch_retries": counters.watch_retries,
-            "watch_conflicts_exhausted": counters.watch_conflicts_exhausted,
-            "noscript_reloads": counters.noscript_reloads,
-            "cluster_redirects": counters.cluster_redirects,
-            "read_retries": counters.read_retries,
-            "not_replicated": counters.not_replicated,
-            "master_switches": counters.master_switches,
-            "redis_calls": counters.redis_calls,
-            "redis_seconds": counters.redis_seconds,
+        out: dict[str, float] = {
+            **dataclasses.asdict(self.counters),
             "pool_size": self._settings.pool_size,
             "pool_in_use": self._gate.in_use,
             "pool_waiting": self._gate.waiting,
