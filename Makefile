@@ -37,7 +37,7 @@ check: lint types pytest
 # their own, pip, docker tools, locust) and slow (real-time expiry); a test
 # that starts a process without its mark fails here and says so. make test
 # runs them all. Measured with time make test-fast on 2 cores, venv built:
-# 21 s wall (34 s when mypy's cache is cold). pytest-xdist -n 2 did not help.
+# 21-50 s wall (34 s when mypy's cache is cold). pytest-xdist -n 2 did not help.
 test-fast: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory lint types pytest-fast
 
