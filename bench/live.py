@@ -46,16 +46,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import psutil
 import redis
 
+from bench.service import Service, SuiteLike
 from feedsvc.redis_server import pick_free_port
-
-if TYPE_CHECKING:
-    from bench.run import Suite
 
 HERE = Path(__file__).resolve().parent
 CLIENT_ID = "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d"
@@ -381,9 +379,7 @@ class Step:
 # -- the parts -------------------------------------------------------------------
 
 
-def part_idle(suite: Suite) -> None:
-    from bench.run import Service
-
+def part_idle(suite: SuiteLike) -> None:
     limit = raise_open_files_limit()
     wait_for_idle()
     followers = IDLE_FOLLOWERS
@@ -519,9 +515,7 @@ def rates_until_behind(run: Callable[[float], Step]) -> list[Step]:
     return steps
 
 
-def part_fanout(suite: Suite) -> None:
-    from bench.run import Service
-
+def part_fanout(suite: SuiteLike) -> None:
     raise_open_files_limit()
     wait_for_idle()
     followers = FANOUT_FOLLOWERS
@@ -589,7 +583,7 @@ def part_fanout(suite: Suite) -> None:
     )
 
 
-def bare_fanout(suite: Suite, streams: int) -> tuple[dict[str, float], dict[str, float]]:
+def bare_fanout(suite: SuiteLike, streams: int) -> tuple[dict[str, float], dict[str, float]]:
     """The bare loop to the same number of streams: paced at FIRST_RATE
     events/s (latency at the same load), then as fast as it goes (the ceiling)."""
     rows = []

@@ -30,17 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.service import Service
 from feedsvc.redis_server import RedisServer, pick_free_port
-from feedsvc.testing import ServiceProcess
 
 HERE = Path(__file__).resolve().parent
 WRK_DIR = HERE / "wrk"
-PRODUCER = "3381af92-2b9e-11e3-b191-71861300734c"
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
 
@@ -108,23 +106,6 @@ def wrk(
     if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
         errors += sum(int(g) for g in m.groups())
     return WrkResult(rps, p50, p99, errors, requests)
-
-
-class Service(ServiceProcess):
-    """A feedsvc serve process (with /bench/hello) against a given Redis."""
-
-    def __init__(self, redis_url: str, log: Path, *flags: str) -> None:
-        super().__init__(
-            "--redis-url", redis_url, "--bench-routes", "--log-level", "WARNING", *flags,
-            log_path=log,
-        )  # fmt: skip
-
-    def request(self, method: str, path: str, body: object = None, client: str = PRODUCER) -> bytes:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Client-ID": client, "X-Project-ID": "bench", "Content-Type": "application/json"}
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return bytes(response.read())
 
 
 @contextlib.contextmanager

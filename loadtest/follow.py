@@ -53,7 +53,7 @@ import redis
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceProcess
 from loadtest import timings
-from loadtest.compare import (
+from loadtest.common import (
     LOCUSTFILE,
     POST,
     PROJECT,

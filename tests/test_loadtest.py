@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from feedsvc.testing import ServiceProcess
-from loadtest import compare, follow, timings
+from loadtest import common, follow, timings
 from loadtest.checker import (
     DUPLICATE,
     GAP,
@@ -249,7 +249,7 @@ async def test_audit_reports_skipped_and_lost_messages(
     http: TestClient[web.Request, web.Application],
 ) -> None:
     queue = f"audit-{uuid.uuid4().hex[:8]}"
-    headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": compare.PROJECT}
+    headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": common.PROJECT}
     body = {"messages": [{"body": Stamp("p.1", s, time.time()).body()} for s in range(1, 7)]}
     posted = await http.post(f"/v2/queues/{queue}/messages", json=body, headers=headers)
     assert posted.status == 201
@@ -257,7 +257,7 @@ async def test_audit_reports_skipped_and_lost_messages(
     assert (await http.delete(hrefs[2], headers=headers)).status == 204  # seq 3
     base = str(http.make_url("")).rstrip("/")
     # the audit client is blocking: run it off the loop that serves the app
-    result = await asyncio.to_thread(compare.audit, base, [queue], {queue: {"p.1": 8}})
+    result = await asyncio.to_thread(common.audit, base, [queue], {queue: {"p.1": 8}})
     assert result["read"] == 5
     assert result["findings"] == 2
     assert result["examples"] == [
