@@ -48,13 +48,18 @@ async def get_messages(request: web.Request) -> web.StreamResponse:
     project, client = v.caller(request)
     queue = v.queue_name(request)
     list_query = h.list_query_of(request, client)
-    live = request.app[LIVE]
-    if live.followers >= request.app[SETTINGS].max_followers:
-        raise TooManyFollowers(
-            f"This process follows {live.followers} streams and long polls already; retry."
-        )
+    _room_for_a_follower(request)
     page = await long_poll(request, project, queue, list_query, seconds)
     return h.page_response(queue, page, list_query, request.app[CLOCK].now_ms())
+
+
+def _room_for_a_follower(request: web.Request) -> None:
+    """503 beyond --max-followers streams and long polls in this process."""
+    followers = request.app[LIVE].followers
+    if followers >= request.app[SETTINGS].max_followers:
+        raise TooManyFollowers(
+            f"This process follows {followers} streams and long polls already; retry."
+        )
 
 
 def wants_stream(request: web.Request) -> bool:
@@ -134,10 +139,7 @@ async def stream_messages(
     filters = Filters(
         client, v.flag(request.query, "echo"), v.flag(request.query, "include_claimed")
     )
-    if live.followers >= settings.max_followers:
-        raise TooManyFollowers(
-            f"This process follows {live.followers} streams and long polls already; retry."
-        )
+    _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
     async with (
