@@ -309,3 +309,30 @@ async def test_a_primary_killed_mid_run(
             await traffic.check()
     finally:
         await store.close()
+
+
+async def test_a_follower_is_still_woken_after_its_queue_slot_moved(
+    cluster_store: Store, redis_cluster: LocalCluster, project: str
+) -> None:
+    """The shard channel moves with the slot: Redis ends the subscription on
+    the old primary (an unasked sunsubscribe), and feedsvc subscribes again
+    on the new one, so a post after the move still wakes the follower."""
+    queue = "followed-moving"
+    slot = slot_of(project, queue)
+    target = (redis_cluster.owner(slot) + 1) % 3
+    await cluster_store.post_messages(project, queue, "writer", [NewMessage(b"before")])
+    async with cluster_store.follow(project, queue) as follow:
+        token = follow.token()
+        await cluster_store.post_messages(project, queue, "writer", [NewMessage(b"1")])
+        assert await follow.wait(token, 5), "not woken before the move"
+        await asyncio.to_thread(redis_cluster.move_slot, slot, target)
+        assert redis_cluster.owner(slot) == target
+        for n in range(20):  # the first posts after the move may meet MOVED, then settle
+            token = follow.token()
+            await cluster_store.post_messages(project, queue, "writer", [NewMessage(b"%d" % n)])
+            await follow.wait(token, 0.5)
+        await asyncio.sleep(0.5)  # whatever re-subscribing there is, it is done
+        for _ in range(3):
+            token = follow.token()
+            await cluster_store.post_messages(project, queue, "writer", [NewMessage(b"after")])
+            assert await follow.wait(token, 5), "a post after the slot moved woke nobody"

@@ -5,6 +5,7 @@ nothing. Both drivers, single Redis and Cluster."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 
 import pytest
@@ -98,3 +99,20 @@ async def commands_served(client: object) -> int:
 
 async def node_count(client: object, redis_url: str) -> int:
     return 3 if redis_url.startswith("redis+cluster://") else 1
+
+
+async def test_a_subscription_is_watched_by_tcp_keepalive_not_by_commands(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    """No PING while idle (the test above would see it after 10 s): over TCP
+    the kernel's keep-alive probes find a peer that went away silently."""
+    if redis_url.startswith("unix://"):
+        pytest.skip("a local socket has no peer to lose")
+    async with store.follow(project, "q"):
+        await asyncio.sleep(0.2)  # subscribed
+        notifier = store._transport.notifier  # type: ignore[attr-defined]
+        [subscriber] = notifier._subscribers.values()
+        sock = subscriber._conn._writer.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ from typing import Any, Protocol
 import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -44,6 +45,13 @@ from feedsvc.storage.coalescer import Coalescer, Command
 Coalescing = Callable[[Callable[[], AbstractConnection]], Coalescer]
 
 # Commands that name no key: they go where the keyed commands next to them go.
+# A subscription's TCP keep-alive: probe after 10 s of silence, every 5 s,
+# give up after 3 unanswered (about 25 s to find a silent peer gone).
+SUBSCRIBER_KEEPALIVE: dict[int, int] = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)  # Linux has all three
+}
 KEYLESS = frozenset({"PING", "MULTI", "EXEC", "DISCARD", "UNWATCH", "SCRIPT", "ASKING"})
 
 
@@ -102,8 +110,13 @@ class Node:
 
     def subscriber_connection(self) -> AbstractConnection:
         """A new connection, outside the pool, for a subscription: it waits
-        for messages indefinitely (its liveness is checked by PING)."""
+        for messages indefinitely. Over TCP the kernel's keep-alive probes
+        (not Redis commands: an idle subscription costs Redis nothing) find
+        a peer that is gone without a word (a host down, a partition)."""
         kwargs = {**self._pool.connection_kwargs, "socket_timeout": None}
+        if issubclass(self._pool.connection_class, Connection):  # TCP, with or without TLS
+            kwargs["socket_keepalive"] = True
+            kwargs["socket_keepalive_options"] = SUBSCRIBER_KEEPALIVE
         conn: AbstractConnection = self._pool.connection_class(**kwargs)
         return conn
 
@@ -145,6 +158,10 @@ class Servers(Protocol):
 
     async def lost(self) -> None: ...
 
+    def on_new_routes(self, changed: Callable[[], None]) -> None:
+        """Call changed() whenever keys may have moved to other nodes."""
+        ...
+
     async def demoted(self) -> None:
         """A server answered READONLY: it is a replica now."""
         ...
@@ -182,6 +199,9 @@ class SingleServer:
     async def lost(self) -> None:
         return None
 
+    def on_new_routes(self, changed: Callable[[], None]) -> None:
+        return None  # every key lives on the one node
+
     async def demoted(self) -> None:
         # behind Sentinel, new connections find the new master
         await self._node.reconnect()
@@ -210,6 +230,7 @@ class ClusterServers:
         self._started = False
         self._stale = True
         self._lock = asyncio.Lock()
+        self._route_changes: list[Callable[[], None]] = []
 
     async def ready(self) -> None:
         if self._stale:
@@ -219,7 +240,15 @@ class ClusterServers:
                     self._started = True
                 elif self._stale:
                     await self._redis.nodes_manager.initialize()
+                    self._routes_changed()
                 self._stale = False
+
+    def on_new_routes(self, changed: Callable[[], None]) -> None:
+        self._route_changes.append(changed)
+
+    def _routes_changed(self) -> None:
+        for changed in self._route_changes:
+            changed()
 
     def _node(self, server: ClusterNode) -> Node:
         """The Node for a server, kept by address. Its pool is feedsvc's own,
@@ -268,6 +297,7 @@ class ClusterServers:
     async def redirected(self, error: rexc.AskError) -> None:
         if isinstance(error, rexc.MovedError):
             await self._redis.nodes_manager.move_slot(error)
+            self._routes_changed()
 
     async def lost(self) -> None:
         self._stale = True

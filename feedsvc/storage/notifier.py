@@ -11,7 +11,7 @@ to the local followers. An idle follower costs Redis nothing.
 A follower does not learn *what* changed, only *that* it may have: it keeps
 its own position and re-reads from it. So a lost notification can only cost
 latency, never a message: after the subscription is lost (Redis restarted,
-a failover, a half-open connection found by the heartbeat) every follower is
+a failover, a peer gone silent found by TCP keep-alive) every follower is
 woken once to re-read, and again once the subscription is back.
 
 The usage, free of lost wake-ups::
@@ -43,9 +43,6 @@ from feedsvc.storage.record import Notification
 
 log = logging.getLogger("feedsvc")
 
-# Seconds of silence after which the subscriber PINGs; no answer within
-# another such while means the connection is dead.
-HEARTBEAT = 10.0
 RECONNECT_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
 # Seconds follow() waits for Redis to confirm a new subscription.
 CONFIRM_WAIT = 2.0
@@ -157,31 +154,28 @@ class _Subscriber:
             failures += 1
 
     async def _listen(self, conn: AbstractConnection) -> None:
-        pinged = False
         while True:
-            reply = await conn.read_response(
-                timeout=HEARTBEAT, disconnect_on_error=False, push_request=True
-            )
-            if reply is None:  # silence: is the connection still there?
-                if pinged:
-                    raise rexc.ConnectionError("no answer to the subscriber's PING")
-                await conn.send_command("PING", check_health=False)
-                pinged = True
-                continue
-            pinged = False
+            reply = await conn.read_response(disconnect_on_error=False, push_request=True)
             if isinstance(reply, rexc.ResponseError):
                 raise reply  # MOVED on a cluster: route again
             if not isinstance(reply, list) or not reply:
                 continue
-            if reply[0] == b"smessage":
+            kind = reply[0]
+            if kind == b"smessage":
                 self._notifier.deliver(reply[1].decode(), reply[2])
-            elif reply[0] == b"ssubscribe":
+            elif kind == b"ssubscribe":
                 channel = reply[1].decode()
                 confirmed = self._confirmed.get(channel)
                 if confirmed is not None and not confirmed.done():
                     confirmed.set_result(None)
                 # anything posted before the subscription took effect
                 self._notifier.wake(channel)
+            elif kind == b"sunsubscribe":
+                channel = reply[1].decode()
+                if channel in self.channels:  # not asked for: its slot moved away
+                    self.channels.discard(channel)
+                    self._confirmed.pop(channel, None)
+                    self._notifier.moved_away([channel])
 
     async def close(self) -> None:
         self._task.cancel()
@@ -198,6 +192,7 @@ class Notifier:
         self._follows: dict[str, QueueFollow] = {}
         self._subscribers: dict[str, _Subscriber] = {}  # by node name
         self._routes: dict[str, _Subscriber] = {}  # by channel
+        servers.on_new_routes(self.check_routes)
 
     @property
     def following(self) -> int:
@@ -271,15 +266,38 @@ class Notifier:
         if self._servers.cluster:
             moved = list(subscriber.channels)
             subscriber.channels.clear()
-            for channel in moved:
-                self._routes.pop(channel, None)
-            asyncio.create_task(self._reroute(moved))  # noqa: RUF006 - fire and forget
+            self.moved_away(moved)
 
-    async def _reroute(self, channels: list[str]) -> None:
-        await self._servers.lost()
+    def moved_away(self, channels: list[str]) -> None:
+        """Channels no longer subscribed where they were (a lost connection,
+        or Redis ended them: their slot moved): wake their followers and,
+        once the slot table is fresh, subscribe them where they live now."""
+        for channel in channels:
+            self._routes.pop(channel, None)
+            self.wake(channel)
+        asyncio.create_task(self._reroute(channels, stale=True))  # noqa: RUF006 - fire and forget
+
+    def check_routes(self) -> None:
+        """The slot table changed (a slot moved, a primary failed over, maybe
+        silently): subscribe again each channel whose slot lives elsewhere now."""
+        moved: list[str] = []
+        for channel, subscriber in list(self._routes.items()):
+            with contextlib.suppress(rexc.RedisError, rexc.RedisClusterException, KeyError):
+                if self._servers.node_for(channel).name != subscriber.node.name:
+                    subscriber.discard(channel)
+                    del self._routes[channel]
+                    moved.append(channel)
+        if moved:
+            asyncio.create_task(self._reroute(moved, stale=False))  # noqa: RUF006
+
+    async def _reroute(self, channels: list[str], stale: bool) -> None:
+        if stale:
+            await self._servers.lost()
         for channel in channels:
             if channel in self._follows and channel not in self._routes:
                 await self._subscribe(channel)
+        for channel in channels:
+            self.wake(channel)
 
     async def reset(self) -> None:
         """Start every subscription again (the master changed behind Sentinel)."""
