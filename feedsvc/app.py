@@ -36,7 +36,7 @@ def _storage_context(
             log.warning("hiredis is not installed; replies are parsed in Python")
         store = make_store(settings, clock)
         await store.open()
-        live = LiveFeeds(store, settings.stream_buffer, settings.scan_limit)
+        live = LiveFeeds(store, settings.scan_limit, tick=settings.stream_heartbeat)
         app[STORE] = store
         app[LIVE] = live
         yield

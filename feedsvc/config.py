@@ -225,8 +225,11 @@ class Settings:
     stream_retry: int = _opt(
         2000, "milliseconds an event stream tells its client to wait before reconnecting", minimum=0
     )
-    stream_buffer: int = _opt(
-        64, "batches of messages held for a slow event stream before it is cut off", minimum=1
+    stream_buffer_kib: int = _opt(
+        256,
+        "KiB of events waiting to be sent to a slow event stream before it is cut off "
+        "(it resumes from its last event id)",
+        minimum=1,
     )
     max_followers: int = _opt(
         10000,

@@ -8,9 +8,17 @@ a list reader. Once a read comes back empty it has *caught up* and joins its
 queue's :class:`Tail`: one task per followed queue and process, which waits
 for the queue's wake-ups (``FeedStore.follow``: through Redis, nothing read
 while idle) and then reads what is new **once** for all of them, unfiltered
-(echo on, claimed included), handing the batch to every caught-up follower,
-which filters it for itself. A thousand followers of a queue cost one read
-per wake-up, not a thousand.
+(echo on, claimed included), and hands the batch to every caught-up follower
+(``Follower.offer``), which filters it for itself. A thousand followers of a
+queue cost one read per wake-up, not a thousand.
+
+Handing over wakes nobody: ``offer`` runs in the tail's task and never
+waits. A long poll (:class:`Waiter`) keeps the first messages it may see and
+finishes; an event stream (``feedsvc.api.streams``) writes them to its
+connection there and then, and is cut off (it reconnects and resumes from
+its last event id: the messages are in Redis) when its client is too slow to
+take them. One timer per process, not one per follower, calls ``tick`` on
+every caught-up follower (a stream sends its heartbeat).
 
 Joining without a gap or a repeat: the follower notes the tail's position
 before its last (empty) read. Entries up to that position existed before the
@@ -20,9 +28,7 @@ between the check and the join); otherwise it reads again. Batches carry
 what lies after the tail's previous position, and a follower drops whatever
 is not after its own.
 
-A follower whose buffer of batches is full (a client too slow to keep up) is
-dropped; it resumes from its last position (the messages are in Redis). A
-lost wake-up costs latency only: the tail re-reads from its position on the
+A lost wake-up costs latency only: the tail re-reads from its position on the
 next one, and the store wakes everyone after a lost subscription.
 """
 
@@ -56,7 +62,7 @@ class Batch:
     after: int
     upto: int
     ended: bool = False  # the queue was deleted
-    # the bytes of each message's event, made once for all followers (see api)
+    # what followers make of it once for all of them (the api's event bytes)
     encoded: dict[Any, bytes] = field(default_factory=dict)
 
 
@@ -77,40 +83,23 @@ class Filters:
 
 
 class Follower:
-    """One long poll or event stream: a position, filters, a bounded buffer."""
+    """One long poll or event stream: a position and filters; once caught up,
+    its tail hands it every batch (``offer``), in the tail's own task."""
 
-    def __init__(self, position: int | None, filters: Filters, buffer: int) -> None:
+    __slots__ = ("_done", "filters", "gone", "position")
+
+    def __init__(self, position: int | None, filters: Filters) -> None:
         self.position = position
         self.filters = filters
-        self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=buffer)
-        self.dropped = False  # too slow: its buffer overflowed
         self.gone = False  # its client went away
+        self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def hang_up(self) -> None:
-        """Its client went away: wake it to finish (a full buffer wakes it anyway)."""
-        self.gone = True
-        with contextlib.suppress(asyncio.QueueFull):
-            self._batches.put_nowait(Batch([], 0, 0))
+    async def offer(self, batch: Batch) -> bool:
+        """Take a batch, without waiting for anything; False to leave the tail."""
+        raise NotImplementedError
 
-    def offer(self, batch: Batch) -> bool:
-        """Queue a batch; False if the buffer is full (the follower is then
-        dropped: it sees the batches queued so far, then ``dropped``)."""
-        try:
-            self._batches.put_nowait(batch)
-        except asyncio.QueueFull:
-            self.dropped = True
-            return False
-        return True
-
-    async def next(self, seconds: float) -> tuple[list[Message], Batch] | None:
-        """The messages of the next batch visible to this follower (possibly
-        none), and the batch; None if seconds passed without one."""
-        try:
-            async with asyncio.timeout(seconds):
-                batch = await self._batches.get()
-        except TimeoutError:
-            return None
-        return self.take(batch), batch
+    async def tick(self) -> None:
+        """Called every ``tick`` seconds while caught up (a stream's heartbeat)."""
 
     def take(self, batch: Batch) -> list[Message]:
         """The batch's messages this follower has not had and may see; moves on."""
@@ -125,6 +114,45 @@ class Follower:
         ]
         self.position = max(after, batch.upto)
         return visible
+
+    @property
+    def done(self) -> bool:
+        return self._done.done()
+
+    def finish(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def hang_up(self) -> None:
+        """Its client went away: finish now, not at its next write."""
+        self.gone = True
+        self.finish()
+
+    async def finished(self, seconds: float) -> bool:
+        """Wait until it finished, at most seconds; whether it has."""
+        if not self._done.done() and seconds > 0:
+            await asyncio.wait((self._done,), timeout=seconds)
+        return self._done.done()
+
+
+class Waiter(Follower):
+    """A long poll: the first batch with something it may see ends the wait."""
+
+    __slots__ = ("ended", "messages")
+
+    def __init__(self, position: int | None, filters: Filters) -> None:
+        super().__init__(position, filters)
+        self.messages: list[Message] = []
+        self.ended = False  # the queue was deleted
+
+    async def offer(self, batch: Batch) -> bool:
+        if self.done:  # it has its messages: its position must not move on
+            return False
+        self.messages = self.take(batch)
+        self.ended = batch.ended
+        if self.messages or batch.ended:
+            self.finish()
+        return not self.done
 
 
 class Tail:
@@ -161,6 +189,11 @@ class Tail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    async def hand_out(self, batch: Batch) -> None:
+        for follower in list(self.followers):
+            if not await follower.offer(batch):
+                self.followers.discard(follower)
+
     async def _run(self) -> None:
         async with self._store.follow(self._project, self._queue) as follow:
             deleted = self._existed and await self._gone()
@@ -173,17 +206,13 @@ class Tail:
                     await follow.wait(token, RETRY_AFTER_TROUBLE)
                     continue
                 if batch is not None:
-                    for follower in list(self.followers):
-                        if not follower.offer(batch):
-                            self.followers.discard(follower)
+                    await self.hand_out(batch)
                 if follow.ended:
                     break
                 if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
                     await follow.wait(token, 3600.0)
             self.ended = True
-            end = Batch([], self.position, self.position, ended=True)
-            for follower in list(self.followers):
-                follower.offer(end)
+            await self.hand_out(Batch([], self.position, self.position, ended=True))
 
     async def _gone(self) -> bool:
         try:
@@ -223,13 +252,15 @@ class Tail:
 
 
 class LiveFeeds:
-    """The tails of this process, one per followed queue."""
+    """The tails of this process, one per followed queue, and the one timer
+    that ticks their followers every ``tick`` seconds."""
 
-    def __init__(self, store: FeedStore, buffer: int, scan_limit: int) -> None:
+    def __init__(self, store: FeedStore, scan_limit: int, tick: float) -> None:
         self._store = store
-        self._buffer = buffer
         self._scan_limit = scan_limit  # the list's (see Tail._read)
+        self._tick = tick
         self._tails: dict[tuple[str, str], Tail] = {}
+        self._ticker: asyncio.Task[None] | None = None
         self.followers = 0  # long polls and streams now
 
     @property
@@ -237,14 +268,11 @@ class LiveFeeds:
         return len(self._tails)
 
     @asynccontextmanager
-    async def follower(
-        self, project: str, queue: str, position: int | None, filters: Filters
-    ) -> AsyncIterator[Follower]:
-        """A follower, not yet caught up: call ``catch_up`` until it returns []."""
-        follower = Follower(position, filters, self._buffer)
+    async def follower(self, project: str, queue: str, follower: Follower) -> AsyncIterator[None]:
+        """Follow with ``follower`` (not yet caught up: call ``catch_up`` until it returns [])."""
         self.followers += 1
         try:
-            yield follower
+            yield
         finally:
             self.followers -= 1
             await self._leave(project, queue, follower)
@@ -285,6 +313,7 @@ class LiveFeeds:
                 self._tails[key] = tail
                 tail.followers.add(follower)
                 tail.start()
+                self._start_ticking()
                 return []
             mine = follower.position or 0
             if tail.position == before or (before is None and tail.position <= mine):
@@ -292,12 +321,23 @@ class LiveFeeds:
                 return []
             # the tail read more meanwhile: read again from our position
 
+    def _start_ticking(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._ticking())
+
+    async def _ticking(self) -> None:
+        while self._tails:
+            await asyncio.sleep(self._tick)
+            for tail in list(self._tails.values()):
+                for follower in list(tail.followers):
+                    await follower.tick()
+
     async def _leave(self, project: str, queue: str, follower: Follower) -> None:
         key = (project, queue)
         tail = self._tails.get(key)
-        if tail is None or follower not in tail.followers:
+        if tail is None:
             return
-        tail.followers.discard(follower)
+        tail.followers.discard(follower)  # if the tail has not let it go already
         if not tail.followers:
             del self._tails[key]
             await tail.stop()
@@ -306,3 +346,7 @@ class LiveFeeds:
         tails, self._tails = self._tails, {}
         for tail in tails.values():
             await tail.stop()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker

@@ -371,3 +371,43 @@ async def test_aiohttp_request_handler_class() -> None:
             assert b"Content-Type: application/json" in answer, answer
     finally:
         await runner.cleanup()
+
+
+async def test_aiohttp_stream_writer_write_without_drain() -> None:
+    """The writer prepare() returns takes drain=False and then never waits,
+    even past its 64 KiB drain mark with the transport paused: the tail
+    writes caught-up streams' events from its own task with it."""
+    events: list[str] = []
+
+    class Paused(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.written = 0
+
+        def write(self, data: Any) -> None:
+            self.written += len(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+    class Protocol:
+        transport = Paused()
+        _paused = True  # a drain would wait forever
+
+        async def _drain_helper(self) -> None:
+            events.append("drained")
+            await asyncio.Event().wait()
+
+    with canary(
+        "StreamWriter.write(drain=False) (write without waiting for the client)",
+        "feedsvc/api/streams.py (Stream._send)",
+        "aiohttp",
+    ):
+        from aiohttp.http_writer import StreamWriter
+
+        writer = StreamWriter(Protocol(), asyncio.get_running_loop())  # type: ignore[arg-type]
+        async with asyncio.timeout(5):
+            for _ in range(40):
+                await writer.write(b"x" * 4096, drain=False)
+        assert events == [], "write(drain=False) drained"
+        assert Protocol.transport.written == 40 * 4096

@@ -4,9 +4,11 @@ exactly what a list shows; both drivers, single Redis and Cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import ClientResponse, web
@@ -16,7 +18,7 @@ from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
 from feedsvc.config import Settings
-from feedsvc.live import Filters, LiveFeeds
+from feedsvc.live import Filters, LiveFeeds, Waiter
 from feedsvc.storage.base import FeedStore, NewMessage
 
 Client = TestClient[web.Request, web.Application]
@@ -327,22 +329,22 @@ async def test_a_queue_deleted_while_its_tail_subscribes_still_ends_it(
     """The deletion's announcement may go out before the new tail listens:
     the tail then finds the queue gone and ends its followers all the same."""
     await store.post_messages(project, "q", "writer", [NewMessage(b"1")])
-    live = LiveFeeds(store, buffer=8, scan_limit=1000)
+    live = LiveFeeds(store, scan_limit=1000, tick=15)
     try:
-        async with live.follower(project, "q", None, Filters("reader")) as follower:
+        follower = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", follower):
             assert len(await live.catch_up(project, "q", follower)) == 1
             assert await live.catch_up(project, "q", follower) == []  # joined: tail starts
             await store.delete_queue(project, "q")  # before or while it subscribes
-            got = await follower.next(10)
-            while got is not None and not got[1].ended:
-                got = await follower.next(10)
-            assert got is not None and got[1].ended, "the deleted queue's followers were not ended"
+            assert await follower.finished(10)
+            assert follower.ended, "the deleted queue's followers were not ended"
         # the queue made again is followed by a new tail, not the ended one
-        async with live.follower(project, "q", None, Filters("reader")) as again:
+        again = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", again):
             assert await live.catch_up(project, "q", again) == []
             await store.post_messages(project, "q", "writer", [NewMessage(b"2")])
-            got = await again.next(10)
-            assert got is not None and [m.body for m in got[0]] == [b"2"]
+            assert await again.finished(10)
+            assert [m.body for m in again.messages] == [b"2"]
     finally:
         await live.close()
 
@@ -365,3 +367,99 @@ async def test_a_caught_up_tail_reads_once_per_post(http: Client, headers: Heade
             assert tail.reads - before == 1
     finally:
         stream.close()
+
+
+async def test_a_caught_up_stream_gets_heartbeats(settings: Settings, headers: Headers) -> None:
+    """Sent by the process's one timer, not by Redis or a timer per stream."""
+    app = create_app(settings.replace(stream_heartbeat=0.2))
+    async with TestClient(TestServer(app)) as http:
+        stream = await open_stream(http, headers)
+        try:
+            lines: list[bytes] = []
+            async with asyncio.timeout(10):
+                while b": heartbeat\n" not in lines:
+                    lines.append(await stream.content.readline())
+            await post(http, other_client(headers), "after the heartbeats")
+            assert orjson.loads((await next_event(stream))["data"])["body"] == (
+                "after the heartbeats"
+            )
+        finally:
+            stream.close()
+
+
+async def test_a_stream_ends_after_its_lifetime(settings: Settings, headers: Headers) -> None:
+    app = create_app(settings.replace(stream_lifetime=1.0))
+    async with TestClient(TestServer(app)) as http:
+        stream = await open_stream(http, headers)
+        with pytest.raises(EOFError):
+            while True:
+                await next_event(stream, seconds=10)  # retry:, then the end
+        assert http.app[LIVE].followers == 0
+
+
+async def test_a_stream_too_slow_for_its_buffer_is_cut_off_and_resumes_losing_nothing(
+    settings: Settings, headers: Headers
+) -> None:
+    """A client that reads nothing: once more than --stream-buffer-kib piles
+    up unsent, its stream is cut off (not the tail, not the other streams);
+    reconnecting from the last event it got whole, it gets the rest, once."""
+    import socket
+
+    app = create_app(settings.replace(stream_buffer_kib=1))
+    runner = FeedAppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = int(runner.addresses[0][1])
+        base = f"http://127.0.0.1:{port}"
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader's window
+        sock.connect(("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        lines = [f"GET {MESSAGES} HTTP/1.1", "Host: feedsvc", "Accept: text/event-stream"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        async with TestClient(TestServer(create_app(settings))) as poster:
+            live = app[LIVE]
+            for _ in range(200):
+                if live.tails == 1:
+                    break
+                await asyncio.sleep(0.025)
+            assert live.tails == 1
+            bodies: list[str] = []
+            for n in range(300):  # at most 60 MB: far beyond any socket's buffers
+                batch = [f"{n}-{i}-" + "x" * 20_000 for i in range(10)]
+                await post(poster, other_client(headers), *batch)
+                bodies += batch
+                if live.followers == 0:
+                    break
+            assert live.followers == 0, "the slow stream was never cut off"
+            received = b""
+            with contextlib.suppress(ConnectionError):
+                async with asyncio.timeout(30):
+                    while chunk := await reader.read(1 << 20):
+                        received += chunk
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            whole = received.split(b"\n\n")[:-1]  # what follows the last blank line is cut
+            events = [e for e in whole if b"\nevent: message\ndata: " in e]
+            got = [orjson.loads(e.split(b"\ndata: ", 1)[1].split(b"\r\n", 1)[0]) for e in events]
+            seen = [m["body"] for m in got]
+            assert seen == bodies[: len(seen)]
+            last = events[-1].split(b"id: ", 1)[1].split(b"\n", 1)[0].decode() if events else None
+            extra = {"Accept": "text/event-stream"}
+            if last is not None:
+                extra["Last-Event-ID"] = last
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(base + MESSAGES, headers={**headers, **extra}) as again,
+            ):
+                while len(seen) < len(bodies):
+                    event = await next_event(again)
+                    if event.get("event") == "message":
+                        seen.append(orjson.loads(event["data"])["body"])
+            assert seen == bodies
+    finally:
+        await runner.cleanup()

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
@@ -29,8 +30,9 @@ from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
 from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
+from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
-from feedsvc.live import PAGE, Batch, Filters
+from feedsvc.live import PAGE, Batch, Filters, Follower, Waiter
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
 EVENT_STREAM = "text/event-stream"
@@ -94,22 +96,18 @@ async def long_poll(
                     return page
                 await follow.wait(token, remaining)
     live = request.app[LIVE]
-    filters = Filters(query.client_id, query.echo, query.include_claimed)
-    async with (
-        live.follower(project, queue, query.marker, filters) as follower,
-        _hung_up(request, follower.hang_up),
-    ):
-        messages = await live.catch_up(project, queue, follower, query.limit)
-        while not messages:
-            remaining = deadline - loop.time()
-            got = await follower.next(remaining) if remaining > 0 else None
-            if got is None or got[1].ended or follower.gone:
+    waiter = Waiter(query.marker, Filters(query.client_id, query.echo, query.include_claimed))
+    async with live.follower(project, queue, waiter), _hung_up(request, waiter.hang_up):
+        messages = await live.catch_up(project, queue, waiter, query.limit)
+        if not messages:
+            await waiter.finished(deadline - loop.time())
+            messages = waiter.messages
+            if not messages:
                 return MessagePage([], None)
-            messages = got[0]
         if len(messages) > query.limit:
             messages = messages[: query.limit]
             return MessagePage(messages, messages[-1].seq)
-        return MessagePage(messages, follower.position)
+        return MessagePage(messages, waiter.position)
 
 
 @asynccontextmanager
@@ -118,15 +116,93 @@ async def _hung_up(request: web.Request, hang_up: Callable[[], None]) -> AsyncIt
         yield
 
 
-def _event(queue: str, message: Message, now: int, batch: Batch | None) -> bytes:
-    key = (message.id, message.claim_id)
-    if batch is not None and key in batch.encoded:
-        return batch.encoded[key]
+def _event(queue: str, message: Message, now: int) -> bytes:
     data = orjson.dumps(message_json(queue, message, now))
-    event = b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
-    if batch is not None:
-        batch.encoded[key] = event
-    return event
+    return b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
+
+
+HEARTBEAT = b": heartbeat\n\n"
+END = b"event: end\ndata: {}\n\n"
+
+
+class Stream(Follower):
+    """An event stream's follower: once caught up, its tail's batches are
+    written to its connection from the tail's task, without waiting (each
+    event's bytes made once per batch for all the streams that may see it).
+    A client that lets more than ``limit`` bytes pile up unsent is cut off
+    (``dropped``); it resumes from its last event id."""
+
+    __slots__ = ("_clock", "_limit", "_pending", "_queue", "_transport", "_writer", "dropped")
+
+    def __init__(
+        self, position: int | None, filters: Filters, queue: str, clock: Clock, limit: int
+    ) -> None:
+        super().__init__(position, filters)
+        self.dropped = False
+        self._queue = queue
+        self._clock = clock
+        self._limit = limit
+        self._writer: AbstractStreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
+        self._pending: list[bytes] | None = None  # offered before the answer started
+
+    async def start(self, writer: AbstractStreamWriter, transport: asyncio.Transport) -> None:
+        self._writer, self._transport = writer, transport
+        pending, self._pending = self._pending, None
+        for data in pending or ():
+            await self._send(data)
+
+    async def offer(self, batch: Batch) -> bool:
+        if self.done:
+            return False
+        visible = self.take(batch)
+        if visible:
+            await self._send(self._events(visible, batch))
+        if batch.ended:
+            await self._send(END)
+            self.finish()
+        return not self.done
+
+    async def tick(self) -> None:
+        await self._send(HEARTBEAT)
+
+    def _events(self, visible: list[Message], batch: Batch) -> bytes:
+        whole = len(visible) == len(batch.messages)
+        if whole and None in batch.encoded:
+            return batch.encoded[None]
+        now = self._clock.now_ms()
+        parts = []
+        for message in visible:
+            key = (message.id, message.claim_id)
+            event = batch.encoded.get(key)
+            if event is None:
+                event = batch.encoded[key] = _event(self._queue, message, now)
+            parts.append(event)
+        data = b"".join(parts)
+        if whole:
+            batch.encoded[None] = data
+        return data
+
+    async def _send(self, data: bytes) -> None:
+        """Write without waiting; cut the stream off if its client lags too far."""
+        if self.done:
+            return
+        transport, writer = self._transport, self._writer
+        if transport is None or writer is None:
+            if self._pending is None:
+                self._pending = []
+            self._pending.append(data)
+            return
+        if transport.is_closing():
+            self.hang_up()
+        elif transport.get_write_buffer_size() > self._limit:
+            self.dropped = True
+            self.finish()
+        else:
+            try:
+                await writer.write(data, drain=False)  # type: ignore[call-arg]
+            except ConnectionResetError:
+                self.hang_up()
 
 
 async def stream_messages(
@@ -134,7 +210,6 @@ async def stream_messages(
 ) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     live = request.app[LIVE]
-    clock = request.app[CLOCK]
     position = last_event_id(request)
     filters = Filters(
         client, v.flag(request.query, "echo"), v.flag(request.query, "include_claimed")
@@ -142,43 +217,34 @@ async def stream_messages(
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
-    async with (
-        live.follower(project, queue, position, filters) as follower,
-        _hung_up(request, follower.hang_up),
-    ):
+    stream = Stream(position, filters, queue, request.app[CLOCK], settings.stream_buffer_kib * 1024)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": EVENT_STREAM,
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            REQUEST_ID_HEADER: request[REQUEST_ID],
+        }
+    )
+    async with live.follower(project, queue, stream), _hung_up(request, stream.hang_up):
         # the first page is read before answering: Redis trouble is still a 503
-        backlog = await live.catch_up(project, queue, follower, PAGE)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": EVENT_STREAM,
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-                REQUEST_ID_HEADER: request[REQUEST_ID],
-            }
-        )
-        await response.prepare(request)
-        await response.write(b"retry: %d\n\n" % settings.stream_retry)
+        backlog = await live.catch_up(project, queue, stream, PAGE)
+        writer = await response.prepare(request)
+        transport = request.transport
+        assert writer is not None and transport is not None
         try:
+            await response.write(b"retry: %d\n\n" % settings.stream_retry)
             while backlog:
-                now = clock.now_ms()
-                await response.write(b"".join(_event(queue, m, now, None) for m in backlog))
+                now = request.app[CLOCK].now_ms()
+                await response.write(b"".join(_event(queue, m, now) for m in backlog))
                 if loop.time() >= ends_at:
                     return response
-                backlog = await live.catch_up(project, queue, follower, PAGE)
-            while (remaining := ends_at - loop.time()) > 0:
-                got = await follower.next(min(settings.stream_heartbeat, remaining))
-                if got is None:
-                    await response.write(b": heartbeat\n\n")
-                    continue
-                visible, batch = got
-                if visible:
-                    now = clock.now_ms()
-                    await response.write(b"".join(_event(queue, m, now, batch) for m in visible))
-                if batch.ended:
-                    await response.write(b"event: end\ndata: {}\n\n")
-                    break
-                if follower.dropped or follower.gone:  # too slow (it reconnects), or gone
-                    break
+                backlog = await live.catch_up(project, queue, stream, PAGE)
+            # caught up: the tail writes from now on
+            await stream.start(writer, transport)
+            await stream.finished(ends_at - loop.time())
         except (ConnectionResetError, Unavailable):
-            pass  # the client went away, or Redis did: it resumes from its last id
+            return response  # the client went away, or Redis did: it resumes from its last id
+    if stream.dropped:  # too slow: cut off now, not once it has read what piled up
+        transport.abort()
     return response
