@@ -633,3 +633,73 @@ def post_cost(port: int, client: redis.Redis, posts: int = 100) -> dict[str, flo
     finally:
         producer.close()
     return {k: used.get(k, 0) / posts for k in ("evalsha", "zrangebyscore")}
+
+
+WAKE_ROUNDS = 300
+
+
+def part_wake(suite: SuiteLike) -> None:
+    """A long poll's wake-up: a waiter holds ``GET ...?wait=10`` (on its own
+    connection, in a thread) while the producer posts one message; per
+    round, the post's own latency (sent → 201) and the waiter's (sent → its
+    page). "Beyond the post" is the waiter's answer after the post's,
+    per round (negative when the page came first); the goal is its p50."""
+    import threading
+
+    wait_for_idle()
+    queue = "wake"
+    with Service(suite.redis.url, suite.workdir / "feedsvc-wake.log") as svc:
+        producer = Producer(svc.port, queue)
+        poller = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+        headers = {"Client-ID": CLIENT_ID, "X-Project-ID": PROJECT}
+        producer.post()  # the queue exists; the waiter starts after this message
+        marker: str | None = None
+        path = f"/v2/queues/{queue}/messages?limit=1"
+        first = json.loads(_get(poller, path, headers))
+        marker = first["links"][0]["href"].rsplit("marker=", 1)[1].split("&")[0]
+        post_ms: list[float] = []
+        page_ms: list[float] = []
+        beyond_ms: list[float] = []
+        empty = 0
+        for _ in range(WAKE_ROUNDS):
+            got: dict[str, Any] = {}
+
+            def wait(m: str | None = marker, got: dict[str, Any] = got) -> None:
+                got["page"] = json.loads(_get(poller, f"{path}&wait=10&marker={m}", headers))
+                got["at"] = time.perf_counter()
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.02)  # the waiter is waiting (if not, its first read finds the post)
+            sent = time.perf_counter()
+            producer.post()
+            posted = time.perf_counter()
+            waiter.join(15)
+            page = got.get("page") or {}
+            if not page.get("messages"):
+                empty += 1
+                continue
+            marker = page["links"][0]["href"].rsplit("marker=", 1)[1].split("&")[0]
+            post_ms.append((posted - sent) * 1000)
+            page_ms.append((got["at"] - sent) * 1000)
+            beyond_ms.append((got["at"] - posted) * 1000)
+        producer.close()
+        poller.close()
+    post, page, beyond = (np.array(x) / 1000 for x in (post_ms, page_ms, beyond_ms))
+    suite.add(
+        "long poll woken by a post",
+        rounds=len(post_ms),
+        empty=empty,
+        post_p50_ms=ms(post, 50),
+        post_p99_ms=ms(post, 99),
+        woken_p50_ms=ms(page, 50),
+        woken_p99_ms=ms(page, 99),
+        beyond_post_p50_ms=ms(beyond, 50),
+        beyond_post_p99_ms=ms(beyond, 99),
+    )
+
+
+def _get(conn: http.client.HTTPConnection, path: str, headers: dict[str, str]) -> bytes:
+    conn.request("GET", path, headers=headers)
+    response = conn.getresponse()
+    return response.read()

@@ -11,9 +11,9 @@ noise; ratios are what to read.
     python -m bench --duration 3 --rounds 1 post
 
 Parts: post, get, loop, pool, batch, coalesce, drivers, cluster (a local
-3-primary Redis Cluster), rtt (needs root:
-network namespace + tc netem), idle and fanout (live followers over SSE;
-bench/live.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
+3-primary Redis Cluster), rtt (needs root: network namespace + tc netem),
+idle and fanout (live followers over SSE; bench/live.py), wake (a long poll
+woken by a post). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -328,6 +328,11 @@ class Suite:
 
         part_fanout(self)
 
+    def part_wake(self) -> None:
+        from bench.live import part_wake
+
+        part_wake(self)
+
     def run(self, parts: Sequence[str]) -> None:
         self.redis.start()
         try:
@@ -464,7 +469,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 PARTS = [
     "post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt", "idle",
-    "fanout",
+    "fanout", "wake",
 ]  # fmt: skip
 
 
