@@ -79,7 +79,10 @@ class NewMessage:
     delay: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs three times as much to build (1.0 µs
+# against 0.3 here), and every page builds one per message. Nothing changes
+# a Message once a decoder has made it.
+@dataclass(slots=True)
 class Message:
     id: str
     seq: int
