@@ -32,6 +32,8 @@ AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
 #: This app's own Prometheus registry (several apps in one process do not collide).
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)
+# its children by (method, route, status): labels() resolved once per set
+METRICS_CHILDREN = web.AppKey("metrics_children", dict[tuple[str, str, int], Any])
 #: The embedded Redis's report for /v2/health (``feedsvc.embedded``); absent
 #: when the service runs on a Redis it did not start.
 EMBEDDED_REDIS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("embedded_redis")

@@ -59,6 +59,21 @@ async def test_metrics_count_requests_and_redis_calls(
     )
 
 
+async def test_unknown_methods_share_one_label(
+    http: TestClient[web.Request, web.Application], headers: dict[str, str]
+) -> None:
+    """Methods beyond the API's (HTTP's parser knows dozens) are counted as
+    OTHER, so that clients cannot grow the metric's label sets (and the
+    scrape) at will."""
+    for method in ("PROPFIND", "MKCOL", "LOCK"):
+        response = await http.request(method, "/v2/queues/m/messages", headers=headers)
+        assert response.status == 405
+    text = await (await http.get("/metrics")).text()
+    name = "feedsvc_http_request_duration_seconds_count"
+    assert sample(text, name, method="OTHER", status="405") == 3
+    assert "PROPFIND" not in text and "MKCOL" not in text
+
+
 async def test_unmatched_routes_are_one_label(
     http: TestClient[web.Request, web.Application],
 ) -> None:

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feedsvc.appkeys import METRICS_REGISTRY, METRICS_REQUESTS, STORE
+from feedsvc.appkeys import METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
 from feedsvc.storage.base import FeedStore
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -69,7 +69,13 @@ def setup_metrics(app: web.Application) -> None:
         buckets=_BUCKETS,
         registry=registry,
     )
+    app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
+
+
+# Methods counted by name; any other (a client may send any token) counts as
+# OTHER, so that clients cannot grow the metric's label sets without end.
+_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
 @web.middleware
@@ -83,9 +89,16 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        request.app[METRICS_REQUESTS].labels(request.method, route, str(status)).observe(
-            time.perf_counter() - started
-        )
+        method = request.method
+        key = (method, route, status)
+        # the histogram's child for these labels, looked up once (labels()
+        # costs about as much as the observation itself)
+        children = request.app[METRICS_CHILDREN]
+        child = children.get(key)
+        if child is None:
+            label = method if method in _METHODS else "OTHER"
+            child = children[key] = request.app[METRICS_REQUESTS].labels(label, route, str(status))
+        child.observe(time.perf_counter() - started)
 
 
 async def get_metrics(request: web.Request) -> web.Response:

@@ -53,14 +53,28 @@ def project_id(request: web.Request) -> str:
     return project
 
 
+# Client-IDs seen lately -> their canonical form: a client sends the same one
+# on every request, and parsing a UUID costs more than the rest of the
+# header checks together. Bounded: emptied when full.
+_CLIENT_IDS: dict[str, str] = {}
+_CLIENT_IDS_KEPT = 4096
+
+
 def client_id(request: web.Request) -> str:
     raw = request.headers.get("Client-ID")
     if not raw:
         raise BadRequest("The header Client-ID is required.")
+    known = _CLIENT_IDS.get(raw)
+    if known is not None:
+        return known
     try:
-        return str(uuid.UUID(raw))
+        canonical = str(uuid.UUID(raw))
     except ValueError:
         raise BadRequest("Malformed hexadecimal UUID in Client-ID.") from None
+    if len(_CLIENT_IDS) >= _CLIENT_IDS_KEPT:
+        _CLIENT_IDS.clear()
+    _CLIENT_IDS[raw] = canonical
+    return canonical
 
 
 FORM = "application/x-www-form-urlencoded"

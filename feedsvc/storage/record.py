@@ -267,15 +267,16 @@ def _message(
 ) -> Message:
     """The five fields every script reply starts a message with: id, seq,
     body, ttl, created."""
+    # positional: one of these per message of every page
     return Message(
-        id=text(out[i]),
-        seq=parse_seq(out[i + 1]),
-        body=out[i + 2],
-        ttl=int(out[i + 3]),
-        created_ms=int(out[i + 4]),
-        claim_id=claim_id,
-        claim_count=count,
-        author=author,
+        text(out[i]),  # id
+        parse_seq(out[i + 1]),  # seq
+        out[i + 2],  # body
+        int(out[i + 3]),  # ttl
+        int(out[i + 4]),  # created_ms
+        claim_id,
+        count,  # claim_count
+        author,
     )
 
 
