@@ -9,6 +9,8 @@ status from ``FeedError.status``. Nothing else catches them.
     FeedError
     ├── BadRequest                 400  malformed or out-of-range input
     │   ├── InvalidClaim           400  claim_id wrong or expired on delete
+    │   ├── PostTooLarge           400  a message post over the service's or the
+    │   │                               queue's size limit (Zaqar's status)
     │   └── InvalidContentType     400  a body sent as a form (x-www-form-urlencoded)
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
@@ -20,12 +22,14 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── MethodNotAllowed           405
     ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
-    ├── PayloadTooLarge            413
     ├── UnsupportedMediaType       415
     └── Unavailable                503  (always sent with Retry-After)
         ├── StorageUnavailable          Redis unreachable, timed out, loading
         ├── PoolExhausted               no Redis connection free in time
         └── TooMuchContention           WATCH retries ran out
+
+Any other body over what the service reads (262,144 bytes: claims, share) is
+aiohttp's 413, shaped like these by the same middleware.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ class BadRequest(FeedError):
 
 class InvalidClaim(BadRequest):
     title = "Unable to delete"
+
+
+class PostTooLarge(BadRequest):
+    """A message post larger than the service's limit or the queue's own
+    ``_max_messages_post_size``. 400, not 413: Zaqar treats both as failed
+    validation, and python-zaqarclient turns a 400 into ``MalformedRequest``
+    but has no exception of its own for a 413 (docs/zaqar-differences.md)."""
 
 
 class InvalidContentType(BadRequest):
@@ -104,11 +115,6 @@ class RequestTimeout(FeedError):
 class Conflict(FeedError):
     status = 409
     title = "Conflict"
-
-
-class PayloadTooLarge(FeedError):
-    status = 413
-    title = "Request body too large"
 
 
 class UnsupportedMediaType(FeedError):

@@ -22,6 +22,7 @@ from feedsvc.config import Settings
 from feedsvc.errors import (
     BadRequest,
     ClaimNotFound,
+    FeedError,
     MessageNotFound,
     NotFound,
     RequestTimeout,
@@ -39,13 +40,21 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The request body, which must arrive within --client-timeout (else 408)."""
+async def read_body(request: web.Request, too_large: FeedError | None = None) -> bytes:
+    """The request body, which must arrive within --client-timeout (else 408).
+
+    A body over the size the service reads is refused while it streams in:
+    with ``too_large`` if given, else aiohttp's 413.
+    """
     try:
         async with asyncio.timeout(request.app[SETTINGS].client_timeout):
             return await request.read()
     except TimeoutError:
         raise RequestTimeout("The request body did not arrive in time.") from None
+    except web.HTTPRequestEntityTooLarge:
+        if too_large is None:
+            raise
+        raise too_large from None
 
 
 def _store(request: web.Request) -> FeedStore:
@@ -282,7 +291,8 @@ async def post_messages(request: web.Request) -> web.Response:
     project, client = v.caller(request)
     queue = v.queue_name(request)
     idempotency_key = v.idempotency_key(request)
-    raw = await read_body(request)
+    v.post_length(request, settings)
+    raw = await read_body(request, v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
     ids = await _store(request).post_messages(
         project, queue, client, messages, len(raw), idempotency_key

@@ -437,7 +437,6 @@ def _responses(s: Settings) -> dict[str, Schema]:
         "Forbidden": error("The message is claimed and no claim_id was given."),
         "NotFound": error("No such resource (in this project and queue)."),
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
-        "PayloadTooLarge": error("The request body is larger than the post size limit."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
         "Unavailable": error(
             "Redis is unreachable, timed out, or too contended: try again later.",
@@ -603,7 +602,6 @@ def _errors(*statuses: str) -> dict[str, Schema]:
         "403": "Forbidden",
         "404": "NotFound",
         "409": "Conflict",
-        "413": "PayloadTooLarge",
         "415": "UnsupportedMediaType",
         "503": "Unavailable",
     }
@@ -789,13 +787,15 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 "Post messages (the queue is created on first post)",
                 {
                     "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
-                    **_errors("413"),
+                    **_errors(),
                 },
                 parameters=_common("Queue", "IdempotencyKey"),
                 body={
                     "required": True,
                     "description": f"At most {s.max_messages_post_size} bytes "
-                    "(refused with 413 while it streams in).",
+                    "and at most the queue's _max_messages_post_size: 400 otherwise, "
+                    "as in Zaqar (refused from Content-Length, or while a chunked "
+                    "body streams in).",
                     "content": {JSON: {"schema": _schema("NewMessages")}},
                 },
             ),

@@ -22,6 +22,7 @@ from feedsvc.errors import (
     BadRequest,
     Conflict,
     InvalidContentType,
+    PostTooLarge,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -381,6 +382,21 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
         delay = _int_field(entry, "delay", 0, settings.max_message_delay)
         out.append(NewMessage(message_body(entry["body"]), ttl, delay))
     return out
+
+
+def post_too_large(settings: Settings) -> PostTooLarge:
+    """A message post over the service's size limit, in Zaqar's words."""
+    limit = settings.max_messages_post_size
+    return PostTooLarge(f"Message collection size is too large. Max size: {limit}")
+
+
+def post_length(request: web.Request, settings: Settings) -> None:
+    """A message post's declared length, checked before its body is read
+    (a chunked body is measured while it streams in: see ``read_body``)."""
+    if request.content_length is not None and (
+        request.content_length > settings.max_messages_post_size
+    ):
+        raise post_too_large(settings)
 
 
 MAX_METADATA_SIZE = 65536

@@ -244,7 +244,7 @@ class FeedStore(Protocol):
     ) -> list[str]:
         """Store and index the messages in order; the queue is created if needed.
 
-        PayloadTooLarge if request_size exceeds the queue's _max_messages_post_size.
+        PostTooLarge if request_size exceeds the queue's _max_messages_post_size.
         With an idempotency key this client already used on this queue within
         the idempotency window, nothing is written and the first post's ids
         are returned.

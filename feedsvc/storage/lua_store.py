@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
-    PayloadTooLarge,
+    PostTooLarge,
     StorageUnavailable,
     Unavailable,
 )
@@ -171,7 +171,7 @@ class LuaStore(RedisStore):
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]
         if seqs and seqs[0] == b"toolarge":
-            raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
+            raise PostTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids

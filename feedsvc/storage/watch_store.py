@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed, PayloadTooLarge
+from feedsvc.errors import InvalidClaim, MessageIsClaimed, PostTooLarge
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -124,7 +124,7 @@ class WatchStore(RedisStore):
                     if int(r.text(value).split()[0]) <= now
                 ]
             if mps is not None and request_size > int(mps):
-                raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
+                raise PostTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
             default_ttl = int(dttl or settings.default_message_ttl)
             default_delay = int(ddelay or 0)
             seq = int(last) if last is not None else now * 1000
