@@ -23,6 +23,7 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
     ├── UnsupportedMediaType       415
+    ├── EncryptionUnavailable      500  an encrypted queue, and no (or another) key
     └── Unavailable                503  (always sent with Retry-After)
         ├── StorageUnavailable          Redis unreachable, timed out, loading
         ├── PoolExhausted               no Redis connection free in time
@@ -120,6 +121,15 @@ class Conflict(FeedError):
 class UnsupportedMediaType(FeedError):
     status = 415
     title = "Unsupported media type"
+
+
+class EncryptionUnavailable(FeedError):
+    """A queue's messages are encrypted and the service lacks the key (or has
+    another one): the operator's to fix, not the client's, and retrying will
+    not help until then, so 500 rather than 503. Nothing is lost or changed."""
+
+    status = 500
+    title = "Message encryption unavailable"
 
 
 class Unavailable(FeedError):

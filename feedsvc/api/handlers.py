@@ -96,6 +96,7 @@ def _with_defaults(settings: Settings, metadata: dict[str, Any]) -> dict[str, An
         "_dead_letter_queue": None,
         "_dead_letter_queue_messages_ttl": None,
         "_max_claim_count": None,
+        "_enable_encrypt_messages": False,
     }
     return metadata | {k: d for k, d in defaults.items() if metadata.get(k) is None}
 

@@ -211,6 +211,14 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "maximum": s.max_message_ttl,
                 },
                 "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+                "_enable_encrypt_messages": {
+                    "type": ["boolean", "null"],
+                    **({} if s.message_encryption_key else {"enum": [False, None]}),
+                    "description": "Bodies posted from now on are stored encrypted "
+                    "(AES-256-GCM) and decrypted on every read. Only where the service "
+                    "has a --message-encryption-key (else true is a 400); a service "
+                    "without the key answers 500 for encrypted messages.",
+                },
             },
         },
         "QueueMetadataShown": {

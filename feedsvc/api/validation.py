@@ -26,7 +26,7 @@ from feedsvc.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
-from feedsvc.storage.base import NewMessage
+from feedsvc.storage.base import ENCRYPT_MESSAGES, NewMessage
 
 # "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
 # a URL path, so such a queue could be made but never reached.
@@ -463,6 +463,16 @@ def checked_metadata(
     dlq = metadata.get("_dead_letter_queue")
     if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
         raise BadRequest("_dead_letter_queue must be a queue name.")
+    encrypt = metadata.get(ENCRYPT_MESSAGES)
+    if encrypt is not None and not isinstance(encrypt, bool):
+        raise BadRequest(f"{ENCRYPT_MESSAGES} must be boolean.")
+    if encrypt and settings.message_encryption_key is None:
+        # Zaqar would encrypt under its default key ("AES256"): a promise of
+        # secrecy it cannot keep. Say so instead.
+        raise BadRequest(
+            f"This service has no message encryption key: {ENCRYPT_MESSAGES} "
+            "cannot be true (the operator sets --message-encryption-key)."
+        )
     return metadata
 
 

@@ -9,7 +9,8 @@ into the Lua scripts too)::
     fs:p:{P}:queues      zset    the project's queue names, score 0 (lex order)
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
-                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps
+                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps,
+                                 enc ("1": bodies are posted sealed)
     Q:seq                string  last sequence number given to a message; starts
                                  at the creation time in microseconds, so a
                                  re-created queue never reuses old markers
@@ -17,7 +18,9 @@ into the Lua scripts too)::
     Q:exp                zset    message id -> expires ms (GC, live counts)
     Q:claimed            zset    message id -> claim expires ms
     Q:claims             zset    claim id -> claim expires ms
-    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim),
+    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim; or,
+                                 in an encrypted queue, sealed.MAGIC + nonce +
+                                 AES-256-GCM of them),
                                  t = ttl s, c = created ms, e = expires ms,
                                  u = client id, s = seq (set when indexed),
                                  d = due ms (delay), k = claim id,
@@ -58,15 +61,19 @@ RESERVED_FIELDS = {
     "_max_claim_count": "mcc",
     "_dead_letter_queue": "dlq",
     "_dead_letter_queue_messages_ttl": "dlqttl",
+    # message bodies encrypted at rest (see sealing.py): "1" when true
+    "_enable_encrypt_messages": "enc",
 }
+ENCRYPT_MESSAGES = "_enable_encrypt_messages"
 
 
 def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
-    """The Q:q fields for the reserved settings that metadata sets."""
+    """The Q:q fields for the reserved settings that metadata sets (a flag
+    that is false sets none)."""
     return {
-        field: str(metadata[name])
+        field: "1" if value is True else str(value)
         for name, field in RESERVED_FIELDS.items()
-        if metadata.get(name) is not None
+        if (value := metadata.get(name)) is not None and value is not False
     }
 
 

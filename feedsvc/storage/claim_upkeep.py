@@ -21,6 +21,7 @@ from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.sealing import BodySealer, reveal
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -33,6 +34,7 @@ class ClaimUpkeep:
     _transport: Transport
     _settings: Settings
     _clock: Clock
+    _sealer: BodySealer
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = QueueKeys.of(project, queue)
@@ -50,7 +52,7 @@ class ClaimUpkeep:
         )
         found = (r.live_message(i, row, now) for i, row in zip(held, rows, strict=True))
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
-        return Claim(claim_id, int(ttl), int(grace), int(created), messages)
+        return Claim(claim_id, int(ttl), int(grace), int(created), reveal(self._sealer, messages))
 
     async def _claim_transaction(
         self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]

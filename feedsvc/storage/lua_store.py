@@ -36,6 +36,7 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
+from feedsvc.storage.sealing import MustSeal
 
 log = logging.getLogger("feedsvc")
 
@@ -123,14 +124,15 @@ class LuaStore(RedisStore):
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "1"]):
             pass
 
-    async def post_messages(
+    async def _post(
         self,
         project: str,
         queue: str,
         client_id: str,
         messages: list[NewMessage],
-        request_size: int = 0,
-        idempotency_key: str | None = None,
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         script = load_script("post")
@@ -146,6 +148,7 @@ class LuaStore(RedisStore):
             token,
         ]
         args.append(settings.idempotency_window * 1000)
+        args.append(_flag(sealed))
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
@@ -170,6 +173,8 @@ class LuaStore(RedisStore):
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]
+        if seqs and seqs[0] == b"seal":
+            raise MustSeal
         if seqs and seqs[0] == b"toolarge":
             raise PostTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
         if len(seqs) != len(ids):
@@ -189,7 +194,8 @@ class LuaStore(RedisStore):
             self._settings.scan_limit,
         ]
         script = load_script("list")  # reads only: may be sent again
-        return r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
+        page = r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
+        return self._reveal_page(page)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -238,9 +244,9 @@ class LuaStore(RedisStore):
         claim, parked = r.claim_reply(out, claim_id, ttl, grace, now)
         if parked:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return claim
+        return self._reveal_claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
-        return r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args))
+        return self._reveal(r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args)))

@@ -10,6 +10,7 @@ records only through ``record.py``, and takes the time from its clock.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -24,10 +25,14 @@ from feedsvc.config import Settings
 from feedsvc.errors import QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
+    ENCRYPT_MESSAGES,
     RESERVED_FIELDS,
+    Claim,
     Follow,
     Message,
+    MessagePage,
     MessageSummary,
+    NewMessage,
     QueueInfo,
     QueueStats,
     StoreCounters,
@@ -36,9 +41,17 @@ from feedsvc.storage.base import (
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
+
+#: How long (ms) a process trusts what it last learned of a queue's
+#: encryption before reading it again. The post script checks it anyway;
+#: this only spares a plain body a trip to Redis when the queue was made
+#: encrypted meanwhile (see ``RedisStore.post_messages``).
+SEALING_MEMORY_MS = 1000
+SEALING_MEMORY_SIZE = 10000
 
 
 def new_id() -> str:
@@ -60,6 +73,9 @@ class RedisStore(ClaimUpkeep):
         self._transport = transport
         self._settings = settings
         self._clock = clock
+        self._sealer = BodySealer(settings.message_encryption_key)
+        # queue prefix -> (bodies are sealed, learned at ms)
+        self._sealing: dict[str, tuple[bool, int]] = {}
 
     @property
     def counters(self) -> StoreCounters:
@@ -190,7 +206,84 @@ class RedisStore(ClaimUpkeep):
             [("HMGET", keys.message(i), *r.ROW) for i in wanted]
         )
         found = (r.live_message(i, row, now) for i, row in zip(wanted, rows, strict=True))
-        return [m for m in found if m is not None]
+        return self._reveal([m for m in found if m is not None])
+
+    # -- encrypted queues (see sealing.py) ------------------------------------
+
+    async def post_messages(
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int = 0,
+        idempotency_key: str | None = None,
+    ) -> list[str]:
+        """Post, sealing the bodies if the queue is encrypted.
+
+        Whether it is comes from what this process last learned (at most
+        SEALING_MEMORY_MS old), else from one read of the queue hash. The
+        driver's write checks it again atomically (post.lua, or the WATCHed
+        queue hash) and writes nothing but MustSeal if the queue asks for
+        sealed bodies and these are not: then they are sealed and sent again.
+        So a plain body is never indexed in an encrypted queue; it reaches
+        Redis at all (and is deleted by the same script) only when another
+        process made the queue encrypted in the last second.
+        """
+        keys = QueueKeys.of(project, queue)
+        sealed = await self._seals(keys)
+        for _ in range(2):
+            batch = [
+                dataclasses.replace(m, body=self._sealer.seal(m.body)) if sealed else m
+                for m in messages
+            ]
+            try:
+                return await self._post(
+                    project, queue, client_id, batch, request_size, idempotency_key, sealed
+                )
+            except MustSeal:
+                self._learn_sealing(keys, True)
+                sealed = True
+        raise AssertionError("a post of sealed bodies cannot need sealing")
+
+    async def _post(
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
+    ) -> list[str]:
+        """The driver's post; MustSeal if the queue is encrypted and not sealed."""
+        raise NotImplementedError
+
+    async def _seals(self, keys: QueueKeys) -> bool:
+        now = self._clock.now_ms()
+        known = self._sealing.get(keys.prefix)
+        if known is not None and now - known[1] < SEALING_MEMORY_MS:
+            return known[0]
+        [flag] = await self._transport.call_checked([("HGET", keys.meta, r.ENCRYPTED)])
+        return self._learn_sealing(keys, flag == b"1")
+
+    def _learn_sealing(self, keys: QueueKeys, sealed: bool) -> bool:
+        if len(self._sealing) >= SEALING_MEMORY_SIZE:
+            self._sealing.clear()
+        self._sealing[keys.prefix] = (sealed, self._clock.now_ms())
+        return sealed
+
+    def _reveal(self, messages: list[Message]) -> list[Message]:
+        """The messages with their bodies as posted (sealed ones opened)."""
+        return reveal(self._sealer, messages)
+
+    def _reveal_page(self, page: MessagePage) -> MessagePage:
+        return dataclasses.replace(page, messages=self._reveal(page.messages))
+
+    def _reveal_claim(self, claim: Claim | None) -> Claim | None:
+        if claim is None:
+            return None
+        return dataclasses.replace(claim, messages=self._reveal(claim.messages))
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua
@@ -222,4 +315,5 @@ class RedisStore(ClaimUpkeep):
         result = await self._transport.optimistic([keys.meta], reads, plan)
         if result is None:
             raise QueueNotFound(queue)
+        self._learn_sealing(keys, result.get(ENCRYPT_MESSAGES) is True)
         return result

@@ -31,6 +31,7 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
+from feedsvc.storage.sealing import require_sealed
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -94,14 +95,15 @@ class WatchStore(RedisStore):
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
 
-    async def post_messages(
+    async def _post(
         self,
         project: str,
         queue: str,
         client_id: str,
         messages: list[NewMessage],
-        request_size: int = 0,
-        idempotency_key: str | None = None,
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
     ) -> list[str]:
         keys = QueueKeys.of(project, queue)
         ids = [new_id() for _ in messages]
@@ -110,7 +112,8 @@ class WatchStore(RedisStore):
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
-            _, last, exists, (dttl, ddelay, mps), dead = replies[:5]
+            _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
+            require_sealed(encrypted, sealed)
             forget: list[Any] = []
             if token is not None:
                 seen, sample = replies[5], replies[6]
@@ -210,7 +213,7 @@ class WatchStore(RedisStore):
             start = f"({last}"
             chunk = min(chunk * 2, 512)
         next_marker = last if (found or scanned >= scan_limit) else None
-        return MessagePage(found, next_marker)
+        return self._reveal_page(MessagePage(found, next_marker))
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -323,7 +326,7 @@ class WatchStore(RedisStore):
         claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return claim  # type: ignore[no-any-return]
+        return self._reveal_claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = QueueKeys.of(project, queue)
@@ -344,7 +347,7 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._take(keys, limit, plan_for)
-        return [] if popped is None else popped
+        return [] if popped is None else self._reveal(popped)
 
 
 def _claim_plan(
