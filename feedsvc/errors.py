@@ -89,8 +89,8 @@ class NotFound(FeedError):
 
 
 class QueueNotFound(NotFound):
-    def __init__(self, queue: str) -> None:
-        super().__init__(f"Queue {queue} does not exist.")
+    def __init__(self, queue: str, noun: str = "Queue") -> None:
+        super().__init__(f"{noun} {queue} does not exist.")
 
 
 class MessageNotFound(NotFound):

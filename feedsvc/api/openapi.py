@@ -1073,6 +1073,57 @@ def _signed_urls(document: dict[str, Any]) -> None:
     }
 
 
+# What topic operations show instead of a queue's: topics have their own
+# names, their own list key, and only three reserved settings (no claims).
+TOPIC_REFS = {
+    "#/components/parameters/Queue": "#/components/parameters/Topic",
+    "#/components/schemas/QueueMetadataShown": "#/components/schemas/TopicMetadataShown",
+    "#/components/schemas/QueueList": "#/components/schemas/TopicList",
+}
+TOPIC_RESERVED = ("_max_messages_post_size", "_default_message_ttl", "_default_message_delay")
+
+
+def _as_topic(node: Any) -> Any:
+    """A queue operation's description, made a topic's."""
+    if isinstance(node, dict):
+        out = {k: _as_topic(value) for k, value in node.items()}
+        if isinstance(out.get("$ref"), str):
+            out["$ref"] = TOPIC_REFS.get(out["$ref"], out["$ref"])
+        operation_id = out.get("operationId")
+        if isinstance(operation_id, str):
+            topical = operation_id.replace("Queue", "Topic")
+            out["operationId"] = topical if topical != operation_id else operation_id + "InTopic"
+        for text in ("summary", "description"):
+            if isinstance(out.get(text), str):
+                out[text] = out[text].replace("queue", "topic").replace("Queue", "Topic")
+        return out
+    if isinstance(node, list):
+        return [_as_topic(item) for item in node]
+    return node
+
+
+def _topics(document: dict[str, Any]) -> None:
+    """/v2/topics: the queue operations on topics, without claims (or share)."""
+    components = document["components"]
+    topic = dict(components["parameters"]["Queue"])
+    topic |= {"name": "topic", "description": topic["description"].replace("Queue", "Topic")}
+    components["parameters"]["Topic"] = topic
+    components["schemas"]["TopicMetadataShown"] = {
+        "allOf": [_schema("QueueMetadata")],
+        "required": list(TOPIC_RESERVED),
+    }
+    components["schemas"]["TopicList"] = _as_topic(components["schemas"]["QueueList"])
+    listed = components["schemas"]["TopicList"]
+    listed["properties"]["topics"] = listed["properties"].pop("queues")
+    listed["required"] = ["topics" if r == "queues" else r for r in listed["required"]]
+    for path, item in list(document["paths"].items()):
+        if path == "/v2/queues" or (
+            path.startswith("/v2/queues/{queue}") and "/claims" not in path
+        ):
+            topical = path.replace("/v2/queues/{queue}", "/v2/topics/{topic}")
+            document["paths"][topical.replace("/v2/queues", "/v2/topics")] = _as_topic(item)
+
+
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI description of the service as configured by ``settings``."""
     document: dict[str, Any] = {
@@ -1093,6 +1144,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "responses": _responses(settings),
         },
     }
+    _topics(document)
     _signed_urls(document)
     if settings.auth_tokens():
         _require_tokens(document)

@@ -28,9 +28,9 @@ from feedsvc.api import validation as v
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
-from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
-from feedsvc.live import PAGE, Batch, Filters
+from feedsvc.live import PAGE, Batch, Filters, LiveFeeds
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
 EVENT_STREAM = "text/event-stream"
@@ -50,12 +50,18 @@ async def get_messages(request: web.Request) -> web.StreamResponse:
     list_query = h.list_query_of(request, client)
     _room_for_a_follower(request)
     page = await long_poll(request, project, queue, list_query, seconds)
-    return h.page_response(queue, page, list_query, request.app[CLOCK].now_ms())
+    feed = h.feed_path(request, queue)
+    return h.page_response(feed, page, list_query, request.app[CLOCK].now_ms())
+
+
+def _live(request: web.Request) -> LiveFeeds:
+    """The live followers of queues, or of topics on a topic route."""
+    return request.app[TOPIC_LIVE] if h.is_topic(request) else request.app[LIVE]
 
 
 def _room_for_a_follower(request: web.Request) -> None:
     """503 beyond --max-followers streams and long polls in this process."""
-    followers = request.app[LIVE].followers
+    followers = request.app[LIVE].followers + request.app[TOPIC_LIVE].followers
     if followers >= request.app[SETTINGS].max_followers:
         raise TooManyFollowers(
             f"This process follows {followers} streams and long polls already; retry."
@@ -83,7 +89,7 @@ async def long_poll(
     """A list page; if it would be empty, wait up to seconds for one that is not."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    store = request.app[STORE]
+    store = h.feed_store(request)
     if query.include_delayed:  # the shared tail skips delayed messages: read alone
         async with store.follow(project, queue) as follow:
             while True:
@@ -93,7 +99,7 @@ async def long_poll(
                 if page.messages or follow.ended or remaining <= 0:
                     return page
                 await follow.wait(token, remaining)
-    live = request.app[LIVE]
+    live = _live(request)
     filters = Filters(query.client_id, query.echo, query.include_claimed)
     async with (
         live.follower(project, queue, query.marker, filters) as follower,
@@ -118,11 +124,11 @@ async def _hung_up(request: web.Request, hang_up: Callable[[], None]) -> AsyncIt
         yield
 
 
-def _event(queue: str, message: Message, now: int, batch: Batch | None) -> bytes:
+def _event(feed: str, message: Message, now: int, batch: Batch | None) -> bytes:
     key = (message.id, message.claim_id)
     if batch is not None and key in batch.encoded:
         return batch.encoded[key]
-    data = orjson.dumps(message_json(queue, message, now))
+    data = orjson.dumps(message_json(feed, message, now))
     event = b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
     if batch is not None:
         batch.encoded[key] = event
@@ -133,7 +139,8 @@ async def stream_messages(
     request: web.Request, project: str, client: str, queue: str
 ) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    live = request.app[LIVE]
+    live = _live(request)
+    feed = h.feed_path(request, queue)
     clock = request.app[CLOCK]
     position = last_event_id(request)
     filters = Filters(
@@ -161,7 +168,7 @@ async def stream_messages(
         try:
             while backlog:
                 now = clock.now_ms()
-                await response.write(b"".join(_event(queue, m, now, None) for m in backlog))
+                await response.write(b"".join(_event(feed, m, now, None) for m in backlog))
                 if loop.time() >= ends_at:
                     return response
                 backlog = await live.catch_up(project, queue, follower, PAGE)
@@ -173,7 +180,7 @@ async def stream_messages(
                 visible, batch = got
                 if visible:
                     now = clock.now_ms()
-                    await response.write(b"".join(_event(queue, m, now, batch) for m in visible))
+                    await response.write(b"".join(_event(feed, m, now, batch) for m in visible))
                 if batch.ended:
                     await response.write(b"event: end\ndata: {}\n\n")
                     break

@@ -124,12 +124,14 @@ def idempotency_key(request: web.Request) -> str | None:
 
 
 def queue_name(request: web.Request) -> str:
-    name = request.match_info["queue"]
+    """The queue's (or, on a topic route, the topic's) name: the same rule."""
+    kind = "topic" if "topic" in request.match_info else "queue"
+    name = request.match_info[kind]
     if not QUEUE_NAME.match(name):
         raise BadRequest(
-            "Queue names may not be more than 64 characters long and may only "
-            "contain ASCII letters, digits, underscores, dots and dashes; "
-            '"." and ".." are not queue names.'
+            f"{kind.capitalize()} names may not be more than 64 characters long and may "
+            "only contain ASCII letters, digits, underscores, dots and dashes; "
+            f'"." and ".." are not {kind} names.'
         )
     return name
 

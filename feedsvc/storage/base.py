@@ -218,6 +218,14 @@ class FeedStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def topics(self) -> FeedStore:
+        """The same store on the project's topics (Zaqar's /v2/topics): every
+        operation below works on a topic as on a queue, with the same records
+        and guarantees, in a namespace of its own (a topic and a queue of one
+        name never share a key). Topics are not claimed (Zaqar has no topic
+        claims), but nothing here forbids it; the HTTP layer offers no route."""
+        ...
+
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         """Create the queue if missing (True) or leave it as it is (False)."""
         ...

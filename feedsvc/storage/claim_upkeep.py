@@ -19,7 +19,7 @@ from feedsvc.errors import ClaimNotFound, Unavailable
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import FeedSpace, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import BodySealer, reveal
 from feedsvc.storage.transport import Transport
@@ -28,7 +28,7 @@ log = logging.getLogger("feedsvc")
 T = TypeVar("T")
 
 
-class ClaimUpkeep:
+class ClaimUpkeep(FeedSpace):
     """Mixed into RedisStore: everything a claim needs after it was made."""
 
     _transport: Transport
@@ -37,7 +37,7 @@ class ClaimUpkeep:
     _sealer: BodySealer
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         fields = (r.TTL, r.GRACE, r.CREATED, r.CLAIM_EXPIRES, r.HELD)
         [row] = await self._transport.call_checked([("HMGET", keys.claim(claim_id), *fields)])
@@ -77,7 +77,7 @@ class ClaimUpkeep:
     async def renew_claim(
         self, project: str, queue: str, claim_id: str, ttl: int, grace: int
     ) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         claim_expires = now + ttl * 1000
 
@@ -114,7 +114,7 @@ class ClaimUpkeep:
             raise ClaimNotFound(claim_id)
 
     async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan_for(held: list[str]) -> Plan[None]:
             def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -160,7 +160,7 @@ class ClaimUpkeep:
         """
         if not parked:
             return
-        source, target = QueueKeys.of(project, queue), QueueKeys.of(project, dlq)
+        source, target = self._keys(project, queue), self._keys(project, dlq)
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -212,7 +212,7 @@ class ClaimUpkeep:
                 [("HGET", source.message(m.id), r.CLAIM) for m in parked],
                 forget,
             )
-            await transport.call_checked([("ZADD", registry_key(project), 0, dlq)])
+            await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])
         except Unavailable as exc:
             log.warning(
                 "dead-lettering %d message(s) of %s to %s is left for a later claim: %s",

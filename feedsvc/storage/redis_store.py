@@ -10,19 +10,20 @@ records only through ``record.py``, and takes the time from its clock.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import QueueNotFound
+from feedsvc.errors import PostTooLarge, QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -40,7 +41,7 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
 from feedsvc.storage.transport import Transport
 
@@ -77,6 +78,15 @@ class RedisStore(ClaimUpkeep):
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
 
+    def topics(self) -> Self:
+        """This store on the project's topics: the same operations and records
+        under the topic namespace (see ``keys.FeedSpace``)."""
+        if self._kind == "topic":
+            return self
+        view = copy.copy(self)
+        view._kind = "topic"
+        return view
+
     @property
     def counters(self) -> StoreCounters:
         return self._transport.counters
@@ -85,7 +95,7 @@ class RedisStore(ClaimUpkeep):
         self._transport.open()
 
     def follow(self, project: str, queue: str) -> AbstractAsyncContextManager[Follow]:
-        return self._transport.notifier.follow(QueueKeys.of(project, queue).feed)
+        return self._transport.notifier.follow(self._keys(project, queue).feed)
 
     async def ping(self) -> None:
         await self._transport.ping()
@@ -106,14 +116,14 @@ class RedisStore(ClaimUpkeep):
         with those reads; on a cluster the registry lives in another slot, so
         it is sent by itself first and a PING keeps its place among the reads.
         """
-        add: Command = ("ZADD", registry_key(project), 0, queue)
+        add: Command = ("ZADD", self._registry(project), 0, queue)
         if not self._transport.cluster:
             return add
         await self._transport.call_checked([add])
         return ("PING",)
 
     async def get_queue_metadata(self, project: str, queue: str) -> dict[str, Any] | None:
-        meta = QueueKeys.of(project, queue).meta
+        meta = self._keys(project, queue).meta
         [(created, raw)] = await self._transport.call_checked(
             [("HMGET", meta, r.CREATED, r.METADATA)]
         )
@@ -132,13 +142,13 @@ class RedisStore(ClaimUpkeep):
         while len(out) < limit:
             want = limit - len(out)
             [names] = await self._transport.call_checked(
-                [("ZRANGEBYLEX", registry_key(project), start, "+", "LIMIT", 0, want)]
+                [("ZRANGEBYLEX", self._registry(project), start, "+", "LIMIT", 0, want)]
             )
             if not names:
                 break
             rows = await self._transport.call_checked(
                 [
-                    ("HMGET", QueueKeys.of(project, r.text(raw)).meta, r.CREATED, r.METADATA)
+                    ("HMGET", self._keys(project, r.text(raw)).meta, r.CREATED, r.METADATA)
                     for raw in names
                 ]
             )
@@ -153,11 +163,11 @@ class RedisStore(ClaimUpkeep):
         return out
 
     async def count_queues(self, project: str) -> int:
-        [count] = await self._transport.call_checked([("ZCARD", registry_key(project))])
+        [count] = await self._transport.call_checked([("ZCARD", self._registry(project))])
         return int(count)
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         total, claimed = await self._transport.call_checked(
             [
@@ -197,7 +207,7 @@ class RedisStore(ClaimUpkeep):
             batch = min(batch * 4, 1024)
 
     async def get_messages(self, project: str, queue: str, ids: list[str]) -> list[Message]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return []
@@ -230,7 +240,7 @@ class RedisStore(ClaimUpkeep):
         Redis at all (and is deleted by the same script) only when another
         process made the queue encrypted in the last second.
         """
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         sealed = await self._seals(keys)
         for _ in range(2):
             batch = [
@@ -258,6 +268,10 @@ class RedisStore(ClaimUpkeep):
     ) -> list[str]:
         """The driver's post; MustSeal if the queue is encrypted and not sealed."""
         raise NotImplementedError
+
+    def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
+        """A post over the queue's own _max_messages_post_size (limit, as read)."""
+        return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
 
     async def _seals(self, keys: QueueKeys) -> bool:
         now = self._clock.now_ms()
@@ -295,7 +309,7 @@ class RedisStore(ClaimUpkeep):
         queue: str,
         change: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> dict[str, Any]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, dict[str, Any] | None]:
             created, raw = replies[0]
@@ -314,6 +328,6 @@ class RedisStore(ClaimUpkeep):
         reads: list[Command] = [("HMGET", keys.meta, r.CREATED, r.METADATA)]
         result = await self._transport.optimistic([keys.meta], reads, plan)
         if result is None:
-            raise QueueNotFound(queue)
+            raise QueueNotFound(queue, self._noun)
         self._learn_sealing(keys, result.get(ENCRYPT_MESSAGES) is True)
         return result

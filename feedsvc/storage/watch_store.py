@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed, PostTooLarge
+from feedsvc.errors import InvalidClaim, MessageIsClaimed
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -28,7 +28,7 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
 from feedsvc.storage.sealing import require_sealed
@@ -52,7 +52,7 @@ class WatchStore(RedisStore):
     name = "watch"
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
@@ -67,11 +67,11 @@ class WatchStore(RedisStore):
         return await self._transport.optimistic([keys.meta], reads, plan)
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        await self._transport.call_checked([("ZREM", registry_key(project), queue)])
-        await self._drop(QueueKeys.of(project, queue), keep_queue=False)
+        await self._transport.call_checked([("ZREM", self._registry(project), queue)])
+        await self._drop(self._keys(project, queue), keep_queue=False)
 
     async def purge_queue(self, project: str, queue: str) -> None:
-        await self._drop(QueueKeys.of(project, queue), keep_queue=True)
+        await self._drop(self._keys(project, queue), keep_queue=True)
 
     async def _drop(self, keys: QueueKeys, keep_queue: bool) -> None:
         """Delete messages and claims in batches, then the queue's own keys."""
@@ -105,7 +105,7 @@ class WatchStore(RedisStore):
         idempotency_key: str | None,
         sealed: bool,
     ) -> list[str]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         ids = [new_id() for _ in messages]
         settings = self._settings
         now = self._clock.now_ms()
@@ -127,7 +127,7 @@ class WatchStore(RedisStore):
                     if int(r.text(value).split()[0]) <= now
                 ]
             if mps is not None and request_size > int(mps):
-                raise PostTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
+                raise self._too_large(queue, mps)
             default_ttl = int(dttl or settings.default_message_ttl)
             default_delay = int(ddelay or 0)
             seq = int(last) if last is not None else now * 1000
@@ -174,7 +174,7 @@ class WatchStore(RedisStore):
         return await self._transport.optimistic(watch, reads, plan)
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         scan_limit = self._settings.scan_limit
         found: list[Message] = []
@@ -218,7 +218,7 @@ class WatchStore(RedisStore):
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         key = keys.message(message_id)
         now = self._clock.now_ms()
 
@@ -244,7 +244,7 @@ class WatchStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
 
     async def _free_candidates(
@@ -307,7 +307,7 @@ class WatchStore(RedisStore):
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         claim_id = new_id()
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, int | None]:
@@ -329,7 +329,7 @@ class WatchStore(RedisStore):
         return self._reveal_claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
