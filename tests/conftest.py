@@ -94,6 +94,7 @@ CLUSTER_SUITES = {
     "test_api",
     "test_api_claims",
     "test_encryption",
+    "test_topics",
 }
 
 

@@ -90,6 +90,26 @@ async def test_bodies_are_sealed_in_redis_and_opened_on_every_read(
         assert [m.body for m in popped] == expected[2:]
 
 
+async def test_an_encrypted_topic_seals_its_bodies(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        topics = store.topics()
+        await topics.create_queue(project, "t", dict(ENCRYPTED))
+        [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
+        client = direct_client(redis_url)
+        try:
+            key = QueueKeys.of(project, "t", "topic").message(message_id)
+            raw = await client.hget(key, "b")
+        finally:
+            await client.aclose()
+        assert isinstance(raw, bytes)
+        assert raw.startswith(MAGIC)
+        assert b"4111" not in raw
+        got = await topics.get_messages(project, "t", [message_id])
+        assert [m.body for m in got] == [orjson.dumps(SECRET)]
+
+
 async def test_a_plain_queue_stores_bodies_as_they_are(
     stores: StoreMaker, redis_url: str, project: str
 ) -> None:

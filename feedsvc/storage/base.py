@@ -30,6 +30,10 @@ into the Lua scripts too)::
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
 
+A topic (``FeedStore.topics()``) has exactly these keys and records under
+``fs:t:{<escaped project>/<topic>}``, and its names in ``fs:p:{P}:topics``
+(see ``keys.FeedSpace``): a topic and a queue of one name share no key.
+
 Invariants, kept by both drivers:
 
 * A message is visible only once indexed (``s`` set, member of ``Q:idx``).
