@@ -110,6 +110,25 @@ async def test_an_encrypted_topic_seals_its_bodies(
         assert [m.body for m in got] == [orjson.dumps(SECRET)]
 
 
+async def test_a_dead_lettered_message_stays_sealed_and_readable(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    """Dead-lettering copies the stored body as it is: still sealed in the
+    dead-letter queue (plain itself), still opened on a read."""
+    async with stores(KEY) as store:
+        settings = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+        await store.create_queue(project, "q", ENCRYPTED | settings)
+        [message_id] = await store.post_messages(project, "q", WRITER, [body(SECRET)])
+        claim = await store.claim_messages(project, "q", 60, 60, 5)
+        assert claim is not None
+        await store.release_claim(project, "q", claim.id)
+        assert await store.claim_messages(project, "q", 60, 60, 5) is None
+        raw = await raw_body(redis_url, project, "dlq", message_id)
+        assert raw.startswith(MAGIC)
+        dead = await store.list_messages(project, "dlq", ListQuery(READER))
+        assert [(m.id, m.body) for m in dead.messages] == [(message_id, orjson.dumps(SECRET))]
+
+
 async def test_a_plain_queue_stores_bodies_as_they_are(
     stores: StoreMaker, redis_url: str, project: str
 ) -> None:

@@ -77,15 +77,18 @@ class RedisStore(ClaimUpkeep):
         self._sealer = BodySealer(settings.message_encryption_key)
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
+        self._topic_view: Self | None = None
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
         under the topic namespace (see ``keys.FeedSpace``)."""
         if self._kind == "topic":
             return self
-        view = copy.copy(self)
-        view._kind = "topic"
-        return view
+        if self._topic_view is None:
+            view = copy.copy(self)
+            view._kind = "topic"
+            self._topic_view = view
+        return self._topic_view
 
     @property
     def counters(self) -> StoreCounters:
