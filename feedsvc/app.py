@@ -18,7 +18,15 @@ from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
 from feedsvc.api.signed_urls import signed_url_middleware
-from feedsvc.appkeys import AUTH_TOKENS, CLOCK, EMBEDDED_REDIS, LIVE, SETTINGS, STORE
+from feedsvc.appkeys import (
+    AUTH_TOKENS,
+    CLOCK,
+    EMBEDDED_REDIS,
+    LIVE,
+    SETTINGS,
+    STORE,
+    TOPIC_LIVE,
+)
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.live import LiveFeeds
@@ -37,9 +45,12 @@ def _storage_context(
         store = make_store(settings, clock)
         await store.open()
         live = LiveFeeds(store, settings.scan_limit, tick=settings.stream_heartbeat)
+        topic_live = LiveFeeds(store.topics(), settings.scan_limit, tick=settings.stream_heartbeat)
         app[STORE] = store
         app[LIVE] = live
+        app[TOPIC_LIVE] = topic_live
         yield
+        await topic_live.close()
         await live.close()
         await store.close()
 

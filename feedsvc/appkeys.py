@@ -27,6 +27,8 @@ CLOCK: web.AppKey[Clock] = web.AppKey("clock")
 STORE = web.AppKey("store", FeedStore)
 #: The shared tails of live followers (long polls, event streams); set with STORE.
 LIVE = web.AppKey("live", LiveFeeds)
+#: The same for topics (over ``FeedStore.topics()``).
+TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
 #: Bearer token -> project (``--auth-token``); empty means no authentication.
 AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
 #: This app's own Prometheus registry (several apps in one process do not collide).

@@ -204,6 +204,14 @@ class Settings:
         "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
         "are 404. Prefer the environment variable: a flag shows in ps",
     )
+    message_encryption_key: str | None = _opt(
+        None,
+        "secret of encrypted queues (_enable_encrypt_messages: true): message bodies "
+        "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
+        "message_encryption_key; at least 16 characters, a long random string; unset = "
+        "no queue can be made encrypted (400). Changing it makes older encrypted "
+        "messages unreadable (500) until they expire. Prefer the environment variable",
+    )
     client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "
@@ -261,6 +269,11 @@ class Settings:
                 raise ValueError(
                     f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
                 )
+        if self.message_encryption_key is not None and len(self.message_encryption_key) < 16:
+            raise ValueError(
+                "--message-encryption-key must be at least 16 characters long "
+                "(a long random string)"
+            )
         self.auth_tokens()  # fails early on a malformed list
         self.worker_count()
         if self.redis_url is not None and not self.redis_url.startswith(URL_SCHEMES):

@@ -9,6 +9,8 @@ status from ``FeedError.status``. Nothing else catches them.
     FeedError
     ├── BadRequest                 400  malformed or out-of-range input
     │   ├── InvalidClaim           400  claim_id wrong or expired on delete
+    │   ├── PostTooLarge           400  a message post over the service's or the
+    │   │                               queue's size limit (Zaqar's status)
     │   └── InvalidContentType     400  a body sent as a form (x-www-form-urlencoded)
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
@@ -20,12 +22,15 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── MethodNotAllowed           405
     ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
-    ├── PayloadTooLarge            413
     ├── UnsupportedMediaType       415
+    ├── EncryptionUnavailable      500  an encrypted queue, and no (or another) key
     └── Unavailable                503  (always sent with Retry-After)
         ├── StorageUnavailable          Redis unreachable, timed out, loading
         ├── PoolExhausted               no Redis connection free in time
         └── TooMuchContention           WATCH retries ran out
+
+Any other body over what the service reads (262,144 bytes: claims, share) is
+aiohttp's 413, shaped like these by the same middleware.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ class InvalidClaim(BadRequest):
     title = "Unable to delete"
 
 
+class PostTooLarge(BadRequest):
+    """A message post larger than the service's limit or the queue's own
+    ``_max_messages_post_size``. 400, not 413: Zaqar treats both as failed
+    validation, and python-zaqarclient turns a 400 into ``MalformedRequest``
+    but has no exception of its own for a 413 (docs/zaqar-differences.md)."""
+
+
 class InvalidContentType(BadRequest):
     title = "Invalid Content-Type"
 
@@ -77,8 +89,8 @@ class NotFound(FeedError):
 
 
 class QueueNotFound(NotFound):
-    def __init__(self, queue: str) -> None:
-        super().__init__(f"Queue {queue} does not exist.")
+    def __init__(self, queue: str, noun: str = "Queue") -> None:
+        super().__init__(f"{noun} {queue} does not exist.")
 
 
 class MessageNotFound(NotFound):
@@ -106,14 +118,18 @@ class Conflict(FeedError):
     title = "Conflict"
 
 
-class PayloadTooLarge(FeedError):
-    status = 413
-    title = "Request body too large"
-
-
 class UnsupportedMediaType(FeedError):
     status = 415
     title = "Unsupported media type"
+
+
+class EncryptionUnavailable(FeedError):
+    """A queue's messages are encrypted and the service lacks the key (or has
+    another one): the operator's to fix, not the client's, and retrying will
+    not help until then, so 500 rather than 503. Nothing is lost or changed."""
+
+    status = 500
+    title = "Message encryption unavailable"
 
 
 class Unavailable(FeedError):

@@ -1,20 +1,27 @@
 -- Index messages whose bodies the same pipeline has just written.
 -- KEYS: the 6 fixed keys, then one message key per message.
 -- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
---       idempotency token ('' = none), idempotency window in ms, then per
---       message: id, ttl, delay ('' = the queue's default, else the service's).
+--       idempotency token ('' = none), idempotency window in ms, '1' if the
+--       bodies are sealed (encrypted) else '0', then per message: id, ttl,
+--       delay ('' = the queue's default, else the service's).
 -- Returns the seq of each message; {} (nothing indexed) if a body is missing;
+-- {'seal'} if the queue encrypts its messages and these bodies are not sealed:
+-- the bodies this call wrote are deleted and nothing else changes;
 -- {'toolarge', limit} if the request is over the queue's _max_messages_post_size;
 -- {'replay', id...} if the idempotency token was used within its window: the
 -- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
 -- Publishes a notification for the queue's followers (see _lib.lua's notify).
 local now = tonumber(ARGV[1])
-local n = (#ARGV - 6) / 3
+local n = (#ARGV - 7) / 3
 local token = ARGV[5]
 -- all or nothing: index no message if any body is missing
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 0 then return {} end
+end
+if ARGV[7] ~= '1' and redis.call('HGET', KEYS[K_META], F_ENCRYPTED) == '1' then
+  redis.call('DEL', unpack(KEYS, 7, 6 + n))
+  return {'seal'}
 end
 if token ~= '' then
   local seen = redis.call('HGET', IDEMPOTENCY, token)
@@ -51,9 +58,9 @@ local seqs = {}
 local indexed, first_due = 0, 0
 for i = 1, n do
   local key = KEYS[6 + i]
-  local id = ARGV[4 + 3 * i]
-  local ttl = tonumber(ARGV[5 + 3 * i]) or default_ttl
-  local delay = tonumber(ARGV[6 + 3 * i]) or default_delay
+  local id = ARGV[5 + 3 * i]
+  local ttl = tonumber(ARGV[6 + 3 * i]) or default_ttl
+  local delay = tonumber(ARGV[7 + 3 * i]) or default_delay
   local seq = tonumber(redis.call('HGET', key, F_SEQ))
   if seq == nil then
     seq = redis.call('INCR', KEYS[K_SEQ])
@@ -74,7 +81,7 @@ end
 if indexed > 0 then notify(indexed, first_due) end
 if token ~= '' then
   local ids = {}
-  for i = 1, n do ids[i] = ARGV[4 + 3 * i] end
+  for i = 1, n do ids[i] = ARGV[5 + 3 * i] end
   redis.call('HSET', IDEMPOTENCY, token, int(now + tonumber(ARGV[6])) .. ' ' .. table.concat(ids, ' '))
 end
 return seqs

@@ -93,6 +93,8 @@ CLUSTER_SUITES = {
     "test_store_claims",
     "test_api",
     "test_api_claims",
+    "test_encryption",
+    "test_topics",
 }
 
 

@@ -902,7 +902,9 @@ async def test_queue_max_post_size(http: Client, headers: Headers) -> None:
     json_headers = {**headers, "Content-Type": "application/json"}
     body = sized_post(101)
     assert len(body) == 101
-    await error(await http.post(messages_path("ps"), data=body, headers=json_headers), 413)
+    # 400 as in Zaqar (test_post_using_queue_max_messages_post_size)
+    doc = await error(await http.post(messages_path("ps"), data=body, headers=json_headers), 400)
+    assert doc["description"] == "Queue ps accepts posts of at most 100 bytes."
     assert await stats(http, headers, "ps") == (0, 0, 0)
     for size in (100, 50):
         resp = await http.post(messages_path("ps"), data=sized_post(size), headers=json_headers)

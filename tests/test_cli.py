@@ -58,6 +58,11 @@ def test_help_documents_every_setting() -> None:
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),
         (["--redis-url", "localhost:6379"], {}, "--redis-url must start with redis://"),
         (["--auth-token", "secret"], {}, "--auth-token must be TOKEN=PROJECT"),
+        (
+            [],
+            {"FEEDSVC_MESSAGE_ENCRYPTION_KEY": "too-short"},
+            "--message-encryption-key must be at least 16 characters",
+        ),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(

@@ -572,8 +572,9 @@ async def test_oversized_body_is_refused_while_streaming(
     finally:
         writer.transport.abort()
     assert sent < total, "the server read a body 16 times the limit without answering"
-    assert status == 413 or closed, (status, answer[:300])
-    if status == 413:
+    # 400 as Zaqar answers a post over its limit (docs/zaqar-differences.md)
+    assert status == 400 or closed, (status, answer[:300])
+    if status == 400:
         body = json.loads(answer.partition(b"\r\n\r\n")[2])
         assert set(body) == {"title", "description"}
     report(

@@ -403,7 +403,7 @@ async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redi
     try:
         seq_before = await client.get(keys.seq)
         again = await client.evalsha(
-            script.sha, len(all_keys), *all_keys, 1, 3600, 0, 0, "", 0, message_id, "", ""
+            script.sha, len(all_keys), *all_keys, 1, 3600, 0, 0, "", 0, "0", message_id, "", ""
         )
         assert await client.get(keys.seq) == seq_before
         assert await client.zcard(keys.index) == 1

@@ -227,11 +227,11 @@ async def test_queue_settings_are_honoured(store: FeedStore, project: str) -> No
 
 
 async def test_post_size_limit_of_a_queue(store: FeedStore, project: str) -> None:
-    from feedsvc.errors import PayloadTooLarge
+    from feedsvc.errors import PostTooLarge
 
     await store.create_queue(project, "q", {"_max_messages_post_size": 100})
     await store.post_messages(project, "q", WRITER, [NewMessage(b"1")], request_size=100)
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(PostTooLarge):
         await store.post_messages(project, "q", WRITER, [NewMessage(b"2")], request_size=101)
     assert (await store.queue_stats(project, "q")).total == 1
 

@@ -22,6 +22,7 @@ from feedsvc.config import Settings
 from feedsvc.errors import (
     BadRequest,
     ClaimNotFound,
+    FeedError,
     MessageNotFound,
     NotFound,
     RequestTimeout,
@@ -39,17 +40,42 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The request body, which must arrive within --client-timeout (else 408)."""
+async def read_body(request: web.Request, too_large: FeedError | None = None) -> bytes:
+    """The request body, which must arrive within --client-timeout (else 408).
+
+    A body over the size the service reads is refused while it streams in:
+    with ``too_large`` if given, else aiohttp's 413.
+    """
     try:
         async with asyncio.timeout(request.app[SETTINGS].client_timeout):
             return await request.read()
     except TimeoutError:
         raise RequestTimeout("The request body did not arrive in time.") from None
+    except web.HTTPRequestEntityTooLarge:
+        if too_large is None:
+            raise
+        raise too_large from None
 
 
-def _store(request: web.Request) -> FeedStore:
-    return request.app[STORE]
+QUEUES = "/v2/queues"
+TOPICS = "/v2/topics"
+
+
+def is_topic(request: web.Request) -> bool:
+    """The route is one of /v2/topics (a topic is a feed like a queue, kept
+    apart from the queues: see ``FeedStore.topics``)."""
+    return "topic" in request.match_info or request.path == TOPICS
+
+
+def feed_store(request: web.Request) -> FeedStore:
+    """The store, on topics for a topic route."""
+    store = request.app[STORE]
+    return store.topics() if is_topic(request) else store
+
+
+def feed_path(request: web.Request, name: str) -> str:
+    """The path of the named queue or topic, as hrefs show it."""
+    return f"{TOPICS if is_topic(request) else QUEUES}/{name}"
 
 
 def _settings(request: web.Request) -> Settings:
@@ -61,12 +87,9 @@ def _now(request: web.Request) -> int:
     return request.app[CLOCK].now_ms()
 
 
-def _queue_href(queue: str) -> str:
-    return f"/v2/queues/{queue}"
-
-
-def message_json(queue: str, message: Message, now: int) -> dict[str, Any]:
-    href = f"/v2/queues/{queue}/messages/{message.id}"
+def message_json(feed: str, message: Message, now: int) -> dict[str, Any]:
+    """A message as lists show it; feed is its queue's (or topic's) path."""
+    href = f"{feed}/messages/{message.id}"
     if message.claim_id is not None:
         href += f"?claim_id={message.claim_id}"
     return {
@@ -78,16 +101,23 @@ def message_json(queue: str, message: Message, now: int) -> dict[str, Any]:
     }
 
 
-def _with_defaults(settings: Settings, metadata: dict[str, Any]) -> dict[str, Any]:
-    """A queue's metadata as GET shows it: the reserved settings filled in."""
+def _with_defaults(
+    settings: Settings, metadata: dict[str, Any], topic: bool = False
+) -> dict[str, Any]:
+    """A queue's metadata as GET shows it: the reserved settings filled in
+    (for a topic, only the three Zaqar shows: topics have no claims)."""
     defaults: dict[str, Any] = {
         "_max_messages_post_size": settings.max_messages_post_size,
         "_default_message_ttl": settings.default_message_ttl,
         "_default_message_delay": 0,
-        "_dead_letter_queue": None,
-        "_dead_letter_queue_messages_ttl": None,
-        "_max_claim_count": None,
     }
+    if not topic:
+        defaults |= {
+            "_dead_letter_queue": None,
+            "_dead_letter_queue_messages_ttl": None,
+            "_max_claim_count": None,
+            "_enable_encrypt_messages": False,
+        }
     return metadata | {k: d for k, d in defaults.items() if metadata.get(k) is None}
 
 
@@ -95,10 +125,10 @@ def _iso(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _summary_json(queue: str, summary: MessageSummary, now: int) -> dict[str, Any]:
+def _summary_json(feed: str, summary: MessageSummary, now: int) -> dict[str, Any]:
     return {
         "id": summary.id,
-        "href": f"/v2/queues/{queue}/messages/{summary.id}",
+        "href": f"{feed}/messages/{summary.id}",
         "age": max(0, (now - summary.created_ms) // 1000),
         "created": _iso(summary.created_ms),
     }
@@ -141,14 +171,14 @@ async def ping(request: web.Request) -> web.Response:
     cannot send headers, and the answer is the same for every caller.
     """
     try:
-        await _store(request).ping()
+        await feed_store(request).ping()
     except Unavailable:
         return web.Response(status=503, headers={"Retry-After": "1"})
     return web.Response(status=204)
 
 
 async def get_health(request: web.Request) -> web.Response:
-    store = _store(request)
+    store = feed_store(request)
     try:
         await store.ping()
         reachable = True
@@ -188,12 +218,13 @@ async def list_queues(request: web.Request) -> web.Response:
     )
     detailed = v.flag(query, "detailed")
     with_count = v.flag(query, "with_count")
-    store = _store(request)
+    store = feed_store(request)
+    topic = is_topic(request)
     queues = await store.list_queues(project, marker, limit, detailed)
     payload: dict[str, Any] = {
-        "queues": [
-            {"name": q.name, "href": _queue_href(q.name)}
-            | ({"metadata": _with_defaults(settings, q.metadata or {})} if detailed else {})
+        "topics" if topic else "queues": [
+            {"name": q.name, "href": feed_path(request, q.name)}
+            | ({"metadata": _with_defaults(settings, q.metadata or {}, topic)} if detailed else {})
             for q in queues
         ],
         "links": [],
@@ -204,7 +235,8 @@ async def list_queues(request: web.Request) -> web.Response:
             params["detailed"] = "true"
         if with_count:
             params["with_count"] = "true"
-        payload["links"] = [{"rel": "next", "href": "/v2/queues?" + urlencode(params)}]
+        base = TOPICS if topic else QUEUES
+        payload["links"] = [{"rel": "next", "href": f"{base}?{urlencode(params)}"}]
     if with_count:
         payload["count"] = await store.count_queues(project)
     return json_response(payload)
@@ -215,17 +247,19 @@ async def create_queue(request: web.Request) -> web.Response:
     queue = v.queue_name(request)
     v.metadata_length(request)
     metadata = v.queue_metadata(await read_body(request), _settings(request))
-    created = await _store(request).create_queue(project, queue, metadata)
+    created = await feed_store(request).create_queue(project, queue, metadata)
     # Like Zaqar, a PUT on an existing queue changes nothing (use PATCH).
-    return web.Response(status=201 if created else 204, headers={"Location": _queue_href(queue)})
+    return web.Response(
+        status=201 if created else 204, headers={"Location": feed_path(request, queue)}
+    )
 
 
 async def get_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     # Like Zaqar, a queue that does not exist shows the defaults (200).
-    metadata = await _store(request).get_queue_metadata(project, queue) or {}
-    return json_response(_with_defaults(_settings(request), metadata))
+    metadata = await feed_store(request).get_queue_metadata(project, queue) or {}
+    return json_response(_with_defaults(_settings(request), metadata, is_topic(request)))
 
 
 async def patch_queue(request: web.Request) -> web.Response:
@@ -238,39 +272,40 @@ async def patch_queue(request: web.Request) -> web.Response:
     def change(current: dict[str, Any]) -> dict[str, Any]:
         return v.checked_metadata(v.apply_patch(current, patch), settings)
 
-    updated = await _store(request).update_queue_metadata(project, queue, change)
-    return json_response(_with_defaults(settings, updated))
+    updated = await feed_store(request).update_queue_metadata(project, queue, change)
+    return json_response(_with_defaults(settings, updated, is_topic(request)))
 
 
 async def purge_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     if "messages" in v.purge_types(await read_body(request)):
-        await _store(request).purge_queue(project, queue)
+        await feed_store(request).purge_queue(project, queue)
     return web.Response(status=204)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    await _store(request).delete_queue(project, queue)
+    await feed_store(request).delete_queue(project, queue)
     return web.Response(status=204)
 
 
 async def get_queue_stats(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    stats = await _store(request).queue_stats(project, queue)
+    stats = await feed_store(request).queue_stats(project, queue)
     now = _now(request)
     messages: dict[str, Any] = {
         "claimed": stats.claimed,
         "free": stats.free,
         "total": stats.total,
     }
+    feed = feed_path(request, queue)
     if stats.oldest is not None:
-        messages["oldest"] = _summary_json(queue, stats.oldest, now)
+        messages["oldest"] = _summary_json(feed, stats.oldest, now)
     if stats.newest is not None:
-        messages["newest"] = _summary_json(queue, stats.newest, now)
+        messages["newest"] = _summary_json(feed, stats.newest, now)
     return json_response({"messages": messages})
 
 
@@ -282,12 +317,13 @@ async def post_messages(request: web.Request) -> web.Response:
     project, client = v.caller(request)
     queue = v.queue_name(request)
     idempotency_key = v.idempotency_key(request)
-    raw = await read_body(request)
+    v.post_length(request, settings)
+    raw = await read_body(request, v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
-    ids = await _store(request).post_messages(
+    ids = await feed_store(request).post_messages(
         project, queue, client, messages, len(raw), idempotency_key
     )
-    base = f"/v2/queues/{queue}/messages"
+    base = f"{feed_path(request, queue)}/messages"
     body = orjson.dumps({"resources": [f"{base}/{i}" for i in ids]})
     return web.Response(
         status=201,
@@ -303,18 +339,20 @@ async def get_messages(request: web.Request) -> web.Response:
     project, client = v.caller(request)
     queue = v.queue_name(request)
     query = request.query
-    store = _store(request)
+    store = feed_store(request)
     ids = v.id_list(query, "ids", settings.max_messages_per_page)
     now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
         if not found:
-            raise NotFound(f"No messages with ids {', '.join(ids)} in queue {queue}.")
-        return json_response({"messages": [message_json(queue, m, now) for m in found]})
+            kind = "topic" if is_topic(request) else "queue"
+            raise NotFound(f"No messages with ids {', '.join(ids)} in {kind} {queue}.")
+        feed = feed_path(request, queue)
+        return json_response({"messages": [message_json(feed, m, now) for m in found]})
 
     list_query = list_query_of(request, client)
     page = await store.list_messages(project, queue, list_query)
-    return page_response(queue, page, list_query, now)
+    return page_response(feed_path(request, queue), page, list_query, now)
 
 
 def list_query_of(request: web.Request, client: str) -> ListQuery:
@@ -337,18 +375,19 @@ def list_query_of(request: web.Request, client: str) -> ListQuery:
     )
 
 
-def page_response(queue: str, page: MessagePage, list_query: ListQuery, now: int) -> web.Response:
-    """A page of messages, with its next link (none when the page is empty)."""
+def page_response(feed: str, page: MessagePage, list_query: ListQuery, now: int) -> web.Response:
+    """A page of messages, with its next link (none when the page is empty);
+    feed is the queue's (or topic's) path."""
     links = []
     if page.next_marker is not None:
         params = {"marker": str(page.next_marker), "limit": str(list_query.limit)}
         for name in ("echo", "include_claimed", "include_delayed"):
             if getattr(list_query, name):
                 params[name] = "true"
-        href = f"/v2/queues/{queue}/messages?{urlencode(params)}"
+        href = f"{feed}/messages?{urlencode(params)}"
         links.append({"rel": "next", "href": href})
     payload = {
-        "messages": [message_json(queue, m, now) for m in page.messages],
+        "messages": [message_json(feed, m, now) for m in page.messages],
         "links": links,
     }
     return json_response(payload)
@@ -360,10 +399,10 @@ async def get_message(request: web.Request) -> web.Response:
     message_id = request.match_info["message_id"]
     found = []
     if v.is_id(message_id):
-        found = await _store(request).get_messages(project, queue, [message_id])
+        found = await feed_store(request).get_messages(project, queue, [message_id])
     if not found:
         raise MessageNotFound(message_id)
-    return json_response(message_json(queue, found[0], _now(request)))
+    return json_response(message_json(feed_path(request, queue), found[0], _now(request)))
 
 
 async def delete_message(request: web.Request) -> web.Response:
@@ -374,7 +413,7 @@ async def delete_message(request: web.Request) -> web.Response:
     # existing message with it is a 400 and deleting a missing one a 204.
     claim_id = request.query.get("claim_id") or None
     if v.is_id(message_id):
-        await _store(request).delete_message(project, queue, message_id, claim_id)
+        await feed_store(request).delete_message(project, queue, message_id, claim_id)
     return web.Response(status=204)
 
 
@@ -388,7 +427,7 @@ async def delete_messages(request: web.Request) -> web.Response:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
-        popped = await _store(request).pop_messages(project, queue, limit)
+        popped = await feed_store(request).pop_messages(project, queue, limit)
         now = _now(request)
         return json_response(
             {
@@ -400,7 +439,7 @@ async def delete_messages(request: web.Request) -> web.Response:
         )
     if ids is None:
         raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
-    await _store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])
+    await feed_store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])
     return web.Response(status=204)
 
 
@@ -424,14 +463,16 @@ async def post_claim(request: web.Request) -> web.Response:
     )
     seconds = v.wait_seconds(request.query)
     ttl, grace = v.claim_options(await read_body(request), settings)
-    store = _store(request)
+    store = feed_store(request)
     claim = await store.claim_messages(project, queue, ttl, grace, limit)
     if claim is None and seconds:
         claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
-    body = orjson.dumps({"messages": [message_json(queue, m, now) for m in claim.messages]})
+    body = orjson.dumps(
+        {"messages": [message_json(f"{QUEUES}/{queue}", m, now) for m in claim.messages]}
+    )
     return web.Response(
         status=201,
         body=body,
@@ -468,13 +509,13 @@ def _claim_id(request: web.Request) -> str:
 async def get_claim(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    claim = await _store(request).get_claim(project, queue, _claim_id(request))
+    claim = await feed_store(request).get_claim(project, queue, _claim_id(request))
     now = _now(request)
     return json_response(
         {
             "age": claim.age(now),
             "ttl": claim.ttl,
-            "messages": [message_json(queue, m, now) for m in claim.messages],
+            "messages": [message_json(f"{QUEUES}/{queue}", m, now) for m in claim.messages],
             "href": _claim_href(queue, claim.id),
         }
     )
@@ -489,7 +530,7 @@ async def patch_claim(request: web.Request) -> web.Response:
     if not raw.strip():
         raise BadRequest("Request body can not be empty")
     ttl, grace = v.claim_options(raw, settings)
-    await _store(request).renew_claim(project, queue, claim_id, ttl, grace)
+    await feed_store(request).renew_claim(project, queue, claim_id, ttl, grace)
     return web.Response(status=204)
 
 
@@ -498,5 +539,5 @@ async def delete_claim(request: web.Request) -> web.Response:
     queue = v.queue_name(request)
     claim_id = request.match_info["claim_id"]
     if v.is_id(claim_id):
-        await _store(request).release_claim(project, queue, claim_id)
+        await feed_store(request).release_claim(project, queue, claim_id)
     return web.Response(status=204)

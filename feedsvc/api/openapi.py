@@ -211,6 +211,14 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "maximum": s.max_message_ttl,
                 },
                 "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+                "_enable_encrypt_messages": {
+                    "type": ["boolean", "null"],
+                    **({} if s.message_encryption_key else {"enum": [False, None]}),
+                    "description": "Bodies posted from now on are stored encrypted "
+                    "(AES-256-GCM) and decrypted on every read. Only where the service "
+                    "has a --message-encryption-key (else true is a 400); a service "
+                    "without the key answers 500 for encrypted messages.",
+                },
             },
         },
         "QueueMetadataShown": {
@@ -437,7 +445,6 @@ def _responses(s: Settings) -> dict[str, Schema]:
         "Forbidden": error("The message is claimed and no claim_id was given."),
         "NotFound": error("No such resource (in this project and queue)."),
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
-        "PayloadTooLarge": error("The request body is larger than the post size limit."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
         "Unavailable": error(
             "Redis is unreachable, timed out, or too contended: try again later.",
@@ -603,7 +610,6 @@ def _errors(*statuses: str) -> dict[str, Schema]:
         "403": "Forbidden",
         "404": "NotFound",
         "409": "Conflict",
-        "413": "PayloadTooLarge",
         "415": "UnsupportedMediaType",
         "503": "Unavailable",
     }
@@ -789,13 +795,15 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 "Post messages (the queue is created on first post)",
                 {
                     "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
-                    **_errors("413"),
+                    **_errors(),
                 },
                 parameters=_common("Queue", "IdempotencyKey"),
                 body={
                     "required": True,
                     "description": f"At most {s.max_messages_post_size} bytes "
-                    "(refused with 413 while it streams in).",
+                    "and at most the queue's _max_messages_post_size: 400 otherwise, "
+                    "as in Zaqar (refused from Content-Length, or while a chunked "
+                    "body streams in).",
                     "content": {JSON: {"schema": _schema("NewMessages")}},
                 },
             ),
@@ -1065,6 +1073,57 @@ def _signed_urls(document: dict[str, Any]) -> None:
     }
 
 
+# What topic operations show instead of a queue's: topics have their own
+# names, their own list key, and only three reserved settings (no claims).
+TOPIC_REFS = {
+    "#/components/parameters/Queue": "#/components/parameters/Topic",
+    "#/components/schemas/QueueMetadataShown": "#/components/schemas/TopicMetadataShown",
+    "#/components/schemas/QueueList": "#/components/schemas/TopicList",
+}
+TOPIC_RESERVED = ("_max_messages_post_size", "_default_message_ttl", "_default_message_delay")
+
+
+def _as_topic(node: Any) -> Any:
+    """A queue operation's description, made a topic's."""
+    if isinstance(node, dict):
+        out = {k: _as_topic(value) for k, value in node.items()}
+        if isinstance(out.get("$ref"), str):
+            out["$ref"] = TOPIC_REFS.get(out["$ref"], out["$ref"])
+        operation_id = out.get("operationId")
+        if isinstance(operation_id, str):
+            topical = operation_id.replace("Queue", "Topic")
+            out["operationId"] = topical if topical != operation_id else operation_id + "InTopic"
+        for text in ("summary", "description"):
+            if isinstance(out.get(text), str):
+                out[text] = out[text].replace("queue", "topic").replace("Queue", "Topic")
+        return out
+    if isinstance(node, list):
+        return [_as_topic(item) for item in node]
+    return node
+
+
+def _topics(document: dict[str, Any]) -> None:
+    """/v2/topics: the queue operations on topics, without claims (or share)."""
+    components = document["components"]
+    topic = dict(components["parameters"]["Queue"])
+    topic |= {"name": "topic", "description": topic["description"].replace("Queue", "Topic")}
+    components["parameters"]["Topic"] = topic
+    components["schemas"]["TopicMetadataShown"] = {
+        "allOf": [_schema("QueueMetadata")],
+        "required": list(TOPIC_RESERVED),
+    }
+    components["schemas"]["TopicList"] = _as_topic(components["schemas"]["QueueList"])
+    listed = components["schemas"]["TopicList"]
+    listed["properties"]["topics"] = listed["properties"].pop("queues")
+    listed["required"] = ["topics" if r == "queues" else r for r in listed["required"]]
+    for path, item in list(document["paths"].items()):
+        if path == "/v2/queues" or (
+            path.startswith("/v2/queues/{queue}") and "/claims" not in path
+        ):
+            topical = path.replace("/v2/queues/{queue}", "/v2/topics/{topic}")
+            document["paths"][topical.replace("/v2/queues", "/v2/topics")] = _as_topic(item)
+
+
 def openapi_document(settings: Settings) -> dict[str, Any]:
     """The OpenAPI description of the service as configured by ``settings``."""
     document: dict[str, Any] = {
@@ -1085,6 +1144,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "responses": _responses(settings),
         },
     }
+    _topics(document)
     _signed_urls(document)
     if settings.auth_tokens():
         _require_tokens(document)

@@ -9,6 +9,9 @@ from feedsvc.api import console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
 
 QUEUE = "/v2/queues/{queue}"
+# A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
+# without claims, as in Zaqar. Its subscriptions come with queues' ones.
+TOPIC = "/v2/topics/{topic}"
 
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/", h.get_versions),
@@ -34,6 +37,18 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
+    ("GET", "/v2/topics", h.list_queues),
+    ("PUT", TOPIC, h.create_queue),
+    ("GET", TOPIC, h.get_queue),
+    ("PATCH", TOPIC, h.patch_queue),
+    ("DELETE", TOPIC, h.delete_queue),
+    ("POST", TOPIC + "/purge", h.purge_queue),
+    ("GET", TOPIC + "/stats", h.get_queue_stats),
+    ("POST", TOPIC + "/messages", h.post_messages),
+    ("GET", TOPIC + "/messages", streams.get_messages),
+    ("DELETE", TOPIC + "/messages", h.delete_messages),
+    ("GET", TOPIC + "/messages/{message_id}", h.get_message),
+    ("DELETE", TOPIC + "/messages/{message_id}", h.delete_message),
 ]
 
 

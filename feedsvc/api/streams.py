@@ -29,10 +29,10 @@ from feedsvc.api import validation as v
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
-from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
-from feedsvc.live import PAGE, Batch, Filters, Follower, Waiter
+from feedsvc.live import PAGE, Batch, Filters, Follower, LiveFeeds, Waiter
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
 EVENT_STREAM = "text/event-stream"
@@ -52,12 +52,18 @@ async def get_messages(request: web.Request) -> web.StreamResponse:
     list_query = h.list_query_of(request, client)
     _room_for_a_follower(request)
     page = await long_poll(request, project, queue, list_query, seconds)
-    return h.page_response(queue, page, list_query, request.app[CLOCK].now_ms())
+    feed = h.feed_path(request, queue)
+    return h.page_response(feed, page, list_query, request.app[CLOCK].now_ms())
+
+
+def _live(request: web.Request) -> LiveFeeds:
+    """The live followers of queues, or of topics on a topic route."""
+    return request.app[TOPIC_LIVE] if h.is_topic(request) else request.app[LIVE]
 
 
 def _room_for_a_follower(request: web.Request) -> None:
     """503 beyond --max-followers streams and long polls in this process."""
-    followers = request.app[LIVE].followers
+    followers = request.app[LIVE].followers + request.app[TOPIC_LIVE].followers
     if followers >= request.app[SETTINGS].max_followers:
         raise TooManyFollowers(
             f"This process follows {followers} streams and long polls already; retry."
@@ -85,7 +91,7 @@ async def long_poll(
     """A list page; if it would be empty, wait up to seconds for one that is not."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    store = request.app[STORE]
+    store = h.feed_store(request)
     if query.include_delayed:  # the shared tail skips delayed messages: read alone
         async with store.follow(project, queue) as follow:
             while True:
@@ -95,7 +101,7 @@ async def long_poll(
                 if page.messages or follow.ended or remaining <= 0:
                     return page
                 await follow.wait(token, remaining)
-    live = request.app[LIVE]
+    live = _live(request)
     waiter = Waiter(query.marker, Filters(query.client_id, query.echo, query.include_claimed))
     async with live.follower(project, queue, waiter), _hung_up(request, waiter.hang_up):
         messages = await live.catch_up(project, queue, waiter, query.limit)
@@ -116,8 +122,8 @@ async def _hung_up(request: web.Request, hang_up: Callable[[], None]) -> AsyncIt
         yield
 
 
-def _event(queue: str, message: Message, now: int) -> bytes:
-    data = orjson.dumps(message_json(queue, message, now))
+def _event(feed: str, message: Message, now: int) -> bytes:
+    data = orjson.dumps(message_json(feed, message, now))
     return b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
 
 
@@ -132,14 +138,14 @@ class Stream(Follower):
     A client that lets more than ``limit`` bytes pile up unsent is cut off
     (``dropped``); it resumes from its last event id."""
 
-    __slots__ = ("_clock", "_limit", "_pending", "_queue", "_transport", "_writer", "dropped")
+    __slots__ = ("_clock", "_feed", "_limit", "_pending", "_transport", "_writer", "dropped")
 
     def __init__(
-        self, position: int | None, filters: Filters, queue: str, clock: Clock, limit: int
+        self, position: int | None, filters: Filters, feed: str, clock: Clock, limit: int
     ) -> None:
         super().__init__(position, filters)
         self.dropped = False
-        self._queue = queue
+        self._feed = feed  # a queue's name, or the topic route's
         self._clock = clock
         self._limit = limit
         self._writer: AbstractStreamWriter | None = None
@@ -176,7 +182,7 @@ class Stream(Follower):
             key = (message.id, message.claim_id)
             event = batch.encoded.get(key)
             if event is None:
-                event = batch.encoded[key] = _event(self._queue, message, now)
+                event = batch.encoded[key] = _event(self._feed, message, now)
             parts.append(event)
         data = b"".join(parts)
         if whole:
@@ -209,7 +215,8 @@ async def stream_messages(
     request: web.Request, project: str, client: str, queue: str
 ) -> web.StreamResponse:
     settings = request.app[SETTINGS]
-    live = request.app[LIVE]
+    live = _live(request)
+    feed = h.feed_path(request, queue)  # what the events' hrefs name
     position = last_event_id(request)
     filters = Filters(
         client, v.flag(request.query, "echo"), v.flag(request.query, "include_claimed")
@@ -217,7 +224,7 @@ async def stream_messages(
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
-    stream = Stream(position, filters, queue, request.app[CLOCK], settings.stream_buffer_kib * 1024)
+    stream = Stream(position, filters, feed, request.app[CLOCK], settings.stream_buffer_kib * 1024)
     response = web.StreamResponse(
         headers={
             "Content-Type": EVENT_STREAM,
@@ -236,7 +243,7 @@ async def stream_messages(
             await response.write(b"retry: %d\n\n" % settings.stream_retry)
             while backlog:
                 now = request.app[CLOCK].now_ms()
-                await response.write(b"".join(_event(queue, m, now) for m in backlog))
+                await response.write(b"".join(_event(feed, m, now) for m in backlog))
                 if loop.time() >= ends_at:
                     return response
                 backlog = await live.catch_up(project, queue, stream, PAGE)

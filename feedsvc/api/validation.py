@@ -22,10 +22,11 @@ from feedsvc.errors import (
     BadRequest,
     Conflict,
     InvalidContentType,
+    PostTooLarge,
     Unauthorized,
     UnsupportedMediaType,
 )
-from feedsvc.storage.base import NewMessage
+from feedsvc.storage.base import ENCRYPT_MESSAGES, NewMessage
 
 # "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
 # a URL path, so such a queue could be made but never reached.
@@ -137,12 +138,14 @@ def idempotency_key(request: web.Request) -> str | None:
 
 
 def queue_name(request: web.Request) -> str:
-    name = request.match_info["queue"]
+    """The queue's (or, on a topic route, the topic's) name: the same rule."""
+    kind = "topic" if "topic" in request.match_info else "queue"
+    name = request.match_info[kind]
     if not QUEUE_NAME.match(name):
         raise BadRequest(
-            "Queue names may not be more than 64 characters long and may only "
-            "contain ASCII letters, digits, underscores, dots and dashes; "
-            '"." and ".." are not queue names.'
+            f"{kind.capitalize()} names may not be more than 64 characters long and may "
+            "only contain ASCII letters, digits, underscores, dots and dashes; "
+            f'"." and ".." are not {kind} names.'
         )
     return name
 
@@ -397,6 +400,21 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
     return out
 
 
+def post_too_large(settings: Settings) -> PostTooLarge:
+    """A message post over the service's size limit, in Zaqar's words."""
+    limit = settings.max_messages_post_size
+    return PostTooLarge(f"Message collection size is too large. Max size: {limit}")
+
+
+def post_length(request: web.Request, settings: Settings) -> None:
+    """A message post's declared length, checked before its body is read
+    (a chunked body is measured while it streams in: see ``read_body``)."""
+    if request.content_length is not None and (
+        request.content_length > settings.max_messages_post_size
+    ):
+        raise post_too_large(settings)
+
+
 MAX_METADATA_SIZE = 65536
 JSON_PATCH = "application/openstack-messaging-v2.0-json-patch"
 
@@ -461,6 +479,16 @@ def checked_metadata(
     dlq = metadata.get("_dead_letter_queue")
     if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
         raise BadRequest("_dead_letter_queue must be a queue name.")
+    encrypt = metadata.get(ENCRYPT_MESSAGES)
+    if encrypt is not None and not isinstance(encrypt, bool):
+        raise BadRequest(f"{ENCRYPT_MESSAGES} must be boolean.")
+    if encrypt and settings.message_encryption_key is None:
+        # Zaqar would encrypt under its default key ("AES256"): a promise of
+        # secrecy it cannot keep. Say so instead.
+        raise BadRequest(
+            f"This service has no message encryption key: {ENCRYPT_MESSAGES} "
+            "cannot be true (the operator sets --message-encryption-key)."
+        )
     return metadata
 
 

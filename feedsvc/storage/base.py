@@ -9,7 +9,8 @@ into the Lua scripts too)::
     fs:p:{P}:queues      zset    the project's queue names, score 0 (lex order)
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
-                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps
+                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps,
+                                 enc ("1": bodies are posted sealed)
     Q:seq                string  last sequence number given to a message; starts
                                  at the creation time in microseconds, so a
                                  re-created queue never reuses old markers
@@ -17,7 +18,9 @@ into the Lua scripts too)::
     Q:exp                zset    message id -> expires ms (GC, live counts)
     Q:claimed            zset    message id -> claim expires ms
     Q:claims             zset    claim id -> claim expires ms
-    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim),
+    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim; or,
+                                 in an encrypted queue, sealed.MAGIC + nonce +
+                                 AES-256-GCM of them),
                                  t = ttl s, c = created ms, e = expires ms,
                                  u = client id, s = seq (set when indexed),
                                  d = due ms (delay), k = claim id,
@@ -26,6 +29,10 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+
+A topic (``FeedStore.topics()``) has exactly these keys and records under
+``fs:t:{<escaped project>/<topic>}``, and its names in ``fs:p:{P}:topics``
+(see ``keys.FeedSpace``): a topic and a queue of one name share no key.
 
 Invariants, kept by both drivers:
 
@@ -58,15 +65,19 @@ RESERVED_FIELDS = {
     "_max_claim_count": "mcc",
     "_dead_letter_queue": "dlq",
     "_dead_letter_queue_messages_ttl": "dlqttl",
+    # message bodies encrypted at rest (see sealing.py): "1" when true
+    "_enable_encrypt_messages": "enc",
 }
+ENCRYPT_MESSAGES = "_enable_encrypt_messages"
 
 
 def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
-    """The Q:q fields for the reserved settings that metadata sets."""
+    """The Q:q fields for the reserved settings that metadata sets (a flag
+    that is false sets none)."""
     return {
-        field: str(metadata[name])
+        field: "1" if value is True else str(value)
         for name, field in RESERVED_FIELDS.items()
-        if metadata.get(name) is not None
+        if (value := metadata.get(name)) is not None and value is not False
     }
 
 
@@ -214,6 +225,14 @@ class FeedStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def topics(self) -> FeedStore:
+        """The same store on the project's topics (Zaqar's /v2/topics): every
+        operation below works on a topic as on a queue, with the same records
+        and guarantees, in a namespace of its own (a topic and a queue of one
+        name never share a key). Topics are not claimed (Zaqar has no topic
+        claims), but nothing here forbids it; the HTTP layer offers no route."""
+        ...
+
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         """Create the queue if missing (True) or leave it as it is (False)."""
         ...
@@ -247,7 +266,7 @@ class FeedStore(Protocol):
     ) -> list[str]:
         """Store and index the messages in order; the queue is created if needed.
 
-        PayloadTooLarge if request_size exceeds the queue's _max_messages_post_size.
+        PostTooLarge if request_size exceeds the queue's _max_messages_post_size.
         With an idempotency key this client already used on this queue within
         the idempotency window, nothing is written and the first post's ids
         are returned.

@@ -19,23 +19,25 @@ from feedsvc.errors import ClaimNotFound, Unavailable
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import FeedSpace, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.sealing import BodySealer, reveal
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
 T = TypeVar("T")
 
 
-class ClaimUpkeep:
+class ClaimUpkeep(FeedSpace):
     """Mixed into RedisStore: everything a claim needs after it was made."""
 
     _transport: Transport
     _settings: Settings
     _clock: Clock
+    _sealer: BodySealer
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         fields = (r.TTL, r.GRACE, r.CREATED, r.CLAIM_EXPIRES, r.HELD)
         [row] = await self._transport.call_checked([("HMGET", keys.claim(claim_id), *fields)])
@@ -50,7 +52,7 @@ class ClaimUpkeep:
         )
         found = (r.live_message(i, row, now) for i, row in zip(held, rows, strict=True))
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
-        return Claim(claim_id, int(ttl), int(grace), int(created), messages)
+        return Claim(claim_id, int(ttl), int(grace), int(created), reveal(self._sealer, messages))
 
     async def _claim_transaction(
         self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]
@@ -75,7 +77,7 @@ class ClaimUpkeep:
     async def renew_claim(
         self, project: str, queue: str, claim_id: str, ttl: int, grace: int
     ) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         claim_expires = now + ttl * 1000
 
@@ -112,7 +114,7 @@ class ClaimUpkeep:
             raise ClaimNotFound(claim_id)
 
     async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan_for(held: list[str]) -> Plan[None]:
             def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -158,7 +160,7 @@ class ClaimUpkeep:
         """
         if not parked:
             return
-        source, target = QueueKeys.of(project, queue), QueueKeys.of(project, dlq)
+        source, target = self._keys(project, queue), self._keys(project, dlq)
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -210,7 +212,7 @@ class ClaimUpkeep:
                 [("HGET", source.message(m.id), r.CLAIM) for m in parked],
                 forget,
             )
-            await transport.call_checked([("ZADD", registry_key(project), 0, dlq)])
+            await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])
         except Unavailable as exc:
             log.warning(
                 "dead-lettering %d message(s) of %s to %s is left for a later claim: %s",

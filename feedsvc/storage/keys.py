@@ -18,8 +18,16 @@ escaping.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 NAMESPACE = "fs"
+
+#: What a feed is: a queue, or a topic (Zaqar's /v2/topics). Both have the
+#: same keys and records; a topic's keys live under ``fs:t:`` and its names
+#: in a registry of their own, so a topic and a queue of the same name in
+#: one project never share a key.
+Kind = Literal["queue", "topic"]
+KIND_PREFIX: dict[Kind, str] = {"queue": "", "topic": "t:"}
 
 META_SUFFIX = ":q"
 FEED_SUFFIX = ":feed"  # a shard channel, not a key: notifications for followers
@@ -32,9 +40,9 @@ def escape_project(project: str) -> str:
     return project.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace("/", "%2F")
 
 
-def registry_key(project: str) -> str:
-    """Sorted set of a project's queue names (score 0, ordered by name)."""
-    return f"{NAMESPACE}:p:{{{escape_project(project)}}}:queues"
+def registry_key(project: str, kind: Kind = "queue") -> str:
+    """Sorted set of a project's queue (or topic) names (score 0, ordered by name)."""
+    return f"{NAMESPACE}:p:{{{escape_project(project)}}}:{kind}s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +52,8 @@ class QueueKeys:
     prefix: str
 
     @classmethod
-    def of(cls, project: str, queue: str) -> QueueKeys:
-        return cls(f"{NAMESPACE}:{{{escape_project(project)}/{queue}}}")
+    def of(cls, project: str, queue: str, kind: Kind = "queue") -> QueueKeys:
+        return cls(f"{NAMESPACE}:{KIND_PREFIX[kind]}{{{escape_project(project)}/{queue}}}")
 
     @property
     def meta(self) -> str:
@@ -97,3 +105,22 @@ class QueueKeys:
             self.claimed,
             self.claims,
         ]
+
+
+class FeedSpace:
+    """The key names of one kind of feed, for the stores (mixed into them):
+    a store's topic view (``FeedStore.topics()``) is the same store with
+    ``_kind = "topic"``, so every operation is written once for both."""
+
+    _kind: Kind = "queue"
+
+    def _keys(self, project: str, name: str) -> QueueKeys:
+        return QueueKeys.of(project, name, self._kind)
+
+    def _registry(self, project: str) -> str:
+        return registry_key(project, self._kind)
+
+    @property
+    def _noun(self) -> str:
+        """What error messages call the feed: "Queue" or "Topic"."""
+        return self._kind.capitalize()

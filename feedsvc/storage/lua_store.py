@@ -19,7 +19,6 @@ from redis.exceptions import NoScriptError
 from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
-    PayloadTooLarge,
     StorageUnavailable,
     Unavailable,
 )
@@ -33,9 +32,9 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
+from feedsvc.storage.sealing import MustSeal
 
 log = logging.getLogger("feedsvc")
 
@@ -99,40 +98,41 @@ class LuaStore(RedisStore):
         return reply
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         script = load_script("create_queue")
         fixed = keys.fixed()
         args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
         args += [item for pair in reserved_fields(metadata).items() for item in pair]
         replies = await self._transport.call(
             [
-                ("ZADD", registry_key(project), 0, queue),
+                ("ZADD", self._registry(project), 0, queue),
                 ("EVALSHA", script.sha, len(fixed), *fixed, *args),
             ]
         )
         return bool(await self._script_reply(script, fixed, args, replies[-1]))
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        keys = QueueKeys.of(project, queue)
-        await self._transport.call_checked([("ZREM", registry_key(project), queue)])
+        keys = self._keys(project, queue)
+        await self._transport.call_checked([("ZREM", self._registry(project), queue)])
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "0"]):
             pass
 
     async def purge_queue(self, project: str, queue: str) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "1"]):
             pass
 
-    async def post_messages(
+    async def _post(
         self,
         project: str,
         queue: str,
         client_id: str,
         messages: list[NewMessage],
-        request_size: int = 0,
-        idempotency_key: str | None = None,
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
     ) -> list[str]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         script = load_script("post")
         ids = [new_id() for _ in messages]
         settings = self._settings
@@ -146,6 +146,7 @@ class LuaStore(RedisStore):
             token,
         ]
         args.append(settings.idempotency_window * 1000)
+        args.append(_flag(sealed))
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
@@ -160,7 +161,7 @@ class LuaStore(RedisStore):
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
             ]
-        commands.append(("ZADD", registry_key(project), 0, queue))
+        commands.append(("ZADD", self._registry(project), 0, queue))
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
         replies = await self._transport.call(commands)
         async with self._transport.errors():
@@ -170,14 +171,16 @@ class LuaStore(RedisStore):
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]
+        if seqs and seqs[0] == b"seal":
+            raise MustSeal
         if seqs and seqs[0] == b"toolarge":
-            raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(seqs[1])} bytes.")
+            raise self._too_large(queue, seqs[1])
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         args = [
             self._clock.now_ms(),
             "" if query.marker is None else query.marker,
@@ -189,12 +192,13 @@ class LuaStore(RedisStore):
             self._settings.scan_limit,
         ]
         script = load_script("list")  # reads only: may be sent again
-        return r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
+        page = r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
+        return self._reveal_page(page)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         all_keys = [*keys.fixed(), keys.message(message_id)]
         args = [self._clock.now_ms(), claim_id or "", "1", message_id]
         outcome = await self._script(load_script("delete"), all_keys, args)
@@ -208,7 +212,7 @@ class LuaStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         unique = list(dict.fromkeys(ids))
         all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
         now = self._clock.now_ms()
@@ -217,7 +221,7 @@ class LuaStore(RedisStore):
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         claim_id = new_id()
         script = load_script("claim")
         for _ in range(self._settings.watch_retries):
@@ -238,9 +242,9 @@ class LuaStore(RedisStore):
         claim, parked = r.claim_reply(out, claim_id, ttl, grace, now)
         if parked:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return claim
+        return self._reveal_claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
-        return r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args))
+        return self._reveal(r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args)))

@@ -56,8 +56,9 @@ MAX_POST_SIZE: Final = RESERVED_FIELDS["_max_messages_post_size"]
 MAX_CLAIMS: Final = RESERVED_FIELDS["_max_claim_count"]
 DEAD_LETTER_QUEUE: Final = RESERVED_FIELDS["_dead_letter_queue"]
 DEAD_LETTER_TTL: Final = RESERVED_FIELDS["_dead_letter_queue_messages_ttl"]
+ENCRYPTED: Final = RESERVED_FIELDS["_enable_encrypt_messages"]  # "1": post bodies sealed
 DEAD_LETTER_SETTINGS: Final = (MAX_CLAIMS, DEAD_LETTER_QUEUE, DEAD_LETTER_TTL)
-POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE)
+POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED)
 
 # The fields read for a message, in this order, wherever Python reads one.
 ROW: Final = (BODY, TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
@@ -82,6 +83,7 @@ LUA_NAMES: Final = {
     "F_MAX_CLAIMS": MAX_CLAIMS,
     "F_DEAD_LETTER_QUEUE": DEAD_LETTER_QUEUE,
     "F_DEAD_LETTER_TTL": DEAD_LETTER_TTL,
+    "F_ENCRYPTED": ENCRYPTED,
     # and the key suffixes of keys.py, which scripts build keys with
     "S_META": META_SUFFIX,
     "S_MESSAGE": MESSAGE_INFIX,

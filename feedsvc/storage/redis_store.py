@@ -10,24 +10,30 @@ records only through ``record.py``, and takes the time from its clock.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import QueueNotFound
+from feedsvc.errors import PostTooLarge, QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
+    ENCRYPT_MESSAGES,
     RESERVED_FIELDS,
+    Claim,
     Follow,
     Message,
+    MessagePage,
     MessageSummary,
+    NewMessage,
     QueueInfo,
     QueueStats,
     StoreCounters,
@@ -35,10 +41,18 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
+
+#: How long (ms) a process trusts what it last learned of a queue's
+#: encryption before reading it again. The post script checks it anyway;
+#: this only spares a plain body a trip to Redis when the queue was made
+#: encrypted meanwhile (see ``RedisStore.post_messages``).
+SEALING_MEMORY_MS = 1000
+SEALING_MEMORY_SIZE = 10000
 
 
 def new_id() -> str:
@@ -60,6 +74,21 @@ class RedisStore(ClaimUpkeep):
         self._transport = transport
         self._settings = settings
         self._clock = clock
+        self._sealer = BodySealer(settings.message_encryption_key)
+        # queue prefix -> (bodies are sealed, learned at ms)
+        self._sealing: dict[str, tuple[bool, int]] = {}
+        self._topic_view: Self | None = None
+
+    def topics(self) -> Self:
+        """This store on the project's topics: the same operations and records
+        under the topic namespace (see ``keys.FeedSpace``)."""
+        if self._kind == "topic":
+            return self
+        if self._topic_view is None:
+            view = copy.copy(self)
+            view._kind = "topic"
+            self._topic_view = view
+        return self._topic_view
 
     @property
     def counters(self) -> StoreCounters:
@@ -69,7 +98,7 @@ class RedisStore(ClaimUpkeep):
         self._transport.open()
 
     def follow(self, project: str, queue: str) -> AbstractAsyncContextManager[Follow]:
-        return self._transport.notifier.follow(QueueKeys.of(project, queue).feed)
+        return self._transport.notifier.follow(self._keys(project, queue).feed)
 
     async def ping(self) -> None:
         await self._transport.ping()
@@ -90,14 +119,14 @@ class RedisStore(ClaimUpkeep):
         with those reads; on a cluster the registry lives in another slot, so
         it is sent by itself first and a PING keeps its place among the reads.
         """
-        add: Command = ("ZADD", registry_key(project), 0, queue)
+        add: Command = ("ZADD", self._registry(project), 0, queue)
         if not self._transport.cluster:
             return add
         await self._transport.call_checked([add])
         return ("PING",)
 
     async def get_queue_metadata(self, project: str, queue: str) -> dict[str, Any] | None:
-        meta = QueueKeys.of(project, queue).meta
+        meta = self._keys(project, queue).meta
         [(created, raw)] = await self._transport.call_checked(
             [("HMGET", meta, r.CREATED, r.METADATA)]
         )
@@ -116,13 +145,13 @@ class RedisStore(ClaimUpkeep):
         while len(out) < limit:
             want = limit - len(out)
             [names] = await self._transport.call_checked(
-                [("ZRANGEBYLEX", registry_key(project), start, "+", "LIMIT", 0, want)]
+                [("ZRANGEBYLEX", self._registry(project), start, "+", "LIMIT", 0, want)]
             )
             if not names:
                 break
             rows = await self._transport.call_checked(
                 [
-                    ("HMGET", QueueKeys.of(project, r.text(raw)).meta, r.CREATED, r.METADATA)
+                    ("HMGET", self._keys(project, r.text(raw)).meta, r.CREATED, r.METADATA)
                     for raw in names
                 ]
             )
@@ -137,11 +166,11 @@ class RedisStore(ClaimUpkeep):
         return out
 
     async def count_queues(self, project: str) -> int:
-        [count] = await self._transport.call_checked([("ZCARD", registry_key(project))])
+        [count] = await self._transport.call_checked([("ZCARD", self._registry(project))])
         return int(count)
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         total, claimed = await self._transport.call_checked(
             [
@@ -181,7 +210,7 @@ class RedisStore(ClaimUpkeep):
             batch = min(batch * 4, 1024)
 
     async def get_messages(self, project: str, queue: str, ids: list[str]) -> list[Message]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return []
@@ -190,7 +219,88 @@ class RedisStore(ClaimUpkeep):
             [("HMGET", keys.message(i), *r.ROW) for i in wanted]
         )
         found = (r.live_message(i, row, now) for i, row in zip(wanted, rows, strict=True))
-        return [m for m in found if m is not None]
+        return self._reveal([m for m in found if m is not None])
+
+    # -- encrypted queues (see sealing.py) ------------------------------------
+
+    async def post_messages(
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int = 0,
+        idempotency_key: str | None = None,
+    ) -> list[str]:
+        """Post, sealing the bodies if the queue is encrypted.
+
+        Whether it is comes from what this process last learned (at most
+        SEALING_MEMORY_MS old), else from one read of the queue hash. The
+        driver's write checks it again atomically (post.lua, or the WATCHed
+        queue hash) and writes nothing but MustSeal if the queue asks for
+        sealed bodies and these are not: then they are sealed and sent again.
+        So a plain body is never indexed in an encrypted queue; it reaches
+        Redis at all (and is deleted by the same script) only when another
+        process made the queue encrypted in the last second.
+        """
+        keys = self._keys(project, queue)
+        sealed = await self._seals(keys)
+        for _ in range(2):
+            batch = [
+                dataclasses.replace(m, body=self._sealer.seal(m.body)) if sealed else m
+                for m in messages
+            ]
+            try:
+                return await self._post(
+                    project, queue, client_id, batch, request_size, idempotency_key, sealed
+                )
+            except MustSeal:
+                self._learn_sealing(keys, True)
+                sealed = True
+        raise AssertionError("a post of sealed bodies cannot need sealing")
+
+    async def _post(
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
+    ) -> list[str]:
+        """The driver's post; MustSeal if the queue is encrypted and not sealed."""
+        raise NotImplementedError
+
+    def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
+        """A post over the queue's own _max_messages_post_size (limit, as read)."""
+        return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
+
+    async def _seals(self, keys: QueueKeys) -> bool:
+        now = self._clock.now_ms()
+        known = self._sealing.get(keys.prefix)
+        if known is not None and now - known[1] < SEALING_MEMORY_MS:
+            return known[0]
+        [flag] = await self._transport.call_checked([("HGET", keys.meta, r.ENCRYPTED)])
+        return self._learn_sealing(keys, flag == b"1")
+
+    def _learn_sealing(self, keys: QueueKeys, sealed: bool) -> bool:
+        if len(self._sealing) >= SEALING_MEMORY_SIZE:
+            self._sealing.clear()
+        self._sealing[keys.prefix] = (sealed, self._clock.now_ms())
+        return sealed
+
+    def _reveal(self, messages: list[Message]) -> list[Message]:
+        """The messages with their bodies as posted (sealed ones opened)."""
+        return reveal(self._sealer, messages)
+
+    def _reveal_page(self, page: MessagePage) -> MessagePage:
+        return dataclasses.replace(page, messages=self._reveal(page.messages))
+
+    def _reveal_claim(self, claim: Claim | None) -> Claim | None:
+        if claim is None:
+            return None
+        return dataclasses.replace(claim, messages=self._reveal(claim.messages))
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua
@@ -202,7 +312,7 @@ class RedisStore(ClaimUpkeep):
         queue: str,
         change: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> dict[str, Any]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, dict[str, Any] | None]:
             created, raw = replies[0]
@@ -221,5 +331,6 @@ class RedisStore(ClaimUpkeep):
         reads: list[Command] = [("HMGET", keys.meta, r.CREATED, r.METADATA)]
         result = await self._transport.optimistic([keys.meta], reads, plan)
         if result is None:
-            raise QueueNotFound(queue)
+            raise QueueNotFound(queue, self._noun)
+        self._learn_sealing(keys, result.get(ENCRYPT_MESSAGES) is True)
         return result

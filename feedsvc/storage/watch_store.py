@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed, PayloadTooLarge
+from feedsvc.errors import InvalidClaim, MessageIsClaimed
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -28,9 +28,10 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
+from feedsvc.storage.sealing import require_sealed
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -51,7 +52,7 @@ class WatchStore(RedisStore):
     name = "watch"
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
@@ -66,11 +67,11 @@ class WatchStore(RedisStore):
         return await self._transport.optimistic([keys.meta], reads, plan)
 
     async def delete_queue(self, project: str, queue: str) -> None:
-        await self._transport.call_checked([("ZREM", registry_key(project), queue)])
-        await self._drop(QueueKeys.of(project, queue), keep_queue=False)
+        await self._transport.call_checked([("ZREM", self._registry(project), queue)])
+        await self._drop(self._keys(project, queue), keep_queue=False)
 
     async def purge_queue(self, project: str, queue: str) -> None:
-        await self._drop(QueueKeys.of(project, queue), keep_queue=True)
+        await self._drop(self._keys(project, queue), keep_queue=True)
 
     async def _drop(self, keys: QueueKeys, keep_queue: bool) -> None:
         """Delete messages and claims in batches, then the queue's own keys."""
@@ -94,23 +95,25 @@ class WatchStore(RedisStore):
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
 
-    async def post_messages(
+    async def _post(
         self,
         project: str,
         queue: str,
         client_id: str,
         messages: list[NewMessage],
-        request_size: int = 0,
-        idempotency_key: str | None = None,
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
     ) -> list[str]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         ids = [new_id() for _ in messages]
         settings = self._settings
         now = self._clock.now_ms()
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
-            _, last, exists, (dttl, ddelay, mps), dead = replies[:5]
+            _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
+            require_sealed(encrypted, sealed)
             forget: list[Any] = []
             if token is not None:
                 seen, sample = replies[5], replies[6]
@@ -124,7 +127,7 @@ class WatchStore(RedisStore):
                     if int(r.text(value).split()[0]) <= now
                 ]
             if mps is not None and request_size > int(mps):
-                raise PayloadTooLarge(f"Queue {queue} accepts posts of at most {int(mps)} bytes.")
+                raise self._too_large(queue, mps)
             default_ttl = int(dttl or settings.default_message_ttl)
             default_delay = int(ddelay or 0)
             seq = int(last) if last is not None else now * 1000
@@ -171,7 +174,7 @@ class WatchStore(RedisStore):
         return await self._transport.optimistic(watch, reads, plan)
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         now = self._clock.now_ms()
         scan_limit = self._settings.scan_limit
         found: list[Message] = []
@@ -210,12 +213,12 @@ class WatchStore(RedisStore):
             start = f"({last}"
             chunk = min(chunk * 2, 512)
         next_marker = last if (found or scanned >= scan_limit) else None
-        return MessagePage(found, next_marker)
+        return self._reveal_page(MessagePage(found, next_marker))
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         key = keys.message(message_id)
         now = self._clock.now_ms()
 
@@ -241,7 +244,7 @@ class WatchStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
 
     async def _free_candidates(
@@ -304,7 +307,7 @@ class WatchStore(RedisStore):
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | None:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
         claim_id = new_id()
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, int | None]:
@@ -323,10 +326,10 @@ class WatchStore(RedisStore):
         claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return claim  # type: ignore[no-any-return]
+        return self._reveal_claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
-        keys = QueueKeys.of(project, queue)
+        keys = self._keys(project, queue)
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
@@ -344,7 +347,7 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._take(keys, limit, plan_for)
-        return [] if popped is None else popped
+        return [] if popped is None else self._reveal(popped)
 
 
 def _claim_plan(

@@ -1,0 +1,284 @@
+"""Encrypted queues (``_enable_encrypt_messages``): bodies sealed at rest in
+Redis, opened on every read, on both drivers, one server and a Cluster."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
+from feedsvc.errors import EncryptionUnavailable
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.sealing import MAGIC
+from tests.conftest import direct_client, make_settings
+
+KEY = "correct horse battery staple, twice"
+OTHER_KEY = "another key of at least sixteen characters"
+WRITER = str(uuid.uuid4())
+READER = str(uuid.uuid4())
+SECRET = {"card": "4111 1111 1111 1111", "note": "não é público"}
+ENCRYPTED = {"_enable_encrypt_messages": True}
+
+StoreMaker = Callable[[str | None], AbstractAsyncContextManager[FeedStore]]
+
+
+@pytest.fixture
+def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
+    """Open a store of the driver under test with the given key (None: none)."""
+
+    @asynccontextmanager
+    async def opened(key: str | None) -> AsyncIterator[FeedStore]:
+        settings = make_settings(redis_url, driver=driver, message_encryption_key=key)
+        feed = make_store(settings, clock)
+        await feed.open()
+        try:
+            yield feed
+        finally:
+            await feed.close()
+
+    return opened
+
+
+async def raw_body(redis_url: str, project: str, queue: str, message_id: str) -> bytes:
+    """The body field of a message's hash, as Redis holds it."""
+    client = direct_client(redis_url)
+    try:
+        raw = await client.hget(QueueKeys.of(project, queue).message(message_id), "b")
+    finally:
+        await client.aclose()
+    assert isinstance(raw, bytes)
+    return raw
+
+
+def body(value: Any) -> NewMessage:
+    return NewMessage(orjson.dumps(value), 300)
+
+
+async def test_bodies_are_sealed_in_redis_and_opened_on_every_read(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        await store.create_queue(project, "vault", dict(ENCRYPTED))
+        posted = [body(SECRET), body("plain text"), body([1, 2, 3])]
+        ids = await store.post_messages(project, "vault", WRITER, posted)
+        for message_id in ids:
+            raw = await raw_body(redis_url, project, "vault", message_id)
+            assert raw.startswith(MAGIC)
+            for plain in (b"4111", b"plain text", b"[1,2,3]", "não".encode()):
+                assert plain not in raw
+        expected = [m.body for m in posted]
+        page = await store.list_messages(project, "vault", ListQuery(READER, limit=10))
+        assert [m.body for m in page.messages] == expected
+        got = await store.get_messages(project, "vault", ids)
+        assert [m.body for m in got] == expected
+        claim = await store.claim_messages(project, "vault", 60, 60, 2)
+        assert claim is not None
+        assert [m.body for m in claim.messages] == expected[:2]
+        again = await store.get_claim(project, "vault", claim.id)
+        assert [m.body for m in again.messages] == expected[:2]
+        popped = await store.pop_messages(project, "vault", 5)
+        assert [m.body for m in popped] == expected[2:]
+
+
+async def test_an_encrypted_topic_seals_its_bodies(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        topics = store.topics()
+        await topics.create_queue(project, "t", dict(ENCRYPTED))
+        [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
+        client = direct_client(redis_url)
+        try:
+            key = QueueKeys.of(project, "t", "topic").message(message_id)
+            raw = await client.hget(key, "b")
+        finally:
+            await client.aclose()
+        assert isinstance(raw, bytes)
+        assert raw.startswith(MAGIC)
+        assert b"4111" not in raw
+        got = await topics.get_messages(project, "t", [message_id])
+        assert [m.body for m in got] == [orjson.dumps(SECRET)]
+
+
+async def test_a_dead_lettered_message_stays_sealed_and_readable(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    """Dead-lettering copies the stored body as it is: still sealed in the
+    dead-letter queue (plain itself), still opened on a read."""
+    async with stores(KEY) as store:
+        settings = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+        await store.create_queue(project, "q", ENCRYPTED | settings)
+        [message_id] = await store.post_messages(project, "q", WRITER, [body(SECRET)])
+        claim = await store.claim_messages(project, "q", 60, 60, 5)
+        assert claim is not None
+        await store.release_claim(project, "q", claim.id)
+        assert await store.claim_messages(project, "q", 60, 60, 5) is None
+        raw = await raw_body(redis_url, project, "dlq", message_id)
+        assert raw.startswith(MAGIC)
+        dead = await store.list_messages(project, "dlq", ListQuery(READER))
+        assert [(m.id, m.body) for m in dead.messages] == [(message_id, orjson.dumps(SECRET))]
+
+
+async def test_a_plain_queue_stores_bodies_as_they_are(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        [message_id] = await store.post_messages(project, "open", WRITER, [body(SECRET)])
+        assert await raw_body(redis_url, project, "open", message_id) == orjson.dumps(SECRET)
+
+
+async def test_switching_encryption_changes_only_later_posts(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        [plain] = await store.post_messages(project, "q", WRITER, [body("before")])
+        await store.update_queue_metadata(project, "q", lambda m: m | ENCRYPTED)
+        [sealed] = await store.post_messages(project, "q", WRITER, [body("during")])
+        await store.update_queue_metadata(project, "q", lambda m: m | {ENCRYPTED_NAME: False})
+        [after] = await store.post_messages(project, "q", WRITER, [body("after")])
+        assert await raw_body(redis_url, project, "q", plain) == b'"before"'
+        assert (await raw_body(redis_url, project, "q", sealed)).startswith(MAGIC)
+        assert await raw_body(redis_url, project, "q", after) == b'"after"'
+        page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+        assert [m.body for m in page.messages] == [b'"before"', b'"during"', b'"after"']
+
+
+ENCRYPTED_NAME = "_enable_encrypt_messages"
+
+
+async def test_encryption_turned_on_by_another_process_is_honoured_at_once(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    """This process learned the queue was plain; another makes it encrypted.
+    The next post here (its memory still fresh: the clock stands still) must
+    not index a plain body: the write itself checks, and it is sealed."""
+    async with stores(KEY) as here, stores(KEY) as there:
+        await here.post_messages(project, "q", WRITER, [body("plain")])
+        await there.update_queue_metadata(project, "q", lambda m: m | ENCRYPTED)
+        [message_id] = await here.post_messages(project, "q", WRITER, [body(SECRET)])
+        raw = await raw_body(redis_url, project, "q", message_id)
+        assert raw.startswith(MAGIC)
+        assert b"4111" not in raw
+        got = await there.get_messages(project, "q", [message_id])
+        assert [m.body for m in got] == [orjson.dumps(SECRET)]
+        # nothing else was left behind by the refused first attempt
+        stats = await here.queue_stats(project, "q")
+        assert stats.total == 2
+
+
+async def test_without_the_key_nothing_is_posted_or_read(stores: StoreMaker, project: str) -> None:
+    async with stores(KEY) as keyed:
+        await keyed.create_queue(project, "q", dict(ENCRYPTED))
+        [message_id] = await keyed.post_messages(project, "q", WRITER, [body(SECRET)])
+    async with stores(None) as keyless:
+        with pytest.raises(EncryptionUnavailable, match="no --message-encryption-key"):
+            await keyless.post_messages(project, "q", WRITER, [body("more")])
+        with pytest.raises(EncryptionUnavailable, match=message_id):
+            await keyless.get_messages(project, "q", [message_id])
+        with pytest.raises(EncryptionUnavailable):
+            await keyless.list_messages(project, "q", ListQuery(READER))
+        assert (await keyless.queue_stats(project, "q")).total == 1
+    async with stores(OTHER_KEY) as wrong:
+        with pytest.raises(EncryptionUnavailable, match="another --message-encryption-key"):
+            await wrong.get_messages(project, "q", [message_id])
+    async with stores(KEY) as keyed:
+        got = await keyed.get_messages(project, "q", [message_id])
+        assert [m.body for m in got] == [orjson.dumps(SECRET)]
+
+
+async def test_a_body_altered_in_redis_is_refused(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        await store.create_queue(project, "q", dict(ENCRYPTED))
+        [message_id] = await store.post_messages(project, "q", WRITER, [body(SECRET)])
+        raw = await raw_body(redis_url, project, "q", message_id)
+        flipped = raw[:-1] + bytes([raw[-1] ^ 1])
+        client = direct_client(redis_url)
+        try:
+            await client.hset(QueueKeys.of(project, "q").message(message_id), "b", flipped)
+        finally:
+            await client.aclose()
+        with pytest.raises(EncryptionUnavailable, match="altered"):
+            await store.get_messages(project, "q", [message_id])
+
+
+# -- over HTTP -------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def service(
+    redis_url: str, driver: str, clock: ManualClock, key: str | None
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    settings = make_settings(redis_url, driver=driver, message_encryption_key=key)
+    async with TestClient(TestServer(create_app(settings, clock))) as client:
+        yield client
+
+
+async def test_http_round_trip_of_an_encrypted_queue(
+    redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
+) -> None:
+    async with service(redis_url, driver, clock, KEY) as http:
+        resp = await http.put("/v2/queues/vault", json=ENCRYPTED, headers=headers)
+        assert resp.status == 201, await resp.text()
+        shown = await (await http.get("/v2/queues/vault", headers=headers)).json()
+        assert shown["_enable_encrypt_messages"] is True
+        resp = await http.post(
+            "/v2/queues/vault/messages", json={"messages": [{"body": SECRET}]}, headers=headers
+        )
+        assert resp.status == 201, await resp.text()
+        [href] = (await resp.json())["resources"]
+        message_id = href.rsplit("/", 1)[1]
+        assert b"4111" not in await raw_body(redis_url, project, "vault", message_id)
+        got = await (await http.get(href, headers=headers)).json()
+        assert got["body"] == SECRET
+        page = await (await http.get("/v2/queues/vault/messages?echo=true", headers=headers)).json()
+        assert [m["body"] for m in page["messages"]] == [SECRET]
+    async with service(redis_url, driver, clock, None) as keyless:
+        resp = await keyless.get(href, headers=headers)
+        assert resp.status == 500
+        doc = await resp.json()
+        assert doc["title"] == "Message encryption unavailable"
+        assert "--message-encryption-key" in doc["description"]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, [], {}])
+async def test_the_flag_must_be_boolean(
+    http: TestClient[web.Request, web.Application], headers: dict[str, str], value: Any
+) -> None:
+    resp = await http.put("/v2/queues/q", json={"_enable_encrypt_messages": value}, headers=headers)
+    assert resp.status == 400
+    assert "_enable_encrypt_messages must be boolean" in (await resp.json())["description"]
+
+
+async def test_without_a_key_no_queue_can_be_made_encrypted(
+    http: TestClient[web.Request, web.Application], headers: dict[str, str]
+) -> None:
+    resp = await http.put("/v2/queues/q", json=ENCRYPTED, headers=headers)
+    assert resp.status == 400
+    assert "no message encryption key" in (await resp.json())["description"]
+    assert (await (await http.get("/v2/queues", headers=headers)).json())["queues"] == []
+    # a plain queue, and one that says false, are fine; GET shows the default
+    resp = await http.put("/v2/queues/q", json={"_enable_encrypt_messages": False}, headers=headers)
+    assert resp.status == 201
+    shown = await (await http.get("/v2/queues/q", headers=headers)).json()
+    assert shown["_enable_encrypt_messages"] is False
+    patch = [{"op": "replace", "path": "/metadata/_enable_encrypt_messages", "value": True}]
+    patch_headers = {
+        **headers,
+        "Content-Type": "application/openstack-messaging-v2.0-json-patch",
+    }
+    resp = await http.patch("/v2/queues/q", json=patch, headers=patch_headers)
+    assert resp.status == 400
+    shown = await (await http.get("/v2/queues/q", headers=headers)).json()
+    assert shown["_enable_encrypt_messages"] is False
