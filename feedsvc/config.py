@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote
 
 ENV_PREFIX = "FEEDSVC_"
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
@@ -204,6 +206,48 @@ class Settings:
         "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
         "are 404. Prefer the environment variable: a flag shows in ps",
     )
+    default_subscription_ttl: int = _opt(
+        3600, "subscription ttl in seconds when none is given", minimum=60
+    )
+    max_subscriptions_per_page: int = _opt(20, "largest 'limit' of a subscription list", minimum=1)
+    require_confirmation: bool = _opt(
+        False,
+        "as Zaqar's [notification] require_confirmation: a new subscriber is sent a "
+        "confirmation request (a pre-signed PUT .../confirm; needs --signed-url-key) and "
+        "nothing else until it confirms",
+    )
+    subscriber_allow: str | None = _opt(
+        None,
+        "CIDRs webhooks may reach although private, loopback, link-local or otherwise "
+        "not public, e.g. 10.1.0.0/16,127.0.0.1/32 (the rest of those ranges stays refused)",
+    )
+    smtp_server: str | None = _opt(
+        None,
+        "host:port of the SMTP server that mailto: subscribers are sent through "
+        "(plain SMTP, STARTTLS when the server offers it); unset = mailto deliveries fail",
+    )
+    smtp_sender: str = _opt(
+        "feedsvc@localhost",
+        "envelope sender and default From: of notification mails (a subscription's "
+        "options.from sets its From:)",
+    )
+    delivery_lease: float = _opt(
+        30.0,
+        "seconds a worker holds a subscription it delivers (renewed while it works); "
+        "a crashed worker's subscriptions are taken over after this",
+        minimum=0.5,
+    )
+    delivery_timeout: float = _opt(
+        10.0,
+        "seconds one webhook or mail attempt may take (must be below half of --delivery-lease)",
+        minimum=0.1,
+    )
+    delivery_sweep: float = _opt(
+        10.0,
+        "seconds between each process's sweeps for subscriptions with work and no "
+        "live worker (new messages wake delivery at once, without a sweep)",
+        minimum=0.1,
+    )
     client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "
@@ -265,6 +309,14 @@ class Settings:
                 f"--redis-url must start with {', '.join(URL_SCHEMES)}, got {self.redis_url!r}"
             )
         self.redis_sentinel()  # fails early on a malformed sentinel URL
+        subscriber_networks(self.subscriber_allow)  # fails early on a malformed CIDR
+        smtp_address(self.smtp_server)
+        if self.delivery_timeout * 2 >= self.delivery_lease:
+            raise ValueError("--delivery-timeout must be below half of --delivery-lease")
+        if self.require_confirmation and not self.signed_url_key:
+            raise ValueError(
+                "--require-confirmation needs --signed-url-key (confirmation URLs are signed)"
+            )
         pairs = [
             ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
             ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
@@ -319,6 +371,31 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+def subscriber_networks(allow: str | None) -> list[IPNetwork]:
+    """The networks of --subscriber-allow."""
+    if not allow:
+        return []
+    out: list[IPNetwork] = []
+    for item in allow.split(","):
+        try:
+            out.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"--subscriber-allow must be CIDR[,CIDR...], got {item.strip()!r}"
+            ) from None
+    return out
+
+
+def smtp_address(server: str | None) -> tuple[str, int] | None:
+    """(host, port) of --smtp-server."""
+    if not server:
+        return None
+    host, colon, port = server.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--smtp-server must be host:port, got {server!r}")
+    return host.strip("[]"), int(port)
 
 
 def _flag(name: str) -> str:

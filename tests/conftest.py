@@ -93,6 +93,7 @@ CLUSTER_SUITES = {
     "test_store_claims",
     "test_api",
     "test_api_claims",
+    "test_api_subscriptions",
 }
 
 

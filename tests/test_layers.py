@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.storage.*",),
     # live followers' shared reads, over the storage interface
     ("feedsvc.live",),
+    # subscriptions' delivery workers (webhooks, mail), over the storage interface
+    ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
     ("feedsvc.appkeys",),
     # routes, handlers, validation, middleware, metrics, openapi

@@ -27,7 +27,15 @@ from feedsvc.errors import (
     RequestTimeout,
     Unavailable,
 )
-from feedsvc.storage.base import Claim, FeedStore, ListQuery, Message, MessagePage, MessageSummary
+from feedsvc.storage.base import (
+    Claim,
+    FeedStore,
+    ListQuery,
+    Message,
+    MessagePage,
+    MessageSummary,
+    Parent,
+)
 
 API_VERSION = "2"
 DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
@@ -245,14 +253,20 @@ async def patch_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    if "messages" in v.purge_types(await read_body(request)):
+    types = v.purge_types(await read_body(request))
+    if "messages" in types:
         await _store(request).purge_queue(project, queue)
+    if "subscriptions" in types:
+        await _store(request).subscriptions.purge(Parent("queue", project, queue))
     return web.Response(status=204)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
+    # a queue's subscriptions go with it (a deliberate difference from Zaqar's
+    # Redis driver, which leaves them behind: see docs/zaqar-differences.md)
+    await _store(request).subscriptions.purge(Parent("queue", project, queue))
     await _store(request).delete_queue(project, queue)
     return web.Response(status=204)
 

@@ -7,6 +7,7 @@ from aiohttp.typedefs import Handler
 
 from feedsvc.api import console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
+from feedsvc.api import subscriptions as subs
 
 QUEUE = "/v2/queues/{queue}"
 
@@ -34,6 +35,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
+    ("POST", QUEUE + "/subscriptions", subs.create_subscription),
+    ("GET", QUEUE + "/subscriptions", subs.list_subscriptions),
+    ("GET", QUEUE + "/subscriptions/{subscription_id}", subs.get_subscription),
+    ("PATCH", QUEUE + "/subscriptions/{subscription_id}", subs.patch_subscription),
+    ("DELETE", QUEUE + "/subscriptions/{subscription_id}", subs.delete_subscription),
+    ("PUT", QUEUE + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
 ]
 
 

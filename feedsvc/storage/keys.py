@@ -26,6 +26,14 @@ FEED_SUFFIX = ":feed"  # a shard channel, not a key: notifications for followers
 MESSAGE_INFIX = ":m:"
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
+SUBSCRIPTIONS_SUFFIX = ":subs"
+SUBSCRIBERS_SUFFIX = ":subu"
+SUBSCRIPTION_INFIX = ":s:"
+LEASE_INFIX = ":sl:"
+#: Every parent (queue or topic) that has or had subscriptions: JSON
+#: ``[kind, project, name]`` members, score 0. One key in one slot: the
+#: delivery workers' sweep reads it; adding to it is an idempotent ZADD.
+SUBSCRIBED_KEY = f"{NAMESPACE}:subscribed"
 
 
 def escape_project(project: str) -> str:
@@ -87,6 +95,10 @@ class QueueKeys:
     def claim(self, claim_id: str) -> str:
         return self.prefix + CLAIM_INFIX + claim_id
 
+    def subscriptions(self) -> SubscriptionKeys:
+        """The keys of this queue's (or topic's) subscriptions, under its hash tag."""
+        return SubscriptionKeys(self.prefix)
+
     def fixed(self) -> list[str]:
         """The keys passed as KEYS[1..n] to every queue script, in this order."""
         return [
@@ -97,3 +109,30 @@ class QueueKeys:
             self.claimed,
             self.claims,
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionKeys:
+    """The subscription keys of one parent (a queue; a topic's keys are built
+    the same way from its own prefix). They share the parent's hash tag, so a
+    delivery reads the parent's messages and writes its own state in one slot.
+    See ``feedsvc.storage.subscriptions`` for the schema."""
+
+    prefix: str
+
+    @property
+    def index(self) -> str:
+        """Sorted set: subscription id -> 0 (listed by id, as Zaqar's Redis driver does)."""
+        return self.prefix + SUBSCRIPTIONS_SUFFIX
+
+    @property
+    def subscribers(self) -> str:
+        """Hash: subscriber URI -> subscription id (subscribers are unique per parent)."""
+        return self.prefix + SUBSCRIBERS_SUFFIX
+
+    def record(self, subscription_id: str) -> str:
+        return self.prefix + SUBSCRIPTION_INFIX + subscription_id
+
+    def lease(self, subscription_id: str) -> str:
+        """String: the token of the worker delivering this subscription; PX = the lease."""
+        return self.prefix + LEASE_INFIX + subscription_id

@@ -35,7 +35,9 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
+from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.subscriptions import RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -60,6 +62,17 @@ class RedisStore(ClaimUpkeep):
         self._transport = transport
         self._settings = settings
         self._clock = clock
+        # subscriptions hang off queues; a topic store passes its own key builder
+        self._subscriptions = RedisSubscriptions(transport, clock, "queue", QueueKeys.of)
+        self._deliveries = RedisDeliveries(transport, clock, {"queue": QueueKeys.of})
+
+    @property
+    def subscriptions(self) -> RedisSubscriptions:
+        return self._subscriptions
+
+    @property
+    def deliveries(self) -> RedisDeliveries:
+        return self._deliveries
 
     @property
     def counters(self) -> StoreCounters:
