@@ -18,9 +18,10 @@ from feedsvc.api.metrics import metrics_middleware, setup_metrics
 from feedsvc.api.middleware import error_middleware
 from feedsvc.api.routes import add_routes
 from feedsvc.api.signed_urls import signed_url_middleware
-from feedsvc.appkeys import AUTH_TOKENS, CLOCK, EMBEDDED_REDIS, LIVE, SETTINGS, STORE
+from feedsvc.appkeys import AUTH_TOKENS, CLOCK, DELIVERIES, EMBEDDED_REDIS, LIVE, SETTINGS, STORE
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
+from feedsvc.delivery.worker import Deliverer
 from feedsvc.live import LiveFeeds
 from feedsvc.storage.drivers import make_store
 
@@ -37,9 +38,14 @@ def _storage_context(
         store = make_store(settings, clock)
         await store.open()
         live = LiveFeeds(store, settings.stream_buffer, settings.scan_limit)
+        # every serving process delivers subscriptions (see feedsvc.delivery.worker)
+        deliverer = Deliverer(store, settings, clock)
+        deliverer.start()
         app[STORE] = store
         app[LIVE] = live
+        app[DELIVERIES] = deliverer
         yield
+        await deliverer.close()
         await live.close()
         await store.close()
 

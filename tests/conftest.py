@@ -94,6 +94,7 @@ CLUSTER_SUITES = {
     "test_api",
     "test_api_claims",
     "test_api_subscriptions",
+    "test_delivery",
 }
 
 

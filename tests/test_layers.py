@@ -52,7 +52,13 @@ LAYERS: list[tuple[str, ...]] = [
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
-APPKEYS_MAY_IMPORT = {"feedsvc.config", "feedsvc.clock", "feedsvc.storage.base", "feedsvc.live"}
+APPKEYS_MAY_IMPORT = {
+    "feedsvc.config",
+    "feedsvc.clock",
+    "feedsvc.storage.base",
+    "feedsvc.live",
+    "feedsvc.delivery.worker",
+}
 
 
 def module_names(package: Path) -> dict[str, Path]:

@@ -31,7 +31,7 @@ from feedsvc.api import subscription_rules as rules
 from feedsvc.api import validation as v
 from feedsvc.api.handlers import json_response, read_body
 from feedsvc.api.signed_urls import DATE_FORMAT, signature
-from feedsvc.appkeys import CLOCK, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, DELIVERIES, SETTINGS, STORE
 from feedsvc.errors import BadRequest, SubscriptionExists, SubscriptionNotFound
 from feedsvc.storage.base import Parent, Subscription, SubscriptionStore
 
@@ -57,6 +57,13 @@ async def _document(request: web.Request) -> Any:
         return v.json_document(raw)
     except BadRequest:
         raise rules.unparsable() from None
+
+
+def _kick(request: web.Request) -> None:
+    """Have this process's delivery worker look now (not at its next sweep)."""
+    deliverer = request.app.get(DELIVERIES)
+    if deliverer is not None:
+        deliverer.kick()
 
 
 def _subscription_id(request: web.Request) -> str:
@@ -135,6 +142,7 @@ async def create_subscription(request: web.Request) -> web.Response:
     control = confirmation(request, parent, made.id, ttl)
     if control is not None:
         await store.subscriptions.request_confirmation(parent, made.id, control)
+    _kick(request)
     response = json_response({"subscription_id": made.id}, status=201)
     response.headers["Location"] = request.path
     return response
@@ -193,6 +201,7 @@ async def confirm_subscription(request: web.Request) -> web.Response:
         ttl = request.app[SETTINGS].default_subscription_ttl
         control = confirmation(request, parent, sid, ttl, unsubscribe=True)
     await _subscriptions(request).confirm(parent, sid, confirmed, control)
+    _kick(request)
     response = web.Response(status=204)
     response.headers["Location"] = request.path
     return response

@@ -261,6 +261,10 @@ class DeliveryState(Protocol):
 
     async def last_seq(self, parent: Parent) -> int: ...
 
+    async def parent_metadata(self, parent: Parent) -> dict[str, Any]:
+        """The queue's (or topic's) metadata; {} if it is gone."""
+        ...
+
     async def messages_after(
         self, parent: Parent, position: int, limit: int
     ) -> list[tuple[int, Message | None]]:
@@ -269,10 +273,17 @@ class DeliveryState(Protocol):
         ...
 
     async def settle(
-        self, parent: Parent, subscription_id: str, token: str, delivery: Delivery, outcome: str
+        self,
+        parent: Parent,
+        subscription_id: str,
+        token: str,
+        delivery: Delivery,
+        outcome: str,
+        clear_control: bool = False,
     ) -> bool:
-        """Write the new delivery state if the lease is still this token's.
-        outcome: "delivered" or "failed" (counted), or "" (a retry scheduled)."""
+        """Write position, attempts, due and last error (if any) if the lease
+        is still this token's; count outcome "delivered" or "failed" ("": a
+        retry was scheduled); clear_control: the confirmation request is done."""
         ...
 
 

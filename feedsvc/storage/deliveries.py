@@ -110,6 +110,13 @@ class RedisDeliveries:
         [seq] = await self._transport.call_checked([("GET", self._parent_keys(parent).seq)])
         return int(seq or 0)
 
+    async def parent_metadata(self, parent: Parent) -> dict[str, Any]:
+        [raw] = await self._transport.call_checked(
+            [("HGET", self._parent_keys(parent).meta, r.METADATA)]
+        )
+        metadata: dict[str, Any] = orjson.loads(raw) if raw else {}
+        return metadata
+
     async def messages_after(
         self, parent: Parent, position: int, limit: int
     ) -> list[tuple[int, Message | None]]:
@@ -130,7 +137,13 @@ class RedisDeliveries:
         ]
 
     async def settle(
-        self, parent: Parent, subscription_id: str, token: str, delivery: Delivery, outcome: str
+        self,
+        parent: Parent,
+        subscription_id: str,
+        token: str,
+        delivery: Delivery,
+        outcome: str,
+        clear_control: bool = False,
     ) -> bool:
         record = self._parent_keys(parent).subscriptions().record(subscription_id)
         fields: dict[str, Any] = {
@@ -141,7 +154,7 @@ class RedisDeliveries:
         if delivery.last_error is not None:
             fields[s.LAST_ERROR] = delivery.last_error[:500]
         writes: list[Command] = []
-        if delivery.control is None:
+        if clear_control:
             writes.append(("HDEL", record, s.CONTROL))
         # only on a subscription that still exists: never resurrect a deleted one
         writes = [("HSET", record, *r.flat(fields)), *writes]
