@@ -24,8 +24,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from feedsvc.app import create_app
+from feedsvc.appkeys import STORE
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
+from feedsvc.delivery.runner import DeliveryCounters, Runner
+from feedsvc.delivery.senders import Senders
+from feedsvc.storage.base import Parent
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -367,3 +371,25 @@ async def test_mailto_without_smtp_server_is_a_counted_failure(
         await until_settled(http, headers, sid, "failures", 1)
         doc = await details(http, headers, sid)
     assert "smtp-server" in doc["delivery"]["last_error"]
+
+
+async def test_an_unconfirmed_subscription_with_a_backlog_leaves_its_worker_idle(
+    settings: Settings,
+    clock: ManualClock,
+    headers: Headers,
+    receiver: Receiver,
+) -> None:
+    tuned = delivery_settings(settings, require_confirmation=True, signed_url_key="k3y")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await receiver.until(1)  # the confirmation request
+        await post(http, headers, 1, 2)
+        parent = Parent("queue", headers["X-Project-ID"], "news")
+        senders = Senders(tuned)
+        runner = Runner(http.app[STORE], senders, tuned, clock, DeliveryCounters(), parent, sid)
+        async with asyncio.timeout(PATIENCE):
+            while not await runner.acquire():  # noqa: ASYNC110 (the app's worker lets go)
+                await asyncio.sleep(0.02)
+            await runner.run(lambda: None)  # returns: nothing to do until confirmed
+        await senders.close()
+    assert [b["Message_Type"] for b in receiver.bodies()] == ["SubscriptionConfirmation"]

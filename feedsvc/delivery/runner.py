@@ -148,7 +148,8 @@ class Runner:
             raise LeaseLost()
 
     async def _deliver(self) -> int | None:
-        """Work through the backlog; the position reached (None: the subscription is gone)."""
+        """Work through the backlog; the position reached (None: nothing to deliver
+        until something else changes: the subscription is gone, or unconfirmed)."""
         while True:
             try:
                 sub = await self._store.subscriptions.get(self.parent, self.subscription_id)
@@ -165,7 +166,9 @@ class Runner:
                 await self._after(sub, outcome, d.position, control_sent=True)
                 continue
             if self._settings.require_confirmation and not sub.confirmed:
-                return d.position  # only the confirmation request goes to the unconfirmed
+                # only the confirmation request goes to the unconfirmed; the
+                # confirmation restarts delivery (and skips what came before)
+                return None
             batch = await self._state.messages_after(self.parent, d.position, BATCH)
             if not batch:
                 return d.position

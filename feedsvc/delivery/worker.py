@@ -124,9 +124,11 @@ class Deliverer:
         while True:
             try:
                 async with self._store.follow(parent.project, parent.name) as follow:
+                    token = follow.token()
                     while True:
-                        token = follow.token()
                         await follow.wait(token, self._settings.delivery_sweep * 10)
+                        # taken before reading: a post meanwhile wakes the next wait
+                        token = follow.token()
                         ids = await self._store.deliveries.subscription_ids(parent)
                         await self._try(parent, ids)
             except FeedError as exc:
