@@ -27,6 +27,10 @@ into the Lua scripts too)::
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
 
+A queue's subscriptions and their delivery state live under its tag too
+(``Q:subs``, ``Q:subu``, ``Q:s:<id>``, ``Q:sl:<id>``; their schema is in
+``feedsvc.storage.subscriptions``).
+
 Invariants, kept by both drivers:
 
 * A message is visible only once indexed (``s`` set, member of ``Q:idx``).
