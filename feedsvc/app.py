@@ -39,13 +39,15 @@ def _storage_context(
         await store.open()
         live = LiveFeeds(store, settings.stream_buffer, settings.scan_limit)
         # every serving process delivers subscriptions (see feedsvc.delivery.worker)
-        deliverer = Deliverer(store, settings, clock)
-        deliverer.start()
+        deliverer = Deliverer(store, settings, clock) if settings.deliver else None
+        if deliverer is not None:
+            deliverer.start()
+            app[DELIVERIES] = deliverer
         app[STORE] = store
         app[LIVE] = live
-        app[DELIVERIES] = deliverer
         yield
-        await deliverer.close()
+        if deliverer is not None:
+            await deliverer.close()
         await live.close()
         await store.close()
 

@@ -231,6 +231,11 @@ class Settings:
         "envelope sender and default From: of notification mails (a subscription's "
         "options.from sets its From:)",
     )
+    deliver: bool = _opt(
+        True,
+        "run the subscription delivery worker in this process; --no-deliver makes an "
+        "API-only process (some process must deliver)",
+    )
     delivery_lease: float = _opt(
         30.0,
         "seconds a worker holds a subscription it delivers (renewed while it works); "
