@@ -96,7 +96,10 @@ class Deliverer:
             await self._try(parent, ids)
 
     async def _try(self, parent: Parent, ids: list[str]) -> None:
-        for sid in ids:
+        """Start a runner for each of ids with work, no runner here and a free lease."""
+        idle = [sid for sid in ids if (parent, sid) not in self._runners]
+        confirming = self._settings.require_confirmation
+        for sid in await self._store.deliveries.with_work(parent, idle, confirming):
             if (parent, sid) in self._runners:
                 continue
             runner = Runner(

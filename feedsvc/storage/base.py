@@ -255,6 +255,13 @@ class DeliveryState(Protocol):
 
     async def subscription_ids(self, parent: Parent) -> list[str]: ...
 
+    async def with_work(self, parent: Parent, ids: list[str], confirmed_only: bool) -> list[str]:
+        """The live subscriptions among ids that have something to send: a
+        confirmation request, or messages after their position (only if
+        confirmed, with confirmed_only). One round trip, so a sweep costs
+        little when everything is sent."""
+        ...
+
     async def acquire(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool: ...
 
     async def renew(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool:

@@ -70,6 +70,25 @@ class RedisDeliveries:
         [ids] = await self._transport.call_checked([("ZRANGE", subs.index, 0, -1)])
         return [r.text(i) for i in ids]
 
+    async def with_work(self, parent: Parent, ids: list[str], confirmed_only: bool) -> list[str]:
+        if not ids:
+            return []
+        keys = self._parent_keys(parent)
+        subs = keys.subscriptions()
+        fields = (s.EXPIRES, s.POSITION, s.CONTROL, s.CONFIRMED)
+        *rows, last = await self._transport.call_checked(
+            [*[("HMGET", subs.record(i), *fields) for i in ids], ("GET", keys.seq)]
+        )
+        seq, now = int(last or 0), self._clock.now_ms()
+        out = []
+        for sid, (expires, position, control, confirmed) in zip(ids, rows, strict=True):
+            if expires is None or int(expires) <= now:
+                continue
+            may_send = not confirmed_only or (confirmed is not None and int(confirmed) == 1)
+            if control is not None or (int(position or 0) < seq and may_send):
+                out.append(sid)
+        return out
+
     async def acquire(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool:
         lease = self._parent_keys(parent).subscriptions().lease(subscription_id)
         [ok] = await self._transport.call_checked([("SET", lease, token, "NX", "PX", ms)])
