@@ -218,6 +218,13 @@ async def test_patch_ttl_restarts_the_clock(
             "invalid retry_backoff_function",
         ),
         ({"subscriber": "http://e.com", "options": {"post_headers": {"a": 1}}}, "post_headers"),
+        (
+            {"subscriber": "http://e.com", "options": {"post_headers": {"a": "x\r\nEvil: 1"}}},
+            "post_headers",
+        ),
+        ({"subscriber": "http://e.com", "options": {"post_headers": {"a b": "x"}}}, "post_headers"),
+        ({"subscriber": "http://e.com", "options": {"n": 2**70}}, "64 bits"),
+        ({"subscriber": "http://e.com/" + "x" * 5000}, "at most 4096"),
     ],
 )
 async def test_bad_subscription_is_400_and_changes_nothing(

@@ -11,14 +11,19 @@ it is resolved, at every delivery: see ``feedsvc.delivery.guard``).
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 from urllib.parse import urlsplit
+
+import orjson
 
 from feedsvc.config import Settings, subscriber_networks
 from feedsvc.delivery.guard import allowed, literal_ip
 from feedsvc.errors import BadRequest
 
 SUBSCRIBER_TYPES = ("http", "https", "mailto")
+MAX_SUBSCRIBER_LENGTH = 4096
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
 MIN_SUBSCRIPTION_TTL = 60
 # Zaqar's consts.py: the retry policy's defaults and its back-off functions
 RETRY_INTS = ("retries_with_no_delay", "minimum_delay_retries", "minimum_delay",
@@ -66,6 +71,8 @@ def retry_policy(metadata: Any) -> None:
 def subscriber(value: Any, settings: Settings) -> str:
     if not isinstance(value, str) or not value:
         raise BadRequest("The subscriber must be a URI string.")
+    if len(value) > MAX_SUBSCRIBER_LENGTH:
+        raise BadRequest(f"The subscriber must be at most {MAX_SUBSCRIBER_LENGTH} characters.")
     scheme = urlsplit(value).scheme
     if scheme not in SUBSCRIBER_TYPES:
         raise BadRequest(
@@ -115,9 +122,19 @@ def options(value: Any) -> dict[str, Any] | None:
     retry_policy(value)
     headers = value.get("post_headers")
     if headers is not None and not (
-        isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
+        isinstance(headers, dict)
+        and all(HEADER_NAME.match(k) for k in headers)
+        and all(isinstance(v, str) and "\r" not in v and "\n" not in v for v in headers.values())
     ):
-        raise BadRequest("options.post_headers must be an object of strings.")
+        raise BadRequest(
+            "options.post_headers must be an object of header names to one-line strings."
+        )
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise BadRequest(
+            "options may hold integers within 64 bits and nest at most 250 levels."
+        ) from None
     data = value.get("post_data")
     if data is not None and not isinstance(data, str):
         raise BadRequest("options.post_data must be a string.")
