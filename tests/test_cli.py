@@ -58,6 +58,10 @@ def test_help_documents_every_setting() -> None:
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),
         (["--redis-url", "localhost:6379"], {}, "--redis-url must start with redis://"),
         (["--auth-token", "secret"], {}, "--auth-token must be TOKEN=PROJECT"),
+        (["--subscriber-allow", "10.0.0.0/33"], {}, "--subscriber-allow must be CIDR"),
+        ([], {"FEEDSVC_SMTP_SERVER": "mail.example.org"}, "--smtp-server must be host:port"),
+        (["--require-confirmation"], {}, "--require-confirmation needs --signed-url-key"),
+        (["--delivery-lease", "2", "--delivery-timeout", "1"], {}, "below half"),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(
