@@ -112,6 +112,10 @@ class Runner:
         except LeaseLost:
             self._counters.leases_lost += 1
             log.warning("lost the lease of subscription %s", self.subscription_id)
+            # if it was only about to run out, free it: the next wake-up or sweep
+            # (here or elsewhere) continues at once rather than after it expires
+            with contextlib.suppress(FeedError):
+                await self._state.release(self.parent, self.subscription_id, self._token)
         except FeedError as exc:  # Redis trouble: the sweep tries again later
             log.warning("delivery of subscription %s stopped: %s", self.subscription_id, exc)
         finally:
