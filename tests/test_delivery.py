@@ -393,3 +393,27 @@ async def test_an_unconfirmed_subscription_with_a_backlog_leaves_its_worker_idle
             await runner.run(lambda: None)  # returns: nothing to do until confirmed
         await senders.close()
     assert [b["Message_Type"] for b in receiver.bodies()] == ["SubscriptionConfirmation"]
+
+
+async def test_a_message_that_expires_while_retried_is_skipped(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    receiver.answer = lambda body: 503 if orjson.loads(body)["body"] == "short" else 200
+    policy = {"retries_with_no_delay": 0, "minimum_delay_retries": 0, "maximum_delay_retries": 0,
+              "minimum_delay": 100, "maximum_delay": 200}  # fmt: skip
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url, options={"_retry_policy": policy})
+        resp = await http.post(
+            Q + "/messages",
+            json={"messages": [{"body": "short", "ttl": 60}, {"body": "long", "ttl": 3600}]},
+            headers=headers,
+        )
+        assert resp.status == 201
+        await receiver.until(1)
+        await until_settled(http, headers, sid, "retrying", 1)
+        clock.advance(101)  # the retry is due, and the message is gone
+        await receiver.until(2)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == ["short", "long"]
+    assert doc["delivery"]["failures"] == 0
