@@ -284,3 +284,14 @@ async def test_deleting_the_queue_deletes_its_subscriptions(
         assert left == []
     finally:
         await redis.aclose()
+
+
+async def test_queue_retry_policy_is_checked_as_zaqar_does(http: Client, headers: Headers) -> None:
+    bad = {"_retry_policy": {"minimum_delay": 20, "maximum_delay": 25}}
+    resp = await http.put("/v2/queues/fans", json=bad, headers=headers)
+    assert resp.status == 400
+    assert "invalid minimum_delay and maximum_delay" in (await resp.json())["description"]
+    good = {"_retry_policy": {"minimum_delay": 20, "maximum_delay": 40}}
+    assert (await http.put("/v2/queues/fans", json=good, headers=headers)).status == 201
+    got = await (await http.get("/v2/queues/fans", headers=headers)).json()
+    assert got["_retry_policy"] == good["_retry_policy"]

@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
+from feedsvc.api.subscription_rules import retry_policy
 from feedsvc.appkeys import AUTH_TOKENS
 from feedsvc.config import Settings
 from feedsvc.errors import (
@@ -447,6 +448,7 @@ def checked_metadata(
     dlq = metadata.get("_dead_letter_queue")
     if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
         raise BadRequest("_dead_letter_queue must be a queue name.")
+    retry_policy(metadata)  # the subscriptions' default (Zaqar checks it here too)
     return metadata
 
 
