@@ -118,6 +118,8 @@ class Runner:
                 await self._state.release(self.parent, self.subscription_id, self._token)
         except FeedError as exc:  # Redis trouble: the sweep tries again later
             log.warning("delivery of subscription %s stopped: %s", self.subscription_id, exc)
+        except Exception:  # a bug: the lease runs out, the sweep tries again
+            log.exception("delivery of subscription %s failed", self.subscription_id)
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

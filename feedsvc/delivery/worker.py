@@ -76,6 +76,8 @@ class Deliverer:
                 await self.sweep()
             except FeedError as exc:
                 log.warning("delivery sweep: %s", exc)
+            except Exception:  # a bug must not end delivery for good
+                log.exception("delivery sweep failed")
             self._kicked.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.delivery_sweep):
@@ -136,4 +138,7 @@ class Deliverer:
                         await self._try(parent, ids)
             except FeedError as exc:
                 log.warning("delivery wake-ups of %s: %s", parent.name, exc)
+                await asyncio.sleep(self._settings.delivery_sweep)
+            except Exception:
+                log.exception("delivery wake-ups of %s failed", parent.name)
                 await asyncio.sleep(self._settings.delivery_sweep)
