@@ -21,6 +21,7 @@ from feedsvc.api.signed_urls import signed_url_middleware
 from feedsvc.appkeys import (
     AUTH_TOKENS,
     CLOCK,
+    DELIVERIES,
     EMBEDDED_REDIS,
     LIVE,
     SETTINGS,
@@ -29,6 +30,7 @@ from feedsvc.appkeys import (
 )
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
+from feedsvc.delivery.worker import Deliverer
 from feedsvc.live import LiveFeeds
 from feedsvc.storage.drivers import make_store
 
@@ -46,10 +48,17 @@ def _storage_context(
         await store.open()
         live = LiveFeeds(store, settings.scan_limit, tick=settings.stream_heartbeat)
         topic_live = LiveFeeds(store.topics(), settings.scan_limit, tick=settings.stream_heartbeat)
+        # every serving process delivers subscriptions (see feedsvc.delivery.worker)
+        deliverer = Deliverer(store, settings, clock) if settings.deliver else None
+        if deliverer is not None:
+            deliverer.start()
+            app[DELIVERIES] = deliverer
         app[STORE] = store
         app[LIVE] = live
         app[TOPIC_LIVE] = topic_live
         yield
+        if deliverer is not None:
+            await deliverer.close()
         await topic_live.close()
         await live.close()
         await store.close()

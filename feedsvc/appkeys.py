@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
+from feedsvc.delivery.worker import Deliverer
 from feedsvc.live import LiveFeeds
 from feedsvc.storage.base import FeedStore
 
@@ -29,6 +30,8 @@ STORE = web.AppKey("store", FeedStore)
 LIVE = web.AppKey("live", LiveFeeds)
 #: The same for topics (over ``FeedStore.topics()``).
 TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
+#: This process's delivery worker for subscriptions; set with STORE.
+DELIVERIES = web.AppKey("deliveries", Deliverer)
 #: Bearer token -> project (``--auth-token``); empty means no authentication.
 AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
 #: This app's own Prometheus registry (several apps in one process do not collide).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote
 
 ENV_PREFIX = "FEEDSVC_"
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
@@ -212,6 +214,53 @@ class Settings:
         "no queue can be made encrypted (400). Changing it makes older encrypted "
         "messages unreadable (500) until they expire. Prefer the environment variable",
     )
+    default_subscription_ttl: int = _opt(
+        3600, "subscription ttl in seconds when none is given", minimum=60
+    )
+    max_subscriptions_per_page: int = _opt(20, "largest 'limit' of a subscription list", minimum=1)
+    require_confirmation: bool = _opt(
+        False,
+        "as Zaqar's [notification] require_confirmation: a new subscriber is sent a "
+        "confirmation request (a pre-signed PUT .../confirm; needs --signed-url-key) and "
+        "nothing else until it confirms",
+    )
+    subscriber_allow: str | None = _opt(
+        None,
+        "CIDRs webhooks may reach although private, loopback, link-local or otherwise "
+        "not public, e.g. 10.1.0.0/16,127.0.0.1/32 (the rest of those ranges stays refused)",
+    )
+    smtp_server: str | None = _opt(
+        None,
+        "host:port of the SMTP server that mailto: subscribers are sent through "
+        "(plain SMTP, STARTTLS when the server offers it); unset = mailto deliveries fail",
+    )
+    smtp_sender: str = _opt(
+        "feedsvc@localhost",
+        "envelope sender and default From: of notification mails (a subscription's "
+        "options.from sets its From:)",
+    )
+    deliver: bool = _opt(
+        True,
+        "run the subscription delivery worker in this process; --no-deliver makes an "
+        "API-only process (some process must deliver)",
+    )
+    delivery_lease: float = _opt(
+        30.0,
+        "seconds a worker holds a subscription it delivers (renewed while it works); "
+        "a crashed worker's subscriptions are taken over after this",
+        minimum=0.5,
+    )
+    delivery_timeout: float = _opt(
+        10.0,
+        "seconds one webhook or mail attempt may take (must be below half of --delivery-lease)",
+        minimum=0.1,
+    )
+    delivery_sweep: float = _opt(
+        10.0,
+        "seconds between each process's sweeps for subscriptions with work and no "
+        "live worker (new messages wake delivery at once, without a sweep)",
+        minimum=0.1,
+    )
     client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "
@@ -256,49 +305,7 @@ class Settings:
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            lo = f.metadata.get("minimum")
-            hi = f.metadata.get("maximum")
-            if lo is not None and value < lo:
-                raise ValueError(f"{_flag(f.name)} must be >= {lo}, got {value}")
-            if hi is not None and value > hi:
-                raise ValueError(f"{_flag(f.name)} must be <= {hi}, got {value}")
-            choices = f.metadata.get("choices")
-            if choices is not None and value not in choices:
-                raise ValueError(
-                    f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}"
-                )
-        if self.message_encryption_key is not None and len(self.message_encryption_key) < 16:
-            raise ValueError(
-                "--message-encryption-key must be at least 16 characters long "
-                "(a long random string)"
-            )
-        self.auth_tokens()  # fails early on a malformed list
-        self.worker_count()
-        if self.redis_url is not None and not self.redis_url.startswith(URL_SCHEMES):
-            raise ValueError(
-                f"--redis-url must start with {', '.join(URL_SCHEMES)}, got {self.redis_url!r}"
-            )
-        self.redis_sentinel()  # fails early on a malformed sentinel URL
-        pairs = [
-            ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
-            ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
-            ("min_claim_grace", "default_claim_grace", "max_claim_grace"),
-            ("max_messages_per_page", "default_messages_per_page", None),
-            ("max_queues_per_page", "default_queues_per_page", None),
-        ]
-        for lo_name, mid_name, hi_name in pairs:
-            if hi_name is None:
-                if getattr(self, mid_name) > getattr(self, lo_name):
-                    raise ValueError(f"{_flag(mid_name)} must not exceed {_flag(lo_name)}")
-                continue
-            lo, mid, hi = (getattr(self, n) for n in (lo_name, mid_name, hi_name))
-            if not lo <= mid <= hi:
-                raise ValueError(
-                    f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
-                    f", got {lo}, {mid}, {hi}"
-                )
+        _check(self)
 
     def worker_count(self) -> int:
         if self.workers == "auto":
@@ -335,6 +342,84 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+
+def _check(settings: Settings) -> None:
+    """Every value in range, and the settings consistent with each other;
+    ValueError (one line, exit 2 from the CLI) otherwise."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        lo = f.metadata.get("minimum")
+        hi = f.metadata.get("maximum")
+        if lo is not None and value < lo:
+            raise ValueError(f"{_flag(f.name)} must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise ValueError(f"{_flag(f.name)} must be <= {hi}, got {value}")
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{_flag(f.name)} must be one of {', '.join(choices)}, got {value!r}")
+    if settings.message_encryption_key is not None and len(settings.message_encryption_key) < 16:
+        raise ValueError(
+            "--message-encryption-key must be at least 16 characters long (a long random string)"
+        )
+    settings.auth_tokens()  # fails early on a malformed list
+    settings.worker_count()
+    if settings.redis_url is not None and not settings.redis_url.startswith(URL_SCHEMES):
+        raise ValueError(
+            f"--redis-url must start with {', '.join(URL_SCHEMES)}, got {settings.redis_url!r}"
+        )
+    settings.redis_sentinel()  # fails early on a malformed sentinel URL
+    subscriber_networks(settings.subscriber_allow)  # fails early on a malformed CIDR
+    smtp_address(settings.smtp_server)
+    if settings.delivery_timeout * 2 >= settings.delivery_lease:
+        raise ValueError("--delivery-timeout must be below half of --delivery-lease")
+    if settings.require_confirmation and not settings.signed_url_key:
+        raise ValueError(
+            "--require-confirmation needs --signed-url-key (confirmation URLs are signed)"
+        )
+    pairs = [
+        ("min_message_ttl", "default_message_ttl", "max_message_ttl"),
+        ("min_claim_ttl", "default_claim_ttl", "max_claim_ttl"),
+        ("min_claim_grace", "default_claim_grace", "max_claim_grace"),
+        ("max_messages_per_page", "default_messages_per_page", None),
+        ("max_queues_per_page", "default_queues_per_page", None),
+    ]
+    for lo_name, mid_name, hi_name in pairs:
+        if hi_name is None:
+            if getattr(settings, mid_name) > getattr(settings, lo_name):
+                raise ValueError(f"{_flag(mid_name)} must not exceed {_flag(lo_name)}")
+            continue
+        lo, mid, hi = (getattr(settings, n) for n in (lo_name, mid_name, hi_name))
+        if not lo <= mid <= hi:
+            raise ValueError(
+                f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
+                f", got {lo}, {mid}, {hi}"
+            )
+
+
+def subscriber_networks(allow: str | None) -> list[IPNetwork]:
+    """The networks of --subscriber-allow."""
+    if not allow:
+        return []
+    out: list[IPNetwork] = []
+    for item in allow.split(","):
+        try:
+            out.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"--subscriber-allow must be CIDR[,CIDR...], got {item.strip()!r}"
+            ) from None
+    return out
+
+
+def smtp_address(server: str | None) -> tuple[str, int] | None:
+    """(host, port) of --smtp-server."""
+    if not server:
+        return None
+    host, colon, port = server.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--smtp-server must be host:port, got {server!r}")
+    return host.strip("[]"), int(port)
 
 
 def _flag(name: str) -> str:

@@ -18,10 +18,12 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── NotFound                   404
     │   ├── QueueNotFound
     │   ├── MessageNotFound
-    │   └── ClaimNotFound
+    │   ├── ClaimNotFound
+    │   └── SubscriptionNotFound
     ├── MethodNotAllowed           405
     ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
+    │   └── SubscriptionExists          the queue has a subscription for that subscriber
     ├── UnsupportedMediaType       415
     ├── EncryptionUnavailable      500  an encrypted queue, and no (or another) key
     └── Unavailable                503  (always sent with Retry-After)
@@ -103,6 +105,11 @@ class ClaimNotFound(NotFound):
         super().__init__(f"Claim {claim_id} does not exist.")
 
 
+class SubscriptionNotFound(NotFound):
+    def __init__(self, subscription_id: str) -> None:
+        super().__init__(f"Subscription {subscription_id} does not exist.")
+
+
 class MethodNotAllowed(FeedError):
     status = 405
     title = "Method not allowed"
@@ -116,6 +123,15 @@ class RequestTimeout(FeedError):
 class Conflict(FeedError):
     status = 409
     title = "Conflict"
+
+
+class SubscriptionExists(Conflict):
+    def __init__(self) -> None:
+        # Zaqar's words
+        super().__init__(
+            "Such subscription already exists. Subscriptions are unique by "
+            "project + queue + subscriber URI."
+        )
 
 
 class UnsupportedMediaType(FeedError):

@@ -95,6 +95,8 @@ CLUSTER_SUITES = {
     "test_api_claims",
     "test_encryption",
     "test_topics",
+    "test_api_subscriptions",
+    "test_delivery",
 }
 
 

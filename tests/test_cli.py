@@ -63,6 +63,10 @@ def test_help_documents_every_setting() -> None:
             {"FEEDSVC_MESSAGE_ENCRYPTION_KEY": "too-short"},
             "--message-encryption-key must be at least 16 characters",
         ),
+        (["--subscriber-allow", "10.0.0.0/33"], {}, "--subscriber-allow must be CIDR"),
+        ([], {"FEEDSVC_SMTP_SERVER": "mail.example.org"}, "--smtp-server must be host:port"),
+        (["--require-confirmation"], {}, "--require-confirmation needs --signed-url-key"),
+        (["--delivery-lease", "2", "--delivery-timeout", "1"], {}, "below half"),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(

@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.storage.*",),
     # live followers' shared reads, over the storage interface
     ("feedsvc.live",),
+    # subscriptions' delivery workers (webhooks, mail), over the storage interface
+    ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
     ("feedsvc.appkeys",),
     # routes, handlers, validation, middleware, metrics, openapi
@@ -50,7 +52,13 @@ LAYERS: list[tuple[str, ...]] = [
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
-APPKEYS_MAY_IMPORT = {"feedsvc.config", "feedsvc.clock", "feedsvc.storage.base", "feedsvc.live"}
+APPKEYS_MAY_IMPORT = {
+    "feedsvc.config",
+    "feedsvc.clock",
+    "feedsvc.storage.base",
+    "feedsvc.live",
+    "feedsvc.delivery.worker",
+}
 
 
 def module_names(package: Path) -> dict[str, Path]:

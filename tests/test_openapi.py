@@ -278,7 +278,13 @@ async def test_signed_urls_are_described(settings: Settings, headers: dict[str, 
     share = document["paths"]["/v2/queues/{queue}/share"]["post"]
     assert set(share["responses"]) == {"200", "400", "503"}
     for method, path, operation in operations(document):
-        signable = path.startswith(("/v2/queues/{queue}/messages", "/v2/queues/{queue}/claims"))
+        signable = path.startswith(
+            (
+                "/v2/queues/{queue}/messages",
+                "/v2/queues/{queue}/claims",
+                "/v2/queues/{queue}/subscriptions",
+            )
+        )
         for name in SIGNED_HEADERS:
             if not signable:
                 assert not any(

@@ -2,7 +2,9 @@
 
 A small TCP proxy in front of the test Redis counts what the service sends.
 In steady state (connection open, scripts cached) a lua-driver POST and a
-GET page cost one round trip each.
+GET page cost one round trip each. The subscription delivery worker is off
+(``deliver=False``): its sweeps are background work of the process, not
+part of a request.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ async def measure(
 async def test_lua_post_and_list_cost_one_round_trip_each(
     proxy: CountingProxy, headers: dict[str, str], batch: int
 ) -> None:
-    app = create_app(make_settings(await proxy.start(), driver="lua"))
+    app = create_app(make_settings(await proxy.start(), driver="lua", deliver=False))
     body = {"messages": [{"body": {"n": i}, "ttl": 300} for i in range(batch)]}
     path = "/v2/queues/rt/messages"
     async with TestClient(TestServer(app)) as client:
@@ -107,7 +109,7 @@ async def test_watch_post_costs_two_round_trips_without_conflict(
     proxy: CountingProxy, headers: dict[str, str]
 ) -> None:
     """WATCH + reads in one write, MULTI..EXEC in a second: the protocol's minimum."""
-    app = create_app(make_settings(await proxy.start(), driver="watch"))
+    app = create_app(make_settings(await proxy.start(), driver="watch", deliver=False))
     body = {"messages": [{"body": 1}]}
     path = "/v2/queues/rt/messages"
     async with TestClient(TestServer(app)) as client:

@@ -28,7 +28,15 @@ from feedsvc.errors import (
     RequestTimeout,
     Unavailable,
 )
-from feedsvc.storage.base import Claim, FeedStore, ListQuery, Message, MessagePage, MessageSummary
+from feedsvc.storage.base import (
+    Claim,
+    FeedStore,
+    ListQuery,
+    Message,
+    MessagePage,
+    MessageSummary,
+    Parent,
+)
 
 API_VERSION = "2"
 DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
@@ -71,6 +79,11 @@ def feed_store(request: web.Request) -> FeedStore:
     """The store, on topics for a topic route."""
     store = request.app[STORE]
     return store.topics() if is_topic(request) else store
+
+
+def feed_parent(request: web.Request, project: str, name: str) -> Parent:
+    """What subscriptions hang off on this route: the queue, or the topic."""
+    return Parent("topic" if is_topic(request) else "queue", project, name)
 
 
 def feed_path(request: web.Request, name: str) -> str:
@@ -279,14 +292,20 @@ async def patch_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    if "messages" in v.purge_types(await read_body(request)):
+    types = v.purge_types(await read_body(request))
+    if "messages" in types:
         await feed_store(request).purge_queue(project, queue)
+    if "subscriptions" in types:
+        await feed_store(request).subscriptions.purge(feed_parent(request, project, queue))
     return web.Response(status=204)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
+    # its subscriptions go with it (a deliberate difference from Zaqar's
+    # Redis driver, which leaves them behind: see docs/zaqar-differences.md)
+    await feed_store(request).subscriptions.purge(feed_parent(request, project, queue))
     await feed_store(request).delete_queue(project, queue)
     return web.Response(status=204)
 

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feedsvc.appkeys import METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
+from feedsvc.appkeys import DELIVERIES, METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
 from feedsvc.storage.base import FeedStore
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -59,6 +59,47 @@ class StoreCollector(Collector):
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
 
 
+class DeliveryCollector(Collector):
+    """This process's deliveries: outcomes by scheme, messages given up on per
+    subscription (sum them over the processes), leases held and lost."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        deliverer = self._app.get(DELIVERIES)
+        if deliverer is None:
+            return
+        counters = deliverer.counters
+        outcomes = CounterMetricFamily(
+            "feedsvc_deliveries",
+            "notification attempts by scheme and outcome: delivered, attempt_failed "
+            "(retried or given up), given_up (the retry policy ran out, or a final error)",
+            labels=["scheme", "outcome"],
+        )
+        for (scheme, outcome), count in sorted(counters.outcomes.items()):
+            outcomes.add_metric([scheme, outcome], count)
+        yield outcomes
+        failures = CounterMetricFamily(
+            "feedsvc_subscription_failures",
+            "notifications given up on, per subscription (this process's share)",
+            labels=["project", "queue", "subscription"],
+        )
+        for (project, queue, sid), count in sorted(counters.failures.items()):
+            failures.add_metric([project, queue, sid], count)
+        yield failures
+        yield CounterMetricFamily(
+            "feedsvc_delivery_leases_lost",
+            "subscriptions this process stopped delivering because its lease was lost",
+            value=counters.leases_lost,
+        )
+        yield GaugeMetricFamily(
+            "feedsvc_delivery_leases",
+            "subscriptions this process is delivering now (leases held)",
+            value=deliverer.running,
+        )
+
+
 def setup_metrics(app: web.Application) -> None:
     registry = CollectorRegistry()
     app[METRICS_REGISTRY] = registry
@@ -71,6 +112,7 @@ def setup_metrics(app: web.Application) -> None:
     )
     app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
+    registry.register(DeliveryCollector(app))
 
 
 # Methods counted by name; any other (a client may send any token) counts as

@@ -23,6 +23,7 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
+from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
 from feedsvc.config import Settings
 from feedsvc.storage.base import RESERVED_FIELDS
@@ -962,9 +963,13 @@ def _require_tokens(document: dict[str, Any]) -> None:
             ]
 
 
-# Operations a pre-signed URL can allow: those below .../messages and .../claims
-# (a URL for subscriptions signs a path feedsvc does not serve yet).
-SIGNABLE = ("/v2/queues/{queue}/messages", "/v2/queues/{queue}/claims")
+# Operations a pre-signed URL can allow: those below .../messages, .../claims
+# and .../subscriptions (a confirmation request carries one for PUT .../confirm).
+SIGNABLE = (
+    "/v2/queues/{queue}/messages",
+    "/v2/queues/{queue}/claims",
+    "/v2/queues/{queue}/subscriptions",
+)
 
 
 def _signed_urls(document: dict[str, Any]) -> None:
@@ -1145,6 +1150,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         },
     }
     _topics(document)
+    add_subscriptions(document, settings)
     _signed_urls(document)
     if settings.auth_tokens():
         _require_tokens(document)

@@ -7,6 +7,7 @@ from aiohttp.typedefs import Handler
 
 from feedsvc.api import console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
+from feedsvc.api import subscriptions as subs
 
 QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
@@ -49,6 +50,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", TOPIC + "/messages", h.delete_messages),
     ("GET", TOPIC + "/messages/{message_id}", h.get_message),
     ("DELETE", TOPIC + "/messages/{message_id}", h.delete_message),
+    ("POST", QUEUE + "/subscriptions", subs.create_subscription),
+    ("GET", QUEUE + "/subscriptions", subs.list_subscriptions),
+    ("GET", QUEUE + "/subscriptions/{subscription_id}", subs.get_subscription),
+    ("PATCH", QUEUE + "/subscriptions/{subscription_id}", subs.patch_subscription),
+    ("DELETE", QUEUE + "/subscriptions/{subscription_id}", subs.delete_subscription),
+    ("PUT", QUEUE + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
 ]
 
 

@@ -33,6 +33,9 @@ into the Lua scripts too)::
 A topic (``FeedStore.topics()``) has exactly these keys and records under
 ``fs:t:{<escaped project>/<topic>}``, and its names in ``fs:p:{P}:topics``
 (see ``keys.FeedSpace``): a topic and a queue of one name share no key.
+A queue's (or topic's) subscriptions and their delivery state live under its
+tag too (``Q:subs``, ``Q:subu``, ``Q:s:<id>``, ``Q:sl:<id>``; their schema is
+in ``feedsvc.storage.subscriptions``).
 
 Invariants, kept by both drivers:
 
@@ -156,6 +159,156 @@ class Claim:
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A subscription's delivery state (``feedsvc.storage.subscriptions``)."""
+
+    position: int = 0  # seq of the last message handled: delivered or given up
+    attempts: int = 0  # failed attempts at the message after position
+    due_ms: int = 0  # the next attempt not before this time (a retry's back-off)
+    delivered: int = 0  # messages delivered
+    failures: int = 0  # messages given up on after the retry policy ran out
+    last_error: str | None = None
+    control: bytes | None = None  # a confirmation request to send before anything else
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    id: str
+    source: str  # the queue's (or topic's) name
+    subscriber: str
+    ttl: int
+    created_ms: int
+    expires_ms: int
+    options: dict[str, Any]
+    confirmed: bool
+    delivery: Delivery = field(default_factory=Delivery)
+
+    def age(self, now_ms: int) -> int:
+        return max(0, (now_ms - self.created_ms) // 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubscription:
+    """What a create found: the id, whether it is new, and if not whether
+    the existing one is confirmed (Zaqar: 409 if so, else confirm again)."""
+
+    id: str
+    created: bool
+    confirmed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """What subscriptions hang off: a queue (``kind`` "queue") or a topic."""
+
+    kind: str
+    project: str
+    name: str
+
+
+class SubscriptionStore(Protocol):
+    """Subscriptions of one kind of parent, with Zaqar's semantics: unique
+    per parent and subscriber, listed by id, gone at their ttl."""
+
+    async def create(
+        self, parent: Parent, subscriber: str, ttl: int, options: dict[str, Any]
+    ) -> NewSubscription: ...
+
+    async def get(self, parent: Parent, subscription_id: str) -> Subscription:
+        """SubscriptionNotFound if missing or expired."""
+        ...
+
+    async def list(self, parent: Parent, marker: str | None, limit: int) -> list[Subscription]: ...
+
+    async def update(
+        self,
+        parent: Parent,
+        subscription_id: str,
+        subscriber: str | None,
+        ttl: int | None,
+        options: dict[str, Any] | None,
+    ) -> None:
+        """SubscriptionNotFound; SubscriptionExists if the new subscriber is taken."""
+        ...
+
+    async def delete(self, parent: Parent, subscription_id: str) -> None:
+        """No error if missing."""
+        ...
+
+    async def confirm(
+        self, parent: Parent, subscription_id: str, confirmed: bool, control: bytes | None
+    ) -> None:
+        """Set confirmed; a confirmation skips the backlog (delivery starts
+        with the next message); control is sent to the subscriber first."""
+        ...
+
+    async def request_confirmation(
+        self, parent: Parent, subscription_id: str, control: bytes
+    ) -> None:
+        """Send control (a confirmation request) before anything else."""
+        ...
+
+    async def purge(self, parent: Parent) -> None:
+        """Delete every subscription of the parent."""
+        ...
+
+
+class DeliveryState(Protocol):
+    """What the delivery workers need: the parents with subscriptions, a
+    lease per subscription, the messages after a position, and the state."""
+
+    async def parents(self) -> list[Parent]:
+        """Every parent that may have subscriptions (a few may have none left)."""
+        ...
+
+    async def forget_if_empty(self, parent: Parent) -> None: ...
+
+    async def subscription_ids(self, parent: Parent) -> list[str]: ...
+
+    async def with_work(self, parent: Parent, ids: list[str], confirmed_only: bool) -> list[str]:
+        """The live subscriptions among ids that have something to send: a
+        confirmation request, or messages after their position (only if
+        confirmed, with confirmed_only). One round trip, so a sweep costs
+        little when everything is sent."""
+        ...
+
+    async def acquire(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool: ...
+
+    async def renew(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool:
+        """Extend the lease if it is still this token's (False: it was lost)."""
+        ...
+
+    async def release(self, parent: Parent, subscription_id: str, token: str) -> None: ...
+
+    async def last_seq(self, parent: Parent) -> int: ...
+
+    async def parent_metadata(self, parent: Parent) -> dict[str, Any]:
+        """The queue's (or topic's) metadata; {} if it is gone."""
+        ...
+
+    async def messages_after(
+        self, parent: Parent, position: int, limit: int
+    ) -> list[tuple[int, Message | None]]:
+        """(seq, message) in post order after position; None for a message
+        that expired or was deleted before it could be delivered."""
+        ...
+
+    async def settle(
+        self,
+        parent: Parent,
+        subscription_id: str,
+        token: str,
+        delivery: Delivery,
+        outcome: str,
+        clear_control: bool = False,
+    ) -> bool:
+        """Write position, attempts, due and last error (if any) if the lease
+        is still this token's; count outcome "delivered" or "failed" ("": a
+        retry was scheduled); clear_control: the confirmation request is done."""
+        ...
 
 
 @dataclass(slots=True)
@@ -325,4 +478,14 @@ class FeedStore(Protocol):
 
     async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
         """Free the claim's messages; no error if the claim is gone."""
+        ...
+
+    @property
+    def subscriptions(self) -> SubscriptionStore:
+        """The queues' subscriptions."""
+        ...
+
+    @property
+    def deliveries(self) -> DeliveryState:
+        """The delivery state of every subscription, for the delivery workers."""
         ...

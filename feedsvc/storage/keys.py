@@ -17,6 +17,7 @@ escaping.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,12 +29,21 @@ NAMESPACE = "fs"
 #: one project never share a key.
 Kind = Literal["queue", "topic"]
 KIND_PREFIX: dict[Kind, str] = {"queue": "", "topic": "t:"}
+KINDS: tuple[Kind, ...] = ("queue", "topic")
 
 META_SUFFIX = ":q"
 FEED_SUFFIX = ":feed"  # a shard channel, not a key: notifications for followers
 MESSAGE_INFIX = ":m:"
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
+SUBSCRIPTIONS_SUFFIX = ":subs"
+SUBSCRIBERS_SUFFIX = ":subu"
+SUBSCRIPTION_INFIX = ":s:"
+LEASE_INFIX = ":sl:"
+#: Every parent (queue or topic) that has or had subscriptions: JSON
+#: ``[kind, project, name]`` members, score 0. One key in one slot: the
+#: delivery workers' sweep reads it; adding to it is an idempotent ZADD.
+SUBSCRIBED_KEY = f"{NAMESPACE}:subscribed"
 
 
 def escape_project(project: str) -> str:
@@ -54,6 +64,11 @@ class QueueKeys:
     @classmethod
     def of(cls, project: str, queue: str, kind: Kind = "queue") -> QueueKeys:
         return cls(f"{NAMESPACE}:{KIND_PREFIX[kind]}{{{escape_project(project)}/{queue}}}")
+
+    @classmethod
+    def builder(cls, kind: Kind) -> Callable[[str, str], QueueKeys]:
+        """(project, name) -> the keys of that feed of this kind."""
+        return lambda project, name: cls.of(project, name, kind)
 
     @property
     def meta(self) -> str:
@@ -95,6 +110,10 @@ class QueueKeys:
     def claim(self, claim_id: str) -> str:
         return self.prefix + CLAIM_INFIX + claim_id
 
+    def subscriptions(self) -> SubscriptionKeys:
+        """The keys of this queue's (or topic's) subscriptions, under its hash tag."""
+        return SubscriptionKeys(self.prefix)
+
     def fixed(self) -> list[str]:
         """The keys passed as KEYS[1..n] to every queue script, in this order."""
         return [
@@ -124,3 +143,30 @@ class FeedSpace:
     def _noun(self) -> str:
         """What error messages call the feed: "Queue" or "Topic"."""
         return self._kind.capitalize()
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionKeys:
+    """The subscription keys of one parent (a queue; a topic's keys are built
+    the same way from its own prefix). They share the parent's hash tag, so a
+    delivery reads the parent's messages and writes its own state in one slot.
+    See ``feedsvc.storage.subscriptions`` for the schema."""
+
+    prefix: str
+
+    @property
+    def index(self) -> str:
+        """Sorted set: subscription id -> 0 (listed by id, as Zaqar's Redis driver does)."""
+        return self.prefix + SUBSCRIPTIONS_SUFFIX
+
+    @property
+    def subscribers(self) -> str:
+        """Hash: subscriber URI -> subscription id (subscribers are unique per parent)."""
+        return self.prefix + SUBSCRIBERS_SUFFIX
+
+    def record(self, subscription_id: str) -> str:
+        return self.prefix + SUBSCRIPTION_INFIX + subscription_id
+
+    def lease(self, subscription_id: str) -> str:
+        """String: the token of the worker delivering this subscription; PX = the lease."""
+        return self.prefix + LEASE_INFIX + subscription_id

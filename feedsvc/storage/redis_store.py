@@ -41,8 +41,10 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.deliveries import RedisDeliveries
+from feedsvc.storage.keys import KINDS, QueueKeys
 from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
+from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -78,6 +80,14 @@ class RedisStore(ClaimUpkeep):
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
         self._topic_view: Self | None = None
+        # subscriptions hang off queues and topics alike (the same layout
+        # under each kind's keys); one delivery state for both
+        builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
+        self._subscriptions = {
+            kind: RedisSubscriptions(transport, clock, kind, build)
+            for kind, build in builders.items()
+        }
+        self._deliveries = RedisDeliveries(transport, clock, builders, self._reveal)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -89,6 +99,16 @@ class RedisStore(ClaimUpkeep):
             view._kind = "topic"
             self._topic_view = view
         return self._topic_view
+
+    @property
+    def subscriptions(self) -> RedisSubscriptions:
+        """The subscriptions of this store's kind of feed (queues, or topics on
+        the topic view)."""
+        return self._subscriptions[self._kind]
+
+    @property
+    def deliveries(self) -> RedisDeliveries:
+        return self._deliveries
 
     @property
     def counters(self) -> StoreCounters:

@@ -1,0 +1,238 @@
+"""The subscription routes' part of the OpenAPI document (``feedsvc.api.openapi``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from feedsvc.api import subscription_rules as rules
+from feedsvc.api.subscriptions import SUBSCRIPTION_ID
+from feedsvc.config import Settings
+
+Schema = dict[str, Any]
+JSON = "application/json"
+QUEUE = "/v2/queues/{queue}"
+
+
+def _ref(kind: str, name: str) -> Schema:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _common(*extra: str) -> list[Schema]:
+    return [_ref("parameters", n) for n in ("ClientId", "ProjectId", "Queue", *extra)]
+
+
+def _errors(*statuses: str) -> dict[str, Schema]:
+    names = {"404": "NotFound", "409": "Conflict"}
+    out = {"400": _ref("responses", "BadRequest")}
+    out.update({s: _ref("responses", names[s]) for s in statuses})
+    out["503"] = _ref("responses", "Unavailable")
+    return out
+
+
+def _response(description: str, schema: Schema | None = None, location: bool = False) -> Schema:
+    response: Schema = {
+        "description": description,
+        "headers": {"X-Openstack-Request-Id": {"$ref": "#/components/headers/RequestId"}},
+    }
+    if location:
+        response["headers"]["Location"] = {"required": True, "schema": {"type": "string"}}
+    if schema is not None:
+        response["content"] = {JSON: {"schema": schema}}
+    return response
+
+
+def _body(name: str, description: str, required: bool = True) -> Schema:
+    return {
+        "required": required,
+        "description": description,
+        "content": {JSON: {"schema": _ref("schemas", name)}},
+    }
+
+
+def _schemas(s: Settings) -> dict[str, Schema]:
+    subscriber: Schema = {
+        "type": "string",
+        "description": "http(s):// webhook (each message is POSTed to it as JSON) or "
+        "mailto: address. A webhook may reach only public addresses unless the operator "
+        "allows more (--subscriber-allow); a literal IP is checked here, a name at every "
+        "delivery.",
+    }
+    ttl: Schema = {"type": "integer", "minimum": rules.MIN_SUBSCRIPTION_TTL}
+    options: Schema = {
+        "type": "object",
+        "description": "Free-form, kept with the subscription. Honoured: post_headers "
+        "(extra webhook headers), post_data (a body template: the string "
+        '"$zaqar_message$" is replaced by the notification), _retry_policy (Zaqar\'s), '
+        "from and subject (mail).",
+    }
+    return {
+        "NewSubscription": {
+            "type": "object",
+            "properties": {
+                "subscriber": subscriber,
+                "ttl": {**ttl, "default": s.default_subscription_ttl},
+                "options": options,
+            },
+            "required": ["subscriber"],
+        },
+        "SubscriptionPatch": {
+            "type": "object",
+            "properties": {"subscriber": subscriber, "ttl": ttl, "options": options},
+            "minProperties": 1,
+        },
+        "SubscriptionCreated": {
+            "type": "object",
+            "properties": {"subscription_id": {"type": "string", "format": "uuid"}},
+            "required": ["subscription_id"],
+            "additionalProperties": False,
+        },
+        "Confirmation": {
+            "type": "object",
+            "properties": {"confirmed": {"type": "boolean"}},
+            "required": ["confirmed"],
+        },
+        "Subscription": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [
+                "id",
+                "source",
+                "subscriber",
+                "ttl",
+                "age",
+                "options",
+                "confirmed",
+                "delivery",
+            ],
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "source": {"type": "string", "description": "The queue."},
+                "subscriber": {"type": "string"},
+                "ttl": {"type": "integer"},
+                "age": {"type": "integer", "minimum": 0},
+                "options": {"type": "object"},
+                "confirmed": {"type": "boolean"},
+                "delivery": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "description": "feedsvc's delivery state: messages delivered, "
+                    "messages given up on after the retry policy ran out, failed attempts "
+                    "at the current message, and the last error.",
+                    "required": ["delivered", "failures", "retrying", "last_error"],
+                    "properties": {
+                        "delivered": {"type": "integer", "minimum": 0},
+                        "failures": {"type": "integer", "minimum": 0},
+                        "retrying": {"type": "integer", "minimum": 0},
+                        "last_error": {"type": ["string", "null"]},
+                    },
+                },
+            },
+        },
+        "SubscriptionList": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["subscriptions", "links"],
+            "properties": {
+                "subscriptions": {"type": "array", "items": _ref("schemas", "Subscription")},
+                "links": {"type": "array", "maxItems": 1, "items": {"type": "object"}},
+            },
+        },
+    }
+
+
+def add_subscriptions(document: dict[str, Any], s: Settings) -> None:
+    """Add the subscription paths, schemas and parameters to document."""
+    components = document["components"]
+    components.setdefault("headers", {})["RequestId"] = {
+        "description": "Unique id of this request (also in the service log).",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^req-"},
+    }
+    components["schemas"].update(_schemas(s))
+    components["parameters"]["SubscriptionId"] = {
+        "name": "subscription_id",
+        "in": "path",
+        "required": True,
+        "description": "A subscription id (a UUID); any other value is 404.",
+        "schema": {"type": "string", "pattern": SUBSCRIPTION_ID.pattern},
+    }
+    done = _response("Done.")
+    item = _common("SubscriptionId")
+    document["paths"][QUEUE + "/subscriptions"] = {
+        "post": {
+            "operationId": "createSubscription",
+            "summary": "Subscribe a webhook or mail address to the queue's messages (the "
+            "queue is made if missing). The same subscriber again: 201 with the same id "
+            "while it is unconfirmed, 409 once confirmed.",
+            "parameters": _common(),
+            "requestBody": _body("NewSubscription", "The subscriber, ttl and options."),
+            "responses": {
+                "201": _response("Created.", _ref("schemas", "SubscriptionCreated"), True),
+                **_errors("409"),
+            },
+        },
+        "get": {
+            "operationId": "listSubscriptions",
+            "summary": "The queue's subscriptions by id",
+            "parameters": [
+                *_common(),
+                {
+                    "name": "limit",
+                    "in": "query",
+                    "required": False,
+                    "schema": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": s.max_subscriptions_per_page,
+                        "default": 10,
+                    },
+                },
+                {
+                    "name": "marker",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "The last id of the previous page.",
+                },
+            ],
+            "responses": {
+                "200": _response("A page.", _ref("schemas", "SubscriptionList")),
+                **_errors(),
+            },
+        },
+    }
+    document["paths"][QUEUE + "/subscriptions/{subscription_id}"] = {
+        "get": {
+            "operationId": "getSubscription",
+            "summary": "A live subscription and its delivery state",
+            "parameters": item,
+            "responses": {
+                "200": _response("The subscription.", _ref("schemas", "Subscription")),
+                **_errors("404"),
+            },
+        },
+        "patch": {
+            "operationId": "updateSubscription",
+            "summary": "Change the subscriber, ttl (restarted from now) or options",
+            "parameters": item,
+            "requestBody": _body("SubscriptionPatch", "What to change."),
+            "responses": {"204": _response("Done.", None, True), **_errors("404", "409")},
+        },
+        "delete": {
+            "operationId": "deleteSubscription",
+            "summary": "Unsubscribe (no error if it is gone)",
+            "parameters": item,
+            "responses": {"204": done, **_errors()},
+        },
+    }
+    document["paths"][QUEUE + "/subscriptions/{subscription_id}/confirm"] = {
+        "put": {
+            "operationId": "confirmSubscription",
+            "summary": "Confirm (or revoke) a subscription. With --require-confirmation an "
+            "unconfirmed subscriber is sent only its confirmation request, which carries a "
+            "pre-signed URL for this call.",
+            "parameters": item,
+            "requestBody": _body("Confirmation", "confirmed: true or false."),
+            "responses": {"204": _response("Done.", None, True), **_errors("404")},
+        }
+    }

@@ -1,0 +1,1 @@
+"""Delivery of subscriptions: webhooks and mail, from every serving process."""

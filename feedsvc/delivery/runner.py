@@ -1,0 +1,226 @@
+"""One subscription delivered by this process while it holds the lease.
+
+The runner sends, in post order, each message after the stored position;
+after each answer it stores the new state (position, attempts, back-off)
+in a transaction that first checks the lease is still its own, and stops at
+once if it is not. A background task renews the lease every third of its
+length; before each attempt the runner makes sure the attempt ends (at most
+``--delivery-timeout``, below half the lease) before the lease could run
+out, so a worker that takes over never overlaps with one still sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from feedsvc.clock import Clock
+from feedsvc.config import Settings
+from feedsvc.delivery.retry import effective_policy, schedule
+from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
+from feedsvc.errors import FeedError, SubscriptionNotFound
+from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription
+
+log = logging.getLogger("feedsvc")
+
+BATCH = 20
+# The longest sleep before a retry that is due later: the loop looks again
+# (the subscription may have been changed or deleted meanwhile).
+MAX_NAP = 5.0
+
+
+@dataclass(slots=True)
+class DeliveryCounters:
+    """What /metrics shows: outcomes by scheme, and given-up messages per subscription."""
+
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    failures: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    takeovers: int = 0
+    leases_lost: int = 0
+
+    def count(self, scheme: str, outcome: str) -> None:
+        key = (scheme, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def failed(self, parent: Parent, subscription_id: str) -> None:
+        key = (parent.project, parent.name, subscription_id)
+        self.failures[key] = self.failures.get(key, 0) + 1
+
+
+class LeaseLost(Exception):
+    pass
+
+
+class Runner:
+    def __init__(
+        self,
+        store: FeedStore,
+        senders: Senders,
+        settings: Settings,
+        clock: Clock,
+        counters: DeliveryCounters,
+        parent: Parent,
+        subscription_id: str,
+    ) -> None:
+        self._store = store
+        self._state = store.deliveries
+        self._senders = senders
+        self._settings = settings
+        self._clock = clock
+        self._counters = counters
+        self.parent = parent
+        self.subscription_id = subscription_id
+        self._token = os.urandom(12).hex()
+        self._lease_ms = int(settings.delivery_lease * 1000)
+        self._renewed = 0.0  # monotonic time of the last successful acquire or renewal
+        self._lost = False
+
+    async def acquire(self) -> bool:
+        started = time.monotonic()
+        if await self._state.acquire(
+            self.parent, self.subscription_id, self._token, self._lease_ms
+        ):
+            self._renewed = started
+            return True
+        return False
+
+    async def run(self, done: Callable[[], None]) -> None:
+        """Deliver until nothing is left (or the lease is lost); then let go."""
+        renewer = asyncio.create_task(self._renew_forever())
+        try:
+            while True:
+                position = await self._deliver()
+                await self._state.release(self.parent, self.subscription_id, self._token)
+                # a post that landed after the last read found the lease taken
+                # and woke no one: look once more now that the lease is free
+                if position is None or await self._state.last_seq(self.parent) <= position:
+                    break
+                if not await self.acquire():
+                    break
+        except asyncio.CancelledError:
+            # stopping: let the lease go so another process continues at once
+            with contextlib.suppress(FeedError, asyncio.CancelledError):
+                await asyncio.shield(
+                    self._state.release(self.parent, self.subscription_id, self._token)
+                )
+            raise
+        except LeaseLost:
+            self._counters.leases_lost += 1
+            log.warning("lost the lease of subscription %s", self.subscription_id)
+            # if it was only about to run out, free it: the next wake-up or sweep
+            # (here or elsewhere) continues at once rather than after it expires
+            with contextlib.suppress(FeedError):
+                await self._state.release(self.parent, self.subscription_id, self._token)
+        except FeedError as exc:  # Redis trouble: the sweep tries again later
+            log.warning("delivery of subscription %s stopped: %s", self.subscription_id, exc)
+        except Exception:  # a bug: the lease runs out, the sweep tries again
+            log.exception("delivery of subscription %s failed", self.subscription_id)
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            done()
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.delivery_lease / 3)
+            started = time.monotonic()
+            try:
+                ok = await self._state.renew(
+                    self.parent, self.subscription_id, self._token, self._lease_ms
+                )
+            except FeedError:
+                ok = False
+            if not ok:
+                self._lost = True
+                return
+            self._renewed = started
+
+    def _check_lease(self) -> None:
+        """Raise unless an attempt started now ends before the lease can run out."""
+        left = self._renewed + self._settings.delivery_lease - time.monotonic()
+        if self._lost or left <= self._settings.delivery_timeout:
+            raise LeaseLost()
+
+    async def _settle(self, delivery: Delivery, outcome: str, clear_control: bool = False) -> None:
+        if not await self._state.settle(
+            self.parent, self.subscription_id, self._token, delivery, outcome, clear_control
+        ):
+            raise LeaseLost()
+
+    async def _deliver(self) -> int | None:
+        """Work through the backlog; the position reached (None: nothing to deliver
+        until something else changes: the subscription is gone, or unconfirmed)."""
+        while True:
+            try:
+                sub = await self._store.subscriptions.get(self.parent, self.subscription_id)
+            except SubscriptionNotFound:
+                return None
+            d = sub.delivery
+            wait = (d.due_ms - self._clock.now_ms()) / 1000
+            if wait > 0:
+                await asyncio.sleep(min(wait, MAX_NAP, self._settings.delivery_sweep))
+                continue
+            if d.control is not None:
+                data = control_document(sub, d.control)
+                outcome = await self._attempt(sub, data, None)
+                await self._after(sub, outcome, d.position, control_sent=True)
+                continue
+            if self._settings.require_confirmation and not sub.confirmed:
+                # only the confirmation request goes to the unconfirmed; the
+                # confirmation restarts delivery (and skips what came before)
+                return None
+            batch = await self._state.messages_after(self.parent, d.position, BATCH)
+            if not batch:
+                return d.position
+            for seq, message in batch:
+                if message is None:  # expired or deleted before it could be sent
+                    await self._settle(replace(d, position=seq, attempts=0, due_ms=0), "")
+                    d = replace(d, position=seq)
+                    continue
+                outcome = await self._attempt(sub, notification(sub, message), message.id)
+                if not await self._after(sub, outcome, seq):
+                    break
+                d = replace(d, position=seq, attempts=0, due_ms=0)
+
+    async def _attempt(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
+        self._check_lease()
+        outcome = await self._senders.send(sub, data, message_id)
+        scheme = sub.subscriber.partition(":")[0]
+        self._counters.count(scheme, "delivered" if outcome.ok else "attempt_failed")
+        return outcome
+
+    async def _after(
+        self, sub: Subscription, outcome: Outcome, seq: int, control_sent: bool = False
+    ) -> bool:
+        """Store what the attempt means; True if delivery moves on to the next message."""
+        d = sub.delivery
+        if outcome.ok:
+            await self._settle(
+                Delivery(position=seq), "" if control_sent else "delivered", control_sent
+            )
+            return True
+        retries = schedule(
+            effective_policy(sub.options, await self._state.parent_metadata(self.parent))
+        )
+        if outcome.final or d.attempts >= len(retries):
+            log.warning("subscription %s gave up on a notification: %s", sub.id, outcome.error)
+            self._counters.count(sub.subscriber.partition(":")[0], "given_up")
+            self._counters.failed(self.parent, sub.id)
+            failed = Delivery(position=seq, last_error=outcome.error)
+            await self._settle(failed, "failed", control_sent)
+            return True
+        due = self._clock.now_ms() + int(retries[d.attempts] * 1000)
+        retry = Delivery(
+            position=d.position,
+            attempts=d.attempts + 1,
+            due_ms=due,
+            last_error=outcome.error,
+        )
+        await self._settle(retry, "")
+        return False

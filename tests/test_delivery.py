@@ -1,0 +1,419 @@
+"""Delivery of subscriptions to real local receivers: an aiohttp server on
+127.0.0.1 for webhooks, aiosmtpd for mail. Per driver, on one server and on
+the Redis Cluster. Back-off delays are crossed by moving the ManualClock.
+
+Waiting for a receiver to get something has a generous bound (a hang fails
+the test); no assertion depends on how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.message import Message as Mail
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from feedsvc.app import create_app
+from feedsvc.appkeys import STORE
+from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
+from feedsvc.delivery.runner import DeliveryCounters, Runner
+from feedsvc.delivery.senders import Senders
+from feedsvc.storage.base import Parent
+
+Client = TestClient[web.Request, web.Application]
+Headers = dict[str, str]
+Q = "/v2/queues/news"
+PATIENCE = 30.0
+
+
+def delivery_settings(settings: Settings, **changes: Any) -> Settings:
+    base = settings.replace(
+        subscriber_allow="127.0.0.0/8",
+        delivery_lease=3.0,
+        delivery_timeout=1.0,
+        delivery_sweep=0.2,
+    )
+    return base.replace(**changes)
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver: records what it gets; answers status(request number)."""
+
+    url: str = ""
+    got: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    answer: Callable[[bytes], int] = lambda _body: 200
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.got.append((dict(request.headers), body))
+        self.arrived.set()
+        return web.Response(status=self.answer(body))
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [orjson.loads(b) for _, b in self.got]
+
+    async def until(self, count: int) -> None:
+        async with asyncio.timeout(PATIENCE):
+            while len(self.got) < count:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    found = Receiver()
+    app = web.Application()
+    app.router.add_post("/hook", found.handle)
+    async with TestServer(app, host="127.0.0.1") as server:
+        found.url = str(server.make_url("/hook"))
+        yield found
+
+
+@asynccontextmanager
+async def service(settings: Settings, clock: ManualClock) -> AsyncIterator[Client]:
+    async with TestClient(TestServer(create_app(settings, clock))) as client:
+        yield client
+
+
+async def subscribe(http: Client, headers: Headers, subscriber: str, **extra: Any) -> str:
+    body = {"subscriber": subscriber, "ttl": 3600, **extra}
+    resp = await http.post(Q + "/subscriptions", json=body, headers=headers)
+    assert resp.status == 201, await resp.text()
+    sid: str = (await resp.json())["subscription_id"]
+    return sid
+
+
+async def post(http: Client, headers: Headers, *bodies: Any) -> list[str]:
+    resp = await http.post(
+        Q + "/messages",
+        json={"messages": [{"body": b, "ttl": 300} for b in bodies]},
+        headers=headers,
+    )
+    assert resp.status == 201, await resp.text()
+    return [h.rsplit("/", 1)[1] for h in (await resp.json())["resources"]]
+
+
+async def details(http: Client, headers: Headers, sid: str) -> dict[str, Any]:
+    resp = await http.get(f"{Q}/subscriptions/{sid}", headers=headers)
+    assert resp.status == 200
+    doc: dict[str, Any] = await resp.json()
+    return doc
+
+
+async def until_settled(http: Client, headers: Headers, sid: str, key: str, value: int) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while (await details(http, headers, sid))["delivery"][key] != value:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # (the state is in Redis: nothing to wait on here)
+
+
+async def test_webhook_gets_each_message_in_order_as_zaqar_sends_it(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    async with service(delivery_settings(settings), clock) as http:
+        await post(http, headers, "before")  # posted before the subscription: not sent
+        sid = await subscribe(
+            http, headers, receiver.url, options={"post_headers": {"X-Hook-Key": "s3cret"}}
+        )
+        ids = []
+        for i in range(5):
+            ids += await post(http, headers, {"n": i})
+        await receiver.until(5)
+        await until_settled(http, headers, sid, "delivered", 5)
+    assert receiver.bodies() == [
+        {"body": {"n": i}, "ttl": 300, "queue_name": "news", "Message_Type": "Notification"}
+        for i in range(5)
+    ]
+    for (got, _), message_id in zip(receiver.got, ids, strict=True):
+        assert got["Content-Type"] == "application/json"
+        assert got["X-Hook-Key"] == "s3cret"
+        assert got["X-Message-ID"] == message_id
+
+
+async def test_post_data_template(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    template = '{"wrapped": "$zaqar_message$", "from": "feedsvc"}'
+    async with service(delivery_settings(settings), clock) as http:
+        await subscribe(http, headers, receiver.url, options={"post_data": template})
+        await post(http, headers, 7)
+        await receiver.until(1)
+    [doc] = receiver.bodies()
+    assert doc == {
+        "wrapped": {"body": 7, "ttl": 300, "queue_name": "news", "Message_Type": "Notification"},
+        "from": "feedsvc",
+    }
+
+
+async def test_server_errors_are_retried_then_delivery_moves_on(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    failures = {"n": 0}
+
+    def flaky(body: bytes) -> int:
+        if orjson.loads(body)["body"] == "a" and failures["n"] < 2:
+            failures["n"] += 1
+            return 503
+        return 200
+
+    receiver.answer = flaky
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, "a", "b")
+        await receiver.until(4)
+        await until_settled(http, headers, sid, "delivered", 2)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == ["a", "a", "a", "b"]
+    assert doc["delivery"]["failures"] == 0
+    assert doc["delivery"]["last_error"] == "HTTP 503"
+
+
+async def test_retry_policy_backs_off_then_gives_up_and_counts_it(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    receiver.answer = lambda body: 500 if orjson.loads(body)["body"] == "bad" else 200
+    policy = {
+        "retries_with_no_delay": 1,
+        "minimum_delay_retries": 0,
+        "maximum_delay_retries": 0,
+        "minimum_delay": 0,
+        "maximum_delay": 10,
+    }  # schedule: 0 s, then the linear back-off 0 s, 5 s; then give up
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url, options={"_retry_policy": policy})
+        await post(http, headers, "bad", "good")
+        await receiver.until(3)
+        await until_settled(http, headers, sid, "retrying", 3)
+        assert len(receiver.got) == 3  # waiting for the 5 s back-off: clock stands still
+        clock.advance(5)
+        await receiver.until(5)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+        metrics = await (await http.get("/metrics")).text()
+    assert [b["body"] for b in receiver.bodies()] == ["bad"] * 4 + ["good"]
+    assert doc["delivery"] == {
+        "delivered": 1,
+        "failures": 1,
+        "retrying": 0,
+        "last_error": "HTTP 500",
+    }
+    assert f'subscription="{sid}"}} 1.0' in metrics
+    assert 'feedsvc_deliveries_total{outcome="given_up",scheme="http"} 1.0' in metrics
+
+
+async def test_queue_policy_applies_when_the_subscription_has_none(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    receiver.answer = lambda body: 502
+    policy = {"retries_with_no_delay": 0, "minimum_delay_retries": 0, "maximum_delay_retries": 0,
+              "minimum_delay": 20, "maximum_delay": 30}  # fmt: skip
+    async with service(delivery_settings(settings), clock) as http:
+        resp = await http.put(Q, json={"_retry_policy": policy}, headers=headers)
+        assert resp.status == 201
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, 1)
+        await receiver.until(1)
+        for _ in range(2):  # linear back-off 20 s, 25 s
+            await until_settled(http, headers, sid, "retrying", len(receiver.got))
+            clock.advance(30)
+            await receiver.until(len(receiver.got) + 1)
+        await until_settled(http, headers, sid, "failures", 1)
+    assert len(receiver.got) == 3
+
+
+async def test_client_errors_are_final(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    receiver.answer = lambda body: 404 if orjson.loads(body)["body"] == 1 else 200
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, 1, 2)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == [1, 2]
+    assert doc["delivery"]["failures"] == 1
+
+
+async def test_private_addresses_are_refused_when_delivering(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    # a name is accepted at creation; it resolves to loopback, which is not allowed
+    hook = receiver.url.replace("127.0.0.1", "localhost")
+    async with service(delivery_settings(settings, subscriber_allow=None), clock) as http:
+        sid = await subscribe(http, headers, hook)
+        await post(http, headers, 1)
+        await until_settled(http, headers, sid, "failures", 1)
+        doc = await details(http, headers, sid)
+    assert receiver.got == []
+    assert "not public" in doc["delivery"]["last_error"]
+
+
+async def test_two_workers_share_a_subscription_without_double_delivery(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    tuned = delivery_settings(settings)
+    async with service(tuned, clock) as one, service(tuned, clock) as two:
+        sid = await subscribe(one, headers, receiver.url)
+        for i in range(20):
+            await post(one if i % 2 else two, headers, i)
+        await until_settled(one, headers, sid, "delivered", 20)
+    assert [b["body"] for b in receiver.bodies()] == list(range(20))
+
+
+async def test_confirmation_is_required_when_configured(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    tuned = delivery_settings(settings, require_confirmation=True, signed_url_key="k3y")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await receiver.until(1)
+        await post(http, headers, "unconfirmed")
+        [request] = receiver.bodies()
+        assert request["Message_Type"] == "SubscriptionConfirmation"
+        assert request["queue_name"] == "news"
+        path = f"{Q}/subscriptions/{sid}/confirm"
+        assert (request["URL-Paths"], request["URL-Methods"]) == (path, "PUT")
+        # the signed URL confirms without any other credentials than its own
+        signed = {
+            "Client-ID": str(uuid.uuid4()),
+            "X-Project-ID": request["X-Project-ID"],
+            "URL-Signature": request["URL-Signature"],
+            "URL-Expires": request["URL-Expires"],
+            "URL-Methods": request["URL-Methods"],
+            "URL-Paths": request["URL-Paths"],
+        }
+        resp = await http.put(path, json=request["SubscribeBody"], headers=signed)
+        assert resp.status == 204
+        await post(http, headers, "confirmed")
+        await receiver.until(2)
+        await until_settled(http, headers, sid, "delivered", 1)
+    assert [b.get("body") for b in receiver.bodies()] == [None, "confirmed"]
+
+
+@dataclass
+class Mailbox:
+    mails: list[tuple[str, list[str], Mail]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        content = envelope.content if isinstance(envelope.content, bytes) else b""
+        self.mails.append(
+            (str(envelope.mail_from), list(envelope.rcpt_tos), message_from_bytes(content))
+        )
+        self.arrived.set()
+        return "250 OK"
+
+
+@pytest.fixture
+async def smtp() -> AsyncIterator[tuple[str, Mailbox]]:
+    box = Mailbox()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: SMTP(box, hostname="localhost"), "127.0.0.1", 0
+    )
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}", box
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_mailto_is_sent_through_the_smtp_server(
+    settings: Settings, clock: ManualClock, headers: Headers, smtp: tuple[str, Mailbox]
+) -> None:
+    address, box = smtp
+    tuned = delivery_settings(settings, smtp_server=address, smtp_sender="feeds@example.org")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(
+            http, headers, "mailto:ops@example.com?subject=News", options={"from": "n@example.org"}
+        )
+        await post(http, headers, {"alert": 1})
+        async with asyncio.timeout(PATIENCE):
+            while not box.mails:
+                box.arrived.clear()
+                await box.arrived.wait()
+        await until_settled(http, headers, sid, "delivered", 1)
+    [(sender, recipients, mail)] = box.mails
+    assert (sender, recipients) == ("feeds@example.org", ["ops@example.com"])
+    assert (mail["To"], mail["From"], mail["Subject"]) == (
+        "ops@example.com",
+        "n@example.org",
+        "News",
+    )
+    payload = mail.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    assert orjson.loads(payload) == {
+        "body": {"alert": 1},
+        "ttl": 300,
+        "queue_name": "news",
+        "Message_Type": "Notification",
+    }
+
+
+async def test_mailto_without_smtp_server_is_a_counted_failure(
+    settings: Settings, clock: ManualClock, headers: Headers
+) -> None:
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, "mailto:ops@example.com")
+        await post(http, headers, 1)
+        await until_settled(http, headers, sid, "failures", 1)
+        doc = await details(http, headers, sid)
+    assert "smtp-server" in doc["delivery"]["last_error"]
+
+
+async def test_an_unconfirmed_subscription_with_a_backlog_leaves_its_worker_idle(
+    settings: Settings,
+    clock: ManualClock,
+    headers: Headers,
+    receiver: Receiver,
+) -> None:
+    tuned = delivery_settings(settings, require_confirmation=True, signed_url_key="k3y")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await receiver.until(1)  # the confirmation request
+        await post(http, headers, 1, 2)
+        parent = Parent("queue", headers["X-Project-ID"], "news")
+        senders = Senders(tuned)
+        runner = Runner(http.app[STORE], senders, tuned, clock, DeliveryCounters(), parent, sid)
+        async with asyncio.timeout(PATIENCE):
+            while not await runner.acquire():  # noqa: ASYNC110 (the app's worker lets go)
+                await asyncio.sleep(0.02)
+            await runner.run(lambda: None)  # returns: nothing to do until confirmed
+        await senders.close()
+    assert [b["Message_Type"] for b in receiver.bodies()] == ["SubscriptionConfirmation"]
+
+
+async def test_a_message_that_expires_while_retried_is_skipped(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    receiver.answer = lambda body: 503 if orjson.loads(body)["body"] == "short" else 200
+    policy = {"retries_with_no_delay": 0, "minimum_delay_retries": 0, "maximum_delay_retries": 0,
+              "minimum_delay": 100, "maximum_delay": 200}  # fmt: skip
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url, options={"_retry_policy": policy})
+        resp = await http.post(
+            Q + "/messages",
+            json={"messages": [{"body": "short", "ttl": 60}, {"body": "long", "ttl": 3600}]},
+            headers=headers,
+        )
+        assert resp.status == 201
+        await receiver.until(1)
+        await until_settled(http, headers, sid, "retrying", 1)
+        clock.advance(101)  # the retry is due, and the message is gone
+        await receiver.until(2)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == ["short", "long"]
+    assert doc["delivery"]["failures"] == 0
