@@ -417,3 +417,43 @@ async def test_a_message_that_expires_while_retried_is_skipped(
         doc = await details(http, headers, sid)
     assert [b["body"] for b in receiver.bodies()] == ["short", "long"]
     assert doc["delivery"]["failures"] == 0
+
+
+async def test_a_topic_has_subscriptions_of_its_own_delivered_like_a_queue(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    """/v2/topics/{name}/subscriptions: the topic's posts reach its
+    subscriber (bodies of an encrypted topic opened first), and the queue of
+    the same name neither shares the subscription nor wakes it."""
+    topic = "/v2/topics/news"
+    configured = delivery_settings(settings, message_encryption_key="k" * 32)
+    async with service(configured, clock) as http:
+        made = await http.put(topic, json={"_enable_encrypt_messages": True}, headers=headers)
+        assert made.status == 201, await made.text()
+        resp = await http.post(
+            topic + "/subscriptions",
+            json={"subscriber": receiver.url, "ttl": 3600},
+            headers=headers,
+        )
+        assert resp.status == 201, await resp.text()
+        sid = (await resp.json())["subscription_id"]
+        listed = await (await http.get(topic + "/subscriptions", headers=headers)).json()
+        assert [s["id"] for s in listed["subscriptions"]] == [sid]
+        queue_listed = await (await http.get(Q + "/subscriptions", headers=headers)).json()
+        assert queue_listed["subscriptions"] == []
+        await post(http, headers, "to the queue")  # the queue "news": not the topic's
+        for n in range(3):
+            resp = await http.post(
+                topic + "/messages",
+                json={"messages": [{"body": {"n": n}, "ttl": 300}]},
+                headers=headers,
+            )
+            assert resp.status == 201, await resp.text()
+        await receiver.until(3)
+        got = await (await http.get(f"{topic}/subscriptions/{sid}", headers=headers)).json()
+        assert got["source"] == "news"
+        gone = await http.delete(topic, headers=headers)  # its subscriptions go with it
+        assert gone.status == 204
+        missing = await http.get(f"{topic}/subscriptions/{sid}", headers=headers)
+        assert missing.status == 404
+    assert [b["body"] for b in receiver.bodies()] == [{"n": 0}, {"n": 1}, {"n": 2}]

@@ -1149,8 +1149,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "responses": _responses(settings),
         },
     }
-    _topics(document)
     add_subscriptions(document, settings)
+    _topics(document)  # the queue paths so far, subscriptions included, on topics
     _signed_urls(document)
     if settings.auth_tokens():
         _require_tokens(document)

@@ -56,6 +56,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PATCH", QUEUE + "/subscriptions/{subscription_id}", subs.patch_subscription),
     ("DELETE", QUEUE + "/subscriptions/{subscription_id}", subs.delete_subscription),
     ("PUT", QUEUE + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
+    ("POST", TOPIC + "/subscriptions", subs.create_subscription),
+    ("GET", TOPIC + "/subscriptions", subs.list_subscriptions),
+    ("GET", TOPIC + "/subscriptions/{subscription_id}", subs.get_subscription),
+    ("PATCH", TOPIC + "/subscriptions/{subscription_id}", subs.patch_subscription),
+    ("DELETE", TOPIC + "/subscriptions/{subscription_id}", subs.delete_subscription),
+    ("PUT", TOPIC + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
 ]
 
 

@@ -1,4 +1,5 @@
-"""Subscription handlers: ``/v2/queues/{queue}/subscriptions``, as Zaqar's
+"""Subscription handlers: ``/v2/queues/{queue}/subscriptions`` (and the same
+under ``/v2/topics/{topic}``), as Zaqar's
 ``transport/wsgi/v2_0/subscriptions.py`` answers them.
 
 * ``POST`` creates (201 ``{"subscription_id"}``; the queue is created if
@@ -29,9 +30,9 @@ from aiohttp import web
 
 from feedsvc.api import subscription_rules as rules
 from feedsvc.api import validation as v
-from feedsvc.api.handlers import json_response, read_body
+from feedsvc.api.handlers import feed_parent, feed_path, feed_store, json_response, read_body
 from feedsvc.api.signed_urls import DATE_FORMAT, signature
-from feedsvc.appkeys import CLOCK, DELIVERIES, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, DELIVERIES, SETTINGS
 from feedsvc.errors import BadRequest, SubscriptionExists, SubscriptionNotFound
 from feedsvc.storage.base import Parent, Subscription, SubscriptionStore
 
@@ -41,12 +42,13 @@ SUBSCRIPTION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 
 
 def _subscriptions(request: web.Request) -> SubscriptionStore:
-    return request.app[STORE].subscriptions
+    """The subscriptions of queues, or of topics on a topic route."""
+    return feed_store(request).subscriptions
 
 
 def _parent(request: web.Request) -> Parent:
     project, _ = v.caller(request)
-    return Parent("queue", project, v.queue_name(request))
+    return feed_parent(request, project, v.queue_name(request))
 
 
 async def _document(request: web.Request) -> Any:
@@ -99,18 +101,18 @@ def confirmation(
     settings = request.app[SETTINGS]
     if not settings.require_confirmation or settings.signed_url_key is None:
         return None
-    path = f"/v2/queues/{parent.name}/subscriptions/{sid}/confirm"
+    path = f"{feed_path(request, parent.name)}/subscriptions/{sid}/confirm"
     now = dt.datetime.fromtimestamp(request.app[CLOCK].now_ms() / 1000, dt.UTC)
     expires = (now + dt.timedelta(seconds=ttl)).strftime(DATE_FORMAT)
     if unsubscribe:
         kind = "UnsubscribeConfirmation"
         text = (
-            f"You have unsubscribed successfully to the queue: {parent.name}, "
+            f"You have unsubscribed successfully to the {parent.kind}: {parent.name}, "
             "you can resubscribe it by using confirmed=True."
         )
     else:
         kind = "SubscriptionConfirmation"
-        text = f"You have chosen to subscribe to the queue: {parent.name}"
+        text = f"You have chosen to subscribe to the {parent.kind}: {parent.name}"
     return orjson.dumps(
         {
             "WSGISubscribeURL": f"{request.scheme}://{request.host}{path}",
@@ -133,7 +135,7 @@ async def create_subscription(request: web.Request) -> web.Response:
     parent = _parent(request)
     settings = request.app[SETTINGS]
     subscriber, ttl, options = rules.posting(await _document(request), settings)
-    store = request.app[STORE]
+    store = feed_store(request)
     if await store.get_queue_metadata(parent.project, parent.name) is None:
         await store.create_queue(parent.project, parent.name, {})
     made = await store.subscriptions.create(parent, subscriber, ttl, options)

@@ -24,7 +24,7 @@ from feedsvc.config import Settings
 from feedsvc.delivery.retry import effective_policy, schedule
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
-from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription
+from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription, feed_of
 
 log = logging.getLogger("feedsvc")
 
@@ -158,7 +158,9 @@ class Runner:
         until something else changes: the subscription is gone, or unconfirmed)."""
         while True:
             try:
-                sub = await self._store.subscriptions.get(self.parent, self.subscription_id)
+                sub = await feed_of(self._store, self.parent).subscriptions.get(
+                    self.parent, self.subscription_id
+                )
             except SubscriptionNotFound:
                 return None
             d = sub.delivery

@@ -32,7 +32,7 @@ from feedsvc.config import Settings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
-from feedsvc.storage.base import FeedStore, Parent
+from feedsvc.storage.base import FeedStore, Parent, feed_of
 
 log = logging.getLogger("feedsvc")
 
@@ -124,11 +124,10 @@ class Deliverer:
 
     async def _follow(self, parent: Parent) -> None:
         """Try the parent's subscriptions after every post to it."""
-        if parent.kind != "queue":
-            return
+        feed = feed_of(self._store, parent)
         while True:
             try:
-                async with self._store.follow(parent.project, parent.name) as follow:
+                async with feed.follow(parent.project, parent.name) as follow:
                     token = follow.token()
                     while True:
                         await follow.wait(token, self._settings.delivery_sweep * 10)

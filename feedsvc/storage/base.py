@@ -482,10 +482,16 @@ class FeedStore(Protocol):
 
     @property
     def subscriptions(self) -> SubscriptionStore:
-        """The queues' subscriptions."""
+        """The subscriptions of this store's feeds (queues; topics on ``topics()``)."""
         ...
 
     @property
     def deliveries(self) -> DeliveryState:
         """The delivery state of every subscription, for the delivery workers."""
         ...
+
+
+def feed_of(store: FeedStore, parent: Parent) -> FeedStore:
+    """The store on the parent's kind of feed: itself for a queue, its topic
+    view for a topic."""
+    return store.topics() if parent.kind == "topic" else store
