@@ -38,6 +38,8 @@ log = logging.getLogger("feedsvc")
 
 #: Seconds close() waits for the delivery tasks to end.
 CLOSE_PATIENCE = 10.0
+#: Seconds after the start before the first sweep (unless kicked).
+FIRST_SWEEP = 1.0
 
 
 class Deliverer:
@@ -83,6 +85,11 @@ class Deliverer:
         await self._senders.close()
 
     async def _sweep_forever(self) -> None:
+        # The first sweep waits a moment (or a kick): a process that is stopped
+        # as soon as it started (tests, a failed rollout) leaves Redis alone.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(self._settings.delivery_sweep, FIRST_SWEEP)):
+                await self._kicked.wait()
         while not self._closing:
             try:
                 await self.sweep()
