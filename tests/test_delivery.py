@@ -419,6 +419,26 @@ async def test_a_message_that_expires_while_retried_is_skipped(
     assert doc["delivery"]["failures"] == 0
 
 
+async def test_a_retry_after_delivered_messages_does_not_send_them_again(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    failed: list[str] = []
+
+    def once(body: bytes) -> int:
+        value = orjson.loads(body)["body"]
+        if value == "b" and not failed:
+            failed.append(value)
+            return 503
+        return 200
+
+    receiver.answer = once
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, "a", "b", "c")  # one batch for the worker
+        await until_settled(http, headers, sid, "delivered", 3)
+    assert [b["body"] for b in receiver.bodies()] == ["a", "b", "b", "c"]
+
+
 async def test_a_topic_has_subscriptions_of_its_own_delivered_like_a_queue(
     settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
 ) -> None:

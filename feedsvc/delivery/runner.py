@@ -171,7 +171,7 @@ class Runner:
             if d.control is not None:
                 data = control_document(sub, d.control)
                 outcome = await self._attempt(sub, data, None)
-                await self._after(sub, outcome, d.position, control_sent=True)
+                await self._after(sub, d, outcome, d.position, control_sent=True)
                 continue
             if self._settings.require_confirmation and not sub.confirmed:
                 # only the confirmation request goes to the unconfirmed; the
@@ -186,7 +186,7 @@ class Runner:
                     d = replace(d, position=seq)
                     continue
                 outcome = await self._attempt(sub, notification(sub, message), message.id)
-                if not await self._after(sub, outcome, seq):
+                if not await self._after(sub, d, outcome, seq):
                     break
                 d = replace(d, position=seq, attempts=0, due_ms=0)
 
@@ -198,10 +198,16 @@ class Runner:
         return outcome
 
     async def _after(
-        self, sub: Subscription, outcome: Outcome, seq: int, control_sent: bool = False
+        self,
+        sub: Subscription,
+        d: Delivery,
+        outcome: Outcome,
+        seq: int,
+        control_sent: bool = False,
     ) -> bool:
-        """Store what the attempt means; True if delivery moves on to the next message."""
-        d = sub.delivery
+        """Store what the attempt at seq means, d being the state before it (not
+        the state the batch started from: messages before seq may have been
+        delivered since); True if delivery moves on to the next message."""
         if outcome.ok:
             await self._settle(
                 Delivery(position=seq), "" if control_sent else "delivered", control_sent

@@ -36,6 +36,11 @@ from feedsvc.storage.base import FeedStore, Parent, feed_of
 
 log = logging.getLogger("feedsvc")
 
+#: Seconds close() waits for the delivery tasks to end.
+CLOSE_PATIENCE = 10.0
+#: Seconds after the start before the first sweep (unless kicked).
+FIRST_SWEEP = 1.0
+
 
 class Deliverer:
     def __init__(self, store: FeedStore, settings: Settings, clock: Clock) -> None:
@@ -48,6 +53,7 @@ class Deliverer:
         self._followers: dict[Parent, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._kicked = asyncio.Event()
+        self._closing = False
 
     @property
     def running(self) -> int:
@@ -61,17 +67,30 @@ class Deliverer:
         self._kicked.set()
 
     async def close(self) -> None:
+        """Stop every task (runners let their leases go) within a bounded time."""
+        self._closing = True
         tasks = [t for t in (self._sweeper, *self._followers.values()) if t is not None]
         tasks += list(self._runners.values())
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            # a cancellation that met a Redis call may come back as a 503 the
+            # loops would retry: _closing ends them; the bound keeps a stop short
+            done, pending = await asyncio.wait(tasks, timeout=CLOSE_PATIENCE)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning("delivery task ended with %r", task.exception())
+            if pending:
+                log.warning("%d delivery tasks did not stop in time", len(pending))
         await self._senders.close()
 
     async def _sweep_forever(self) -> None:
-        while True:
+        # The first sweep waits a moment (or a kick): a process that is stopped
+        # as soon as it started (tests, a failed rollout) leaves Redis alone.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(self._settings.delivery_sweep, FIRST_SWEEP)):
+                await self._kicked.wait()
+        while not self._closing:
             try:
                 await self.sweep()
             except FeedError as exc:
@@ -125,11 +144,11 @@ class Deliverer:
     async def _follow(self, parent: Parent) -> None:
         """Try the parent's subscriptions after every post to it."""
         feed = feed_of(self._store, parent)
-        while True:
+        while not self._closing:
             try:
                 async with feed.follow(parent.project, parent.name) as follow:
                     token = follow.token()
-                    while True:
+                    while not self._closing:
                         await follow.wait(token, self._settings.delivery_sweep * 10)
                         # taken before reading: a post meanwhile wakes the next wait
                         token = follow.token()
