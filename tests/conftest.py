@@ -14,6 +14,7 @@ and says so (:class:`ProcessGuard`), so the fast loop stays what it claims.
 from __future__ import annotations
 
 import contextlib
+import platform
 import subprocess
 import sys
 import uuid
@@ -69,7 +70,14 @@ class ProcessGuard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if "not process" in str(config.getoption("markexpr", "")):
+    # Under pytest-xdist (make test) the controller runs no test and starts
+    # the workers, processes of its own: the guard is armed in the workers.
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+    if "not process" in str(config.getoption("markexpr", "")) and not xdist_controller:
+        if hasattr(config, "workerinput"):
+            platform.platform()  # a worker reports it, and it runs uname once (then cached)
         sys.addaudithook(ProcessGuard.audit)
         ProcessGuard.armed = True
 
