@@ -14,6 +14,8 @@ and says so (:class:`ProcessGuard`), so the fast loop stays what it claims.
 from __future__ import annotations
 
 import contextlib
+import gc
+import platform
 import subprocess
 import sys
 import uuid
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+from aiohttp import web, web_app
 from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis, RedisCluster
 
@@ -69,9 +71,38 @@ class ProcessGuard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if "not process" in str(config.getoption("markexpr", "")):
+    # Under pytest-xdist (make test) the controller runs no test and starts
+    # the workers, processes of its own: the guard is armed in the workers.
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+    if "not process" in str(config.getoption("markexpr", "")) and not xdist_controller:
+        if hasattr(config, "workerinput"):
+            platform.platform()  # a worker reports it, and it runs uname once (then cached)
         sys.addaudithook(ProcessGuard.audit)
         ProcessGuard.armed = True
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What is there once the tests are collected (the imported modules, the
+    collected tests: some 170,000 objects) lives as long as the run: frozen,
+    full garbage collections leave it out instead of walking it again and
+    again while a test's event loop waits (see pytest_runtest_teardown)."""
+    gc.freeze()
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """aiohttp memoizes every handler with its app's middlewares, keyed by
+    the app, 1,024 at a time (``aiohttp.web_app._cached_build_middleware``,
+    see tests/test_canaries.py): harmless for a service's one app, but the
+    tests make an app per test, and the cache kept the last few hundred alive
+    with their stores, Redis clients and metrics. A worker grew to 700,000
+    objects, and a full garbage collection of them blocked the event loop a
+    test shares with its app and Redis for up to 2.5 s: a 1 s connect timeout
+    became a 503, a 1 s ttl in Redis ran out between two requests."""
+    cached = getattr(web_app, "_cached_build_middleware", None)
+    if cached is not None:
+        cached.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
-from aiohttp import web
+from aiohttp import web, web_app
 from aiohttp.streams import StreamReader
+from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 
 from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
@@ -411,3 +413,28 @@ async def test_aiohttp_stream_writer_write_without_drain() -> None:
                 await writer.write(b"x" * 4096, drain=False)
         assert events == [], "write(drain=False) drained"
         assert Protocol.transport.written == 40 * 4096
+
+
+async def test_aiohttp_middleware_handler_cache() -> None:
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    @web.middleware
+    async def passing(request: web.Request, handler: Handler) -> web.StreamResponse:
+        return await handler(request)
+
+    app = web.Application(middlewares=[passing])
+    app.router.add_get("/", ok)
+    with canary(
+        "web_app._cached_build_middleware (an lru_cache of each handler wrapped in its "
+        "app's middlewares, keyed by the handler and the apps, so it keeps them alive)",
+        "tests/conftest.py (pytest_runtest_teardown empties it after every test)",
+        "aiohttp",
+    ):
+        cached = web_app._cached_build_middleware
+        cached.cache_clear()
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/")).status == 200
+        assert cached.cache_info().currsize == 1
+        cached.cache_clear()
+        assert cached.cache_info().currsize == 0

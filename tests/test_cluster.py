@@ -8,9 +8,11 @@ drivers.
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -230,6 +232,26 @@ async def test_a_slot_moved_mid_run_loses_and_doubles_nothing(
     assert cluster_store.counters.cluster_redirects > 0, "the move went unnoticed"
     summary = await traffic.check()
     print(f"CLUSTER slot move ({cluster_store.name}): {moved_keys} keys moved, {summary}")
+
+
+@pytest.mark.process
+def test_a_node_port_taken_before_the_first_start_is_given_up_for_another(
+    tmp_path: Path,
+) -> None:
+    """Test runs in parallel (make test) pick free ports at the same moment: a
+    port taken between LocalCluster's pick and its start gets a new one."""
+    cluster = LocalCluster(tmp_path)
+    taken = cluster.nodes[1].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            cluster.start()
+            assert cluster.nodes[1].port != taken
+            with cluster.client(1) as client:
+                assert client.cluster("INFO")["cluster_state"] == "ok"
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.redis_server import RedisServer, RedisServerError, pick_free_port
 
 BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000
 MANUAL_FAILOVER_WAIT = 6.0  # Redis gives up a CLUSTER FAILOVER after 5 s
@@ -63,14 +63,13 @@ class LocalCluster:
         self.primaries = primaries
         self._joined = primaries  # nodes that are part of the cluster so far
         self.nodes = [
-            RedisServer(
-                root / f"node{i}",
-                port=pick_node_port(),
-                appendfsync="no",
-                extra_args=NODE_ARGS,
-            )
-            for i in range(primaries * (2 if replicas else 1))
+            self._node(root / f"node{i}") for i in range(primaries * (2 if replicas else 1))
         ]
+        self._ports_fixed = False  # once started, the nodes keep their ports
+
+    @staticmethod
+    def _node(data_dir: Path) -> RedisServer:
+        return RedisServer(data_dir, port=pick_node_port(), appendfsync="no", extra_args=NODE_ARGS)
 
     @property
     def url(self) -> str:
@@ -81,8 +80,9 @@ class LocalCluster:
         return redis.Redis(port=self.nodes[index].port, protocol=2)
 
     def start(self, timeout: float = 30.0) -> None:
-        for node in self.nodes:
-            node.start()
+        for i in range(len(self.nodes)):
+            self._start_node(i)
+        self._ports_fixed = True
         cli = redis_cli()
         if cli is not None:
             addresses = [f"127.0.0.1:{node.port}" for node in self.nodes[: self.primaries]]
@@ -98,6 +98,21 @@ class LocalCluster:
         self._wait(self._settled, timeout, "the test cluster did not settle")
         if len(self.nodes) > self.primaries:
             self._add_replicas(timeout)
+
+    def _start_node(self, index: int, attempts: int = 5) -> None:
+        """Start a node; at the first start, a port taken since it was picked
+        (by another process: test runs in parallel pick ports at the same
+        time) is given up for new ones."""
+        for attempt in range(1, attempts + 1):
+            node = self.nodes[index]
+            try:
+                node.start()
+                return
+            except RedisServerError as error:
+                if self._ports_fixed or attempt == attempts or "already in use" not in str(error):
+                    raise
+            shutil.rmtree(node.data_dir, ignore_errors=True)  # its nodes.conf names the old port
+            self.nodes[index] = self._node(node.data_dir)
 
     @staticmethod
     def _wait(done: Callable[[], bool], timeout: float, failure: str) -> None:
