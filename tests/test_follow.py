@@ -10,7 +10,11 @@ import uuid
 
 import pytest
 
+from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
+from feedsvc.errors import StorageUnavailable
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
 from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())
@@ -116,3 +120,21 @@ async def test_a_subscription_is_watched_by_tcp_keepalive_not_by_commands(
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+
+
+async def test_nothing_subscribes_after_the_store_closed(
+    settings: Settings, clock: ManualClock, project: str
+) -> None:
+    """A follower that outlives the store (a background task still winding
+    down at shutdown) gets a 503, not a new subscription that nobody would
+    ever close (its connection and task left behind)."""
+    store = make_store(settings, clock)
+    await store.open()
+    async with store.follow(project, "q"):
+        pass
+    await store.close()
+    with pytest.raises(StorageUnavailable):
+        async with store.follow(project, "q"):
+            pass
+    notifier = store._transport.notifier  # type: ignore[attr-defined]
+    assert notifier._subscribers == {}

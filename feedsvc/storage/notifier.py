@@ -38,6 +38,7 @@ import redis.exceptions as rexc
 from redis.asyncio.connection import AbstractConnection
 
 from feedsvc.clock import Clock
+from feedsvc.errors import StorageUnavailable
 from feedsvc.storage.nodes import Node, Servers
 from feedsvc.storage.record import Notification
 
@@ -192,6 +193,7 @@ class Notifier:
         self._follows: dict[str, QueueFollow] = {}
         self._subscribers: dict[str, _Subscriber] = {}  # by node name
         self._routes: dict[str, _Subscriber] = {}  # by channel
+        self._closed = False  # nothing subscribes after close()
         servers.on_new_routes(self.check_routes)
 
     @property
@@ -201,6 +203,8 @@ class Notifier:
 
     @asynccontextmanager
     async def follow(self, channel: str) -> AsyncIterator[QueueFollow]:
+        if self._closed:
+            raise StorageUnavailable("The service is stopping.")
         follow = self._follows.get(channel)
         if follow is None:
             follow = self._follows[channel] = QueueFollow(channel)
@@ -220,6 +224,8 @@ class Notifier:
     async def _subscribe(self, channel: str) -> None:
         with contextlib.suppress(rexc.RedisError, rexc.RedisClusterException, OSError):
             await self._servers.ready()  # on a cluster: the slot table
+        if self._closed:  # (a reroute may outlive the notifier)
+            return
         try:
             node = self._servers.node_for(channel)
         except (rexc.RedisError, rexc.RedisClusterException, KeyError):
@@ -310,8 +316,10 @@ class Notifier:
         self.wake_all()
 
     async def close(self) -> None:
-        for subscriber in self._subscribers.values():
+        self._closed = True
+        subscribers, self._subscribers = self._subscribers, {}
+        self._routes.clear()
+        for subscriber in subscribers.values():
             await subscriber.close()
         for follow in self._follows.values():
             follow.close()
-        self._subscribers.clear()
