@@ -358,3 +358,17 @@ async def test_a_follower_is_still_woken_after_its_queue_slot_moved(
             token = follow.token()
             await cluster_store.post_messages(project, queue, "writer", [NewMessage(b"after")])
             assert await follow.wait(token, 5), "a post after the slot moved woke nobody"
+
+
+async def test_a_closed_cluster_store_refuses_calls_instead_of_reconnecting(
+    redis_cluster: LocalCluster, driver: str, project: str
+) -> None:
+    """A task that outlives the store at shutdown (a delivery runner, a
+    reroute) gets a 503: it must not read the slot table again or open node
+    connections that nothing would close."""
+    store = make_store(make_settings(redis_cluster.url, driver=driver))
+    await store.open()
+    await store.create_queue(project, "closing", {})
+    await store.close()
+    with pytest.raises(Unavailable):
+        await store.get_queue_metadata(project, "closing")

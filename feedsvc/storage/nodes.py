@@ -231,10 +231,19 @@ class ClusterServers:
         self._stale = True
         self._lock = asyncio.Lock()
         self._route_changes: list[Callable[[], None]] = []
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            # a slot-table read now would make redis-py ClusterNodes (and
+            # connections) that nothing would ever close
+            raise rexc.ConnectionError("the cluster client is closed")
 
     async def ready(self) -> None:
+        self._check_open()
         if self._stale:
             async with self._lock:
+                self._check_open()
                 if not self._started:
                     await self._redis.initialize()  # the slot table and command parser
                     self._started = True
@@ -306,6 +315,8 @@ class ClusterServers:
         self._stale = True
 
     async def close(self) -> None:
+        async with self._lock:  # a slot-table read under way finishes first
+            self._closed = True
         for node in self._nodes.values():
             with contextlib.suppress(Exception):
                 await node.close()
