@@ -211,8 +211,15 @@ class Settings:
         "secret of encrypted queues (_enable_encrypt_messages: true): message bodies "
         "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
         "message_encryption_key; at least 16 characters, a long random string; unset = "
-        "no queue can be made encrypted (400). Changing it makes older encrypted "
-        "messages unreadable (500) until they expire. Prefer the environment variable",
+        "no queue can be made encrypted (400). To rotate it, name the old one in "
+        "--message-encryption-old-keys (README: Encrypted queues). Prefer the "
+        "environment variable",
+    )
+    message_encryption_old_keys: str | None = _opt(
+        None,
+        "earlier --message-encryption-key values, comma-separated (so keys without "
+        "commas): tried after the current key to open bodies sealed before a "
+        "rotation, never used to seal",
     )
     default_subscription_ttl: int = _opt(
         3600, "subscription ttl in seconds when none is given", minimum=60
@@ -328,6 +335,10 @@ class Settings:
             return None
         return SentinelURL.parse(self.redis_url)
 
+    def old_encryption_keys(self) -> list[str]:
+        raw = self.message_encryption_old_keys or ""
+        return [key for key in (k.strip() for k in raw.split(",")) if key]
+
     def auth_tokens(self) -> dict[str, str]:
         """token -> project, from auth_token (empty: authentication off)."""
         if not self.auth_token:
@@ -362,6 +373,11 @@ def _check(settings: Settings) -> None:
         raise ValueError(
             "--message-encryption-key must be at least 16 characters long (a long random string)"
         )
+    if settings.message_encryption_old_keys is not None:
+        if settings.message_encryption_key is None:
+            raise ValueError("--message-encryption-old-keys needs --message-encryption-key")
+        if any(len(key) < 16 for key in settings.old_encryption_keys()):
+            raise ValueError("--message-encryption-old-keys: each key has at least 16 characters")
     settings.auth_tokens()  # fails early on a malformed list
     settings.worker_count()
     if settings.redis_url is not None and not settings.redis_url.startswith(URL_SCHEMES):

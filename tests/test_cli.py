@@ -64,6 +64,11 @@ def test_help_documents_every_setting() -> None:
             "--message-encryption-key must be at least 16 characters",
         ),
         (["--subscriber-allow", "10.0.0.0/33"], {}, "--subscriber-allow must be CIDR"),
+        (
+            [],
+            {"FEEDSVC_MESSAGE_ENCRYPTION_OLD_KEYS": "an old key of enough length"},
+            "--message-encryption-old-keys needs --message-encryption-key",
+        ),
         ([], {"FEEDSVC_SMTP_SERVER": "mail.example.org"}, "--smtp-server must be host:port"),
         (["--require-confirmation"], {}, "--require-confirmation needs --signed-url-key"),
         (["--delivery-lease", "2", "--delivery-timeout", "1"], {}, "below half"),

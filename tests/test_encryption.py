@@ -282,3 +282,41 @@ async def test_without_a_key_no_queue_can_be_made_encrypted(
     assert resp.status == 400
     shown = await (await http.get("/v2/queues/q", headers=headers)).json()
     assert shown["_enable_encrypt_messages"] is False
+
+
+async def test_a_rotated_key_opens_what_the_old_one_sealed(
+    redis_url: str, driver: str, clock: ManualClock, project: str
+) -> None:
+    """The README's rotation: the new key seals, the old one (named in
+    --message-encryption-old-keys) still opens the bodies sealed before;
+    once it is dropped, those are refused again, and what the new key
+    sealed stays readable."""
+
+    @asynccontextmanager
+    async def opened(key: str, old: str | None = None) -> AsyncIterator[FeedStore]:
+        settings = make_settings(
+            redis_url, driver=driver, message_encryption_key=key, message_encryption_old_keys=old
+        )
+        feed = make_store(settings, clock)
+        await feed.open()
+        try:
+            yield feed
+        finally:
+            await feed.close()
+
+    old_key, new_key = OTHER_KEY, "a new key after the rotation"
+    async with opened(old_key) as before:
+        await before.create_queue(project, "q", dict(ENCRYPTED))
+        [old_id] = await before.post_messages(project, "q", WRITER, [body("sealed by the old key")])
+    async with opened(new_key, old=old_key) as rotated:
+        [new_id] = await rotated.post_messages(project, "q", WRITER, [body("sealed by the new")])
+        got = await rotated.get_messages(project, "q", [old_id, new_id])
+        assert [orjson.loads(m.body) for m in got] == ["sealed by the old key", "sealed by the new"]
+    async with opened(new_key) as after:
+        with pytest.raises(EncryptionUnavailable):
+            await after.get_messages(project, "q", [old_id])
+        [m] = await after.get_messages(project, "q", [new_id])
+        assert orjson.loads(m.body) == "sealed by the new"
+    async with opened(old_key) as old_only:  # the old key never learned the new one
+        with pytest.raises(EncryptionUnavailable):
+            await old_only.get_messages(project, "q", [new_id])

@@ -76,7 +76,7 @@ class RedisStore(ClaimUpkeep):
         self._transport = transport
         self._settings = settings
         self._clock = clock
-        self._sealer = BodySealer(settings.message_encryption_key)
+        self._sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
         self._topic_view: Self | None = None

@@ -18,7 +18,9 @@ The key is the SHA-256 of ``--message-encryption-key`` (as Zaqar derives
 it), so use a long random string. Without a key nothing is sealed: a queue
 cannot be given ``_enable_encrypt_messages: true`` (400), and a sealed body
 met on a read, or a post to a queue encrypted by a service that had a key,
-is a 500 that says the key is missing (the data is kept).
+is a 500 that says the key is missing (the data is kept). A rotation
+names the earlier keys in ``--message-encryption-old-keys``: they open what
+they sealed, never seal (the README gives the three rolling steps).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -54,12 +57,18 @@ def is_sealed(stored: bytes) -> bool:
     return stored.startswith(MAGIC)
 
 
-class BodySealer:
-    """Seals and opens message bodies with the service's key (None: no key)."""
+def _aead(secret: str) -> AESGCM:
+    return AESGCM(hashlib.sha256(secret.encode()).digest())
 
-    def __init__(self, secret: str | None) -> None:
-        key = None if secret is None else hashlib.sha256(secret.encode()).digest()
-        self._aead = None if key is None else AESGCM(key)
+
+class BodySealer:
+    """Seals and opens message bodies with the service's key (None: no key);
+    bodies sealed under an earlier key (``old``, after a rotation) are opened
+    with it, never sealed with it."""
+
+    def __init__(self, secret: str | None, old: Sequence[str] = ()) -> None:
+        self._aead = None if secret is None else _aead(secret)
+        self._openers = [] if self._aead is None else [self._aead, *map(_aead, old)]
 
     @property
     def available(self) -> bool:
@@ -83,13 +92,15 @@ class BodySealer:
                 "--message-encryption-key."
             )
         sealed = stored[len(MAGIC) :]
-        try:
-            return self._aead.decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], None)
-        except InvalidTag:
-            raise EncryptionUnavailable(
-                f"Message {message_id} cannot be decrypted: it was encrypted with "
-                "another --message-encryption-key, or altered in storage."
-            ) from None
+        for aead in self._openers:
+            try:
+                return aead.decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], None)
+            except InvalidTag:
+                continue  # another key's, or altered
+        raise EncryptionUnavailable(
+            f"Message {message_id} cannot be decrypted: it was encrypted with "
+            "another --message-encryption-key, or altered in storage."
+        )
 
 
 def reveal(sealer: BodySealer, messages: list[Message]) -> list[Message]:
