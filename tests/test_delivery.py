@@ -76,7 +76,11 @@ class Receiver:
 async def receiver() -> AsyncIterator[Receiver]:
     found = Receiver()
     app = web.Application()
-    app.router.add_post("/hook", found.handle)
+
+    async def hook(request: web.Request) -> web.Response:
+        return await found.handle(request)  # (a test may swap found.handle)
+
+    app.router.add_post("/hook", hook)
     async with TestServer(app, host="127.0.0.1") as server:
         found.url = str(server.make_url("/hook"))
         yield found
@@ -477,3 +481,34 @@ async def test_a_topic_has_subscriptions_of_its_own_delivered_like_a_queue(
         missing = await http.get(f"{topic}/subscriptions/{sid}", headers=headers)
         assert missing.status == 404
     assert [b["body"] for b in receiver.bodies()] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+async def test_a_stuck_receiver_does_not_hold_up_posting(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    """Delivery is decoupled from the POST path: while the receiver holds the
+    first notification unanswered, posts to the queue are still answered,
+    and once it lets go it gets the rest, in order."""
+    release = asyncio.Event()
+    holding = asyncio.Event()
+    original = receiver.handle
+
+    async def stuck(request: web.Request) -> web.Response:
+        holding.set()
+        await release.wait()
+        return await original(request)
+
+    receiver.handle = stuck  # type: ignore[method-assign]
+    async with service(delivery_settings(settings, delivery_timeout=1.4), clock) as http:
+        await subscribe(http, headers, receiver.url)
+        await post(http, headers, 0)
+        async with asyncio.timeout(PATIENCE):
+            await holding.wait()  # the first notification is at the receiver, unanswered
+        for n in range(1, 6):
+            await post(http, headers, n)  # answered while delivery waits
+        assert receiver.got == []
+        release.set()
+        await receiver.until(6)
+    bodies = [b["body"] for b in receiver.bodies()]
+    assert sorted(set(bodies)) == [0, 1, 2, 3, 4, 5]
+    assert bodies == sorted(bodies), "out of post order"
