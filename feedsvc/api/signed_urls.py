@@ -133,6 +133,10 @@ async def signed_url_middleware(request: web.Request, handler: Handler) -> web.S
         or "URL-Expires" in headers
     ):
         request[v.SIGNED_PROJECT] = verified_project(request)
+    else:
+        # always set: validation.caller reads it as request[...], and a
+        # request.get() of a missing key raises (and catches) a KeyError
+        request[v.SIGNED_PROJECT] = ""  # no project is empty
     return await handler(request)
 
 

@@ -100,7 +100,7 @@ def refuse_form_body(request: web.Request) -> None:
 
 
 #: The project of a request whose pre-signed URL headers were verified
-#: (``feedsvc.api.signed_urls``); absent on every other request.
+#: (``feedsvc.api.signed_urls``); "" on every other request.
 SIGNED_PROJECT = web.RequestKey("signed_project", str)
 
 
@@ -115,8 +115,8 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """
     refuse_form_body(request)
     client = client_id(request)
-    signed = request.get(SIGNED_PROJECT)
-    if signed is not None:
+    signed = request[SIGNED_PROJECT]
+    if signed:
         return signed, client
     tokens = request.app[AUTH_TOKENS]
     if tokens and authenticate:

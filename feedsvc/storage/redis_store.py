@@ -315,12 +315,14 @@ class RedisStore(ClaimUpkeep):
         return reveal(self._sealer, messages)
 
     def _reveal_page(self, page: MessagePage) -> MessagePage:
-        return dataclasses.replace(page, messages=self._reveal(page.messages))
+        opened = self._reveal(page.messages)
+        return page if opened is page.messages else dataclasses.replace(page, messages=opened)
 
     def _reveal_claim(self, claim: Claim | None) -> Claim | None:
         if claim is None:
             return None
-        return dataclasses.replace(claim, messages=self._reveal(claim.messages))
+        opened = self._reveal(claim.messages)
+        return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua

@@ -104,7 +104,13 @@ class BodySealer:
 
 
 def reveal(sealer: BodySealer, messages: list[Message]) -> list[Message]:
-    """The messages with their bodies as posted (sealed ones opened)."""
+    """The messages with their bodies as posted (sealed ones opened); the
+    list itself when none is sealed (every page of every plain queue)."""
+    for m in messages:
+        if m.body.startswith(MAGIC):
+            break
+    else:
+        return messages
     return [
         dataclasses.replace(m, body=sealer.open(m.body, m.id)) if is_sealed(m.body) else m
         for m in messages
