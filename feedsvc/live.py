@@ -72,13 +72,14 @@ class Filters:
     echo: bool = False
     include_claimed: bool = False
 
-    def query(self, marker: int | None, limit: int = PAGE) -> ListQuery:
+    def query(self, marker: int | None, limit: int = PAGE, with_authors: bool = False) -> ListQuery:
         return ListQuery(
             self.client_id,
             marker=marker,
             limit=limit,
             echo=self.echo,
             include_claimed=self.include_claimed,
+            with_authors=with_authors,
         )
 
 
@@ -227,7 +228,7 @@ class Tail:
         marker = after = self.position
         for _ in range(PAGES_PER_READ):
             page = await self._store.list_messages(
-                self._project, self._queue, everything.query(marker)
+                self._project, self._queue, everything.query(marker, with_authors=True)
             )
             self.reads += 1
             messages += page.messages

@@ -1,10 +1,11 @@
 -- One page of the feed after a marker.
 -- KEYS: the 6 fixed keys.
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
---       include_claimed (1/0), include_delayed (1/0), scan_limit
+--       include_claimed (1/0), include_delayed (1/0), scan_limit,
+--       with_authors (1/0)
 -- Returns {next_marker or '', then per message:
 --          id, seq, body, ttl, created_ms, live claim id or '', claim count,
---          author (the poster's client id)}.
+--          and with_authors, author (the poster's client id)}.
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
@@ -15,6 +16,7 @@ local echo = ARGV[5] == '1'
 local include_claimed = ARGV[6] == '1'
 local include_delayed = ARGV[7] == '1'
 local scan_limit = tonumber(ARGV[8])
+local with_authors = ARGV[9] == '1'
 
 local out = {''}
 local count, scanned = 0, 0
@@ -47,7 +49,7 @@ while count < limit and scanned < scan_limit do
         out[#out + 1] = m[3]
         out[#out + 1] = claim
         out[#out + 1] = m[9] or '0'
-        out[#out + 1] = m[5] or ''
+        if with_authors then out[#out + 1] = m[5] or '' end
         count = count + 1
         if count == limit then break end
       end

@@ -83,13 +83,19 @@ def test_only_storage_names_a_driver() -> None:
 def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     """One decoder per script reply: list.lua's layout (see its header)."""
     out = [b"7", b"ab" * 12, b"7", b'{"x":1}', b"60", b"1000", b"", b"0", b"me"]
-    page = record.list_reply(out)
+    page = record.list_reply(out, with_authors=True)
     assert page.next_marker == 7
     [message] = page.messages
     assert (message.id, message.seq, message.body, message.ttl) == ("ab" * 12, 7, b'{"x":1}', 60)
     assert message.claim_id is None
     assert message.author == "me"
-    assert record.list_reply([b""]).next_marker is None
+    # without authors (every list request: the store filters echo itself)
+    two = [b"9", b"ab" * 12, b"7", b"1", b"60", b"1000", b"", b"0"]
+    two += [b"cd" * 12, b"9", b"2", b"60", b"1000", b"ef" * 12, b"1"]
+    first, second = record.list_reply(two, with_authors=False).messages
+    assert (first.seq, first.body, first.author) == (7, b"1", None)
+    assert (second.seq, second.claim_id, second.claim_count) == (9, "ef" * 12, 1)
+    assert record.list_reply([b""], with_authors=False).next_marker is None
 
 
 def test_row_decoder_hides_unindexed_and_expired_messages() -> None:

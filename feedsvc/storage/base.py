@@ -119,6 +119,9 @@ class ListQuery:
     echo: bool = False
     include_claimed: bool = False
     include_delayed: bool = False
+    # each Message's author too (a shared tail filters echo per follower);
+    # a list request filters it in the store and needs none
+    with_authors: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,9 +190,11 @@ class LuaStore(RedisStore):
             _flag(query.include_claimed),
             _flag(query.include_delayed),
             self._settings.scan_limit,
+            _flag(query.with_authors),
         ]
         script = load_script("list")  # reads only: may be sent again
-        page = r.list_reply(await self._script(script, keys.fixed(), args, idempotent=True))
+        reply = await self._script(script, keys.fixed(), args, idempotent=True)
+        page = r.list_reply(reply, query.with_authors)
         return self._reveal_page(page)
 
     async def delete_message(

@@ -282,13 +282,19 @@ def _message(
     )
 
 
-def list_reply(out: list[Any]) -> MessagePage:
+def list_reply(out: list[Any], with_authors: bool) -> MessagePage:
     """list.lua: {next marker or '', then id, seq, body, ttl, created, claim,
-    count, author...}."""
-    messages = [
-        _message(out, i, text(out[i + 5]) or None, int(out[i + 6]), text(out[i + 7]))
-        for i in range(1, len(out), 8)
-    ]
+    count[, author]...}."""
+    if with_authors:
+        messages = [
+            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]), text(out[i + 7]))
+            for i in range(1, len(out), 8)
+        ]
+    else:
+        messages = [
+            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]))
+            for i in range(1, len(out), 7)
+        ]
     return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
 
 
