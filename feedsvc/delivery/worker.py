@@ -32,7 +32,7 @@ from feedsvc.config import Settings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
-from feedsvc.storage.base import FeedStore, Parent
+from feedsvc.storage.base import FeedStore, Parent, checkpoint
 
 log = logging.getLogger("feedsvc")
 
@@ -48,6 +48,7 @@ class Deliverer:
         self._followers: dict[Parent, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._kicked = asyncio.Event()
+        self._closing = False  # no runner or follower starts once set
 
     @property
     def running(self) -> int:
@@ -61,13 +62,11 @@ class Deliverer:
         self._kicked.set()
 
     async def close(self) -> None:
-        tasks = [t for t in (self._sweeper, *self._followers.values()) if t is not None]
-        tasks += list(self._runners.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Stop the sweep and the wake-ups (which start runners), then the
+        runners, each letting its lease go; nothing starts meanwhile."""
+        self._closing = True
+        await _stop([t for t in (self._sweeper, *self._followers.values()) if t is not None])
+        await _stop(list(self._runners.values()))
         await self._senders.close()
 
     async def _sweep_forever(self) -> None:
@@ -79,6 +78,7 @@ class Deliverer:
             except Exception:  # a bug must not end delivery for good
                 log.exception("delivery sweep failed")
             self._kicked.clear()
+            checkpoint()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.delivery_sweep):
                     await self._kicked.wait()
@@ -93,6 +93,8 @@ class Deliverer:
                 if follower is not None:
                     follower.cancel()
                 continue
+            if self._closing:
+                return
             if parent not in self._followers:
                 self._followers[parent] = asyncio.create_task(self._follow(parent))
             await self._try(parent, ids)
@@ -102,6 +104,8 @@ class Deliverer:
         idle = [sid for sid in ids if (parent, sid) not in self._runners]
         confirming = self._settings.require_confirmation
         for sid in await self._store.deliveries.with_work(parent, idle, confirming):
+            if self._closing:
+                return
             if (parent, sid) in self._runners:
                 continue
             runner = Runner(
@@ -115,6 +119,9 @@ class Deliverer:
             )
             if not await runner.acquire():
                 continue
+            if self._closing:  # stopped while the lease was taken
+                await runner.let_go()
+                return
             key = (parent, sid)
 
             def done(key: tuple[Parent, str] = key) -> None:
@@ -131,6 +138,7 @@ class Deliverer:
                 async with self._store.follow(parent.project, parent.name) as follow:
                     token = follow.token()
                     while True:
+                        checkpoint()
                         await follow.wait(token, self._settings.delivery_sweep * 10)
                         # taken before reading: a post meanwhile wakes the next wait
                         token = follow.token()
@@ -138,7 +146,18 @@ class Deliverer:
                         await self._try(parent, ids)
             except FeedError as exc:
                 log.warning("delivery wake-ups of %s: %s", parent.name, exc)
+                checkpoint()
                 await asyncio.sleep(self._settings.delivery_sweep)
             except Exception:
                 log.exception("delivery wake-ups of %s failed", parent.name)
+                checkpoint()
                 await asyncio.sleep(self._settings.delivery_sweep)
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait until each has ended."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

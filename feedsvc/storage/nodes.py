@@ -229,19 +229,44 @@ class ClusterServers:
         self._nodes: dict[str, Node] = {}
         self._started = False
         self._stale = True
-        self._lock = asyncio.Lock()
+        self._closed = False
+        self._reading: asyncio.Task[None] | None = None
         self._route_changes: list[Callable[[], None]] = []
 
     async def ready(self) -> None:
-        if self._stale:
-            async with self._lock:
-                if not self._started:
-                    await self._redis.initialize()  # the slot table and command parser
-                    self._started = True
-                elif self._stale:
-                    await self._redis.nodes_manager.initialize()
-                    self._routes_changed()
-                self._stale = False
+        """The slot table, read again if it may be stale.
+
+        The reading runs in a task of its own that the callers share and
+        only wait for: a caller cancelled meanwhile (a request given up, the
+        app stopping) leaves it alone. redis-py writes with asyncio.wait_for,
+        which on Python 3.11 swallows a cancellation that lands just as a
+        write completes, so a caller cancelled inside the reading itself
+        could carry on as if never cancelled. close() ends the reading
+        before the client's connections are closed, and none starts after.
+        """
+        if not self._stale:
+            return
+        if self._closed:
+            raise rexc.ConnectionError("The Redis Cluster client is closed")
+        reading = self._reading
+        if reading is None:
+            reading = self._reading = asyncio.create_task(self._read_slots())
+            reading.add_done_callback(self._slots_read)
+        await asyncio.shield(reading)
+
+    async def _read_slots(self) -> None:
+        if not self._started:
+            await self._redis.initialize()  # the slot table and command parser
+            self._started = True
+        else:
+            await self._redis.nodes_manager.initialize()
+            self._routes_changed()
+        self._stale = False
+
+    def _slots_read(self, reading: asyncio.Task[None]) -> None:
+        self._reading = None
+        if not reading.cancelled():
+            reading.exception()  # the callers waiting got it; none may be left
 
     def on_new_routes(self, changed: Callable[[], None]) -> None:
         self._route_changes.append(changed)
@@ -306,6 +331,11 @@ class ClusterServers:
         self._stale = True
 
     async def close(self) -> None:
+        self._closed = True
+        reading = self._reading
+        if reading is not None:
+            reading.cancel()
+            await asyncio.wait([reading])
         for node in self._nodes.values():
             with contextlib.suppress(Exception):
                 await node.close()
