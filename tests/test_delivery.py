@@ -417,3 +417,23 @@ async def test_a_message_that_expires_while_retried_is_skipped(
         doc = await details(http, headers, sid)
     assert [b["body"] for b in receiver.bodies()] == ["short", "long"]
     assert doc["delivery"]["failures"] == 0
+
+
+async def test_stopping_at_once_ends_the_worker_whatever_it_was_doing(
+    settings: Settings, clock: ManualClock
+) -> None:
+    """The app stopped right after it started: the worker's first sweep is
+    still under way (on a cluster, reading the slot table, where Python
+    3.11's asyncio.wait_for in redis-py may swallow the cancellation). Its
+    cleanup ends anyway (no sweep every --delivery-sweep for ever) and
+    leaves no task of the worker's behind."""
+    tuned = delivery_settings(settings, delivery_sweep=3600.0)
+    for turns in range(40):  # stopped at each step of the sweep in turn
+        async with service(tuned, clock):
+            for _ in range(turns):
+                await asyncio.sleep(0)
+    lingering = [
+        t for t in asyncio.all_tasks()
+        if t.get_coro().__qualname__.startswith(("Deliverer.", "Runner.", "ClusterServers."))
+    ]  # fmt: skip
+    assert lingering == []
