@@ -432,8 +432,6 @@ async def test_stopping_at_once_ends_the_worker_whatever_it_was_doing(
         async with service(tuned, clock):
             for _ in range(turns):
                 await asyncio.sleep(0)
-    lingering = [
-        t for t in asyncio.all_tasks()
-        if t.get_coro().__qualname__.startswith(("Deliverer.", "Runner.", "ClusterServers."))
-    ]  # fmt: skip
+    names = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()]
+    lingering = [n for n in names if n.startswith(("Deliverer.", "Runner.", "ClusterServers."))]
     assert lingering == []
