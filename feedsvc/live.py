@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feedsvc.errors import Unavailable
-from feedsvc.storage.base import FeedStore, ListQuery, Message
+from feedsvc.storage.base import FeedStore, ListQuery, Message, checkpoint
 
 log = logging.getLogger("feedsvc")
 
@@ -199,6 +199,7 @@ class Tail:
         async with self._store.follow(self._project, self._queue) as follow:
             deleted = self._existed and await self._gone()
             while not deleted:
+                checkpoint()  # a stop swallowed by a read (see checkpoint)
                 token = follow.token()
                 try:
                     batch = await self._read()

@@ -512,3 +512,21 @@ async def test_a_stuck_receiver_does_not_hold_up_posting(
     bodies = [b["body"] for b in receiver.bodies()]
     assert sorted(set(bodies)) == [0, 1, 2, 3, 4, 5]
     assert bodies == sorted(bodies), "out of post order"
+
+
+async def test_stopping_at_once_ends_the_worker_whatever_it_was_doing(
+    settings: Settings, clock: ManualClock
+) -> None:
+    """The app stopped right after it started: the worker's first sweep is
+    still under way (on a cluster, reading the slot table, where Python
+    3.11's asyncio.wait_for in redis-py may swallow the cancellation). Its
+    cleanup ends anyway (no sweep every --delivery-sweep for ever) and
+    leaves no task of the worker's behind."""
+    tuned = delivery_settings(settings, delivery_sweep=3600.0)
+    for turns in range(40):  # stopped at each step of the sweep in turn
+        async with service(tuned, clock):
+            for _ in range(turns):
+                await asyncio.sleep(0)
+    names = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()]
+    lingering = [n for n in names if n.startswith(("Deliverer.", "Runner.", "ClusterServers."))]
+    assert lingering == []

@@ -5,8 +5,10 @@ nothing. Both drivers, single Redis and Cluster."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import uuid
+from contextlib import AsyncExitStack
 
 import pytest
 
@@ -138,3 +140,48 @@ async def test_nothing_subscribes_after_the_store_closed(
             pass
     notifier = store._transport.notifier  # type: ignore[attr-defined]
     assert notifier._subscribers == {}
+
+
+async def test_queues_followed_at_once_share_a_subscription_that_stays_up(
+    settings: Settings, clock: ManualClock, project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Queues followed before the subscriber's connection is up are all
+    subscribed when it comes up: on a cluster one SSUBSCRIBE per channel
+    (channels of several slots in one command are refused with CROSSSLOT,
+    which used to tear the subscription down and re-route every channel)."""
+    caplog.set_level(logging.DEBUG, logger="feedsvc")
+    fresh = make_store(settings, clock)  # no subscription yet: all channels wait for it
+    await fresh.open()
+    queues = [f"q{i}" for i in range(8)]
+    try:
+        async with AsyncExitStack() as stack:
+            follows = await asyncio.gather(
+                *(stack.enter_async_context(fresh.follow(project, q)) for q in queues)
+            )
+            for queue, follow in zip(queues, follows, strict=True):
+                token = follow.token()
+                await fresh.post_messages(project, queue, "writer", [NewMessage(b"1")])
+                assert await follow.wait(token, 10), f"the post to {queue} woke nobody"
+    finally:
+        await fresh.close()
+    lost = [r.getMessage() for r in caplog.records if "subscription lost" in r.getMessage()]
+    assert lost == []
+
+
+async def test_closing_while_a_reroute_is_pending_starts_no_subscription(
+    settings: Settings, clock: ManualClock, project: str
+) -> None:
+    """A channel whose subscription ended is routed again in a task of the
+    notifier's; close() ends that task, and nothing subscribes afterwards."""
+    fresh = make_store(settings, clock)
+    await fresh.open()
+    notifier = fresh._transport.notifier  # type: ignore[attr-defined]
+    async with fresh.follow(project, "q"), fresh.follow(project, "r"):
+        before = asyncio.all_tasks()
+        notifier.moved_away(list(notifier._follows))  # as when Redis ends them
+        reroutes = asyncio.all_tasks() - before
+        assert reroutes
+        await fresh.close()
+        await asyncio.wait(reroutes)
+        assert notifier._subscribers == {}
+        assert all(s._task.done() for s in notifier._routes.values())

@@ -24,7 +24,7 @@ from feedsvc.config import Settings
 from feedsvc.delivery.retry import effective_policy, schedule
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
-from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription, feed_of
+from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription, checkpoint, feed_of
 
 log = logging.getLogger("feedsvc")
 
@@ -79,6 +79,7 @@ class Runner:
         self._lease_ms = int(settings.delivery_lease * 1000)
         self._renewed = 0.0  # monotonic time of the last successful acquire or renewal
         self._lost = False
+        self._finished = False  # run() is over: the renewal stops too
 
     async def acquire(self) -> bool:
         started = time.monotonic()
@@ -88,6 +89,11 @@ class Runner:
             self._renewed = started
             return True
         return False
+
+    async def let_go(self) -> None:
+        """Give back a lease acquired and not used (the worker is stopping)."""
+        with contextlib.suppress(FeedError):
+            await self._state.release(self.parent, self.subscription_id, self._token)
 
     async def run(self, done: Callable[[], None]) -> None:
         """Deliver until nothing is left (or the lease is lost); then let go."""
@@ -100,6 +106,7 @@ class Runner:
                 # and woke no one: look once more now that the lease is free
                 if position is None or await self._state.last_seq(self.parent) <= position:
                     break
+                checkpoint()
                 if not await self.acquire():
                     break
         except asyncio.CancelledError:
@@ -121,14 +128,18 @@ class Runner:
         except Exception:  # a bug: the lease runs out, the sweep tries again
             log.exception("delivery of subscription %s failed", self.subscription_id)
         finally:
+            self._finished = True
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             done()
 
     async def _renew_forever(self) -> None:
-        while True:
+        while not self._finished:
+            checkpoint()
             await asyncio.sleep(self._settings.delivery_lease / 3)
+            if self._finished:
+                return
             started = time.monotonic()
             try:
                 ok = await self._state.renew(
@@ -157,6 +168,7 @@ class Runner:
         """Work through the backlog; the position reached (None: nothing to deliver
         until something else changes: the subscription is gone, or unconfirmed)."""
         while True:
+            checkpoint()
             try:
                 sub = await feed_of(self._store, self.parent).subscriptions.get(
                     self.parent, self.subscription_id
@@ -166,6 +178,7 @@ class Runner:
             d = sub.delivery
             wait = (d.due_ms - self._clock.now_ms()) / 1000
             if wait > 0:
+                checkpoint()
                 await asyncio.sleep(min(wait, MAX_NAP, self._settings.delivery_sweep))
                 continue
             if d.control is not None:
@@ -191,6 +204,7 @@ class Runner:
                 d = replace(d, position=seq, attempts=0, due_ms=0)
 
     async def _attempt(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
+        checkpoint()
         self._check_lease()
         outcome = await self._senders.send(sub, data, message_id)
         scheme = sub.subscriber.partition(":")[0]

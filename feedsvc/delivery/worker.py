@@ -32,7 +32,7 @@ from feedsvc.config import Settings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
-from feedsvc.storage.base import FeedStore, Parent, feed_of
+from feedsvc.storage.base import FeedStore, Parent, checkpoint, feed_of
 
 log = logging.getLogger("feedsvc")
 
@@ -53,7 +53,7 @@ class Deliverer:
         self._followers: dict[Parent, asyncio.Task[None]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._kicked = asyncio.Event()
-        self._closing = False
+        self._closing = False  # no runner or follower starts once set
 
     @property
     def running(self) -> int:
@@ -67,21 +67,11 @@ class Deliverer:
         self._kicked.set()
 
     async def close(self) -> None:
-        """Stop every task (runners let their leases go) within a bounded time."""
+        """Stop the sweep and the wake-ups (which start runners), then the
+        runners, each letting its lease go; nothing starts meanwhile."""
         self._closing = True
-        tasks = [t for t in (self._sweeper, *self._followers.values()) if t is not None]
-        tasks += list(self._runners.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # a cancellation that met a Redis call may come back as a 503 the
-            # loops would retry: _closing ends them; the bound keeps a stop short
-            done, pending = await asyncio.wait(tasks, timeout=CLOSE_PATIENCE)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    log.warning("delivery task ended with %r", task.exception())
-            if pending:
-                log.warning("%d delivery tasks did not stop in time", len(pending))
+        await _stop([t for t in (self._sweeper, *self._followers.values()) if t is not None])
+        await _stop(list(self._runners.values()))
         await self._senders.close()
 
     async def _sweep_forever(self) -> None:
@@ -98,6 +88,7 @@ class Deliverer:
             except Exception:  # a bug must not end delivery for good
                 log.exception("delivery sweep failed")
             self._kicked.clear()
+            checkpoint()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._settings.delivery_sweep):
                     await self._kicked.wait()
@@ -112,6 +103,8 @@ class Deliverer:
                 if follower is not None:
                     follower.cancel()
                 continue
+            if self._closing:
+                return
             if parent not in self._followers:
                 self._followers[parent] = asyncio.create_task(self._follow(parent))
             await self._try(parent, ids)
@@ -121,6 +114,8 @@ class Deliverer:
         idle = [sid for sid in ids if (parent, sid) not in self._runners]
         confirming = self._settings.require_confirmation
         for sid in await self._store.deliveries.with_work(parent, idle, confirming):
+            if self._closing:
+                return
             if (parent, sid) in self._runners:
                 continue
             runner = Runner(
@@ -134,6 +129,9 @@ class Deliverer:
             )
             if not await runner.acquire():
                 continue
+            if self._closing:  # stopped while the lease was taken
+                await runner.let_go()
+                return
             key = (parent, sid)
 
             def done(key: tuple[Parent, str] = key) -> None:
@@ -148,7 +146,8 @@ class Deliverer:
             try:
                 async with feed.follow(parent.project, parent.name) as follow:
                     token = follow.token()
-                    while not self._closing:
+                    while True:
+                        checkpoint()
                         await follow.wait(token, self._settings.delivery_sweep * 10)
                         # taken before reading: a post meanwhile wakes the next wait
                         token = follow.token()
@@ -156,7 +155,18 @@ class Deliverer:
                         await self._try(parent, ids)
             except FeedError as exc:
                 log.warning("delivery wake-ups of %s: %s", parent.name, exc)
+                checkpoint()
                 await asyncio.sleep(self._settings.delivery_sweep)
             except Exception:
                 log.exception("delivery wake-ups of %s failed", parent.name)
+                checkpoint()
                 await asyncio.sleep(self._settings.delivery_sweep)
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks and wait until each has ended."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

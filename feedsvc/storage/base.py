@@ -74,6 +74,21 @@ RESERVED_FIELDS = {
 ENCRYPT_MESSAGES = "_enable_encrypt_messages"
 
 
+def checkpoint() -> None:
+    """Raise CancelledError if this task was asked to stop and carried on.
+
+    redis-py writes with asyncio.wait_for, which on Python 3.11 swallows a
+    cancel() that lands just as the write completes: the task goes on as if
+    never cancelled, though it still counts the request
+    (``Task.cancelling()``; nothing in feedsvc takes one back). A task that
+    loops over Redis calls calls this before it waits or starts over, so
+    that a stop it was asked for is not lost.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
 def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
     """The Q:q fields for the reserved settings that metadata sets (a flag
     that is false sets none)."""

@@ -229,28 +229,46 @@ class ClusterServers:
         self._nodes: dict[str, Node] = {}
         self._started = False
         self._stale = True
-        self._lock = asyncio.Lock()
-        self._route_changes: list[Callable[[], None]] = []
         self._closed = False
-
-    def _check_open(self) -> None:
-        if self._closed:
-            # a slot-table read now would make redis-py ClusterNodes (and
-            # connections) that nothing would ever close
-            raise rexc.ConnectionError("the cluster client is closed")
+        self._reading: asyncio.Task[None] | None = None
+        self._route_changes: list[Callable[[], None]] = []
 
     async def ready(self) -> None:
-        self._check_open()
-        if self._stale:
-            async with self._lock:
-                self._check_open()
-                if not self._started:
-                    await self._redis.initialize()  # the slot table and command parser
-                    self._started = True
-                elif self._stale:
-                    await self._redis.nodes_manager.initialize()
-                    self._routes_changed()
-                self._stale = False
+        """The slot table, read again if it may be stale.
+
+        The reading runs in a task of its own that the callers share and
+        only wait for: a caller cancelled meanwhile (a request given up, the
+        app stopping) leaves it alone. redis-py writes with asyncio.wait_for,
+        which on Python 3.11 swallows a cancellation that lands just as a
+        write completes, so a caller cancelled inside the reading itself
+        could carry on as if never cancelled. close() ends the reading
+        before the client's connections are closed, and none starts after.
+        A closed client refuses every call: reading the table again, or a
+        node's pool connecting again, would leave what nothing closes.
+        """
+        if self._closed:
+            raise rexc.ConnectionError("The Redis Cluster client is closed")
+        if not self._stale:
+            return
+        reading = self._reading
+        if reading is None:
+            reading = self._reading = asyncio.create_task(self._read_slots())
+            reading.add_done_callback(self._slots_read)
+        await asyncio.shield(reading)
+
+    async def _read_slots(self) -> None:
+        if not self._started:
+            await self._redis.initialize()  # the slot table and command parser
+            self._started = True
+        else:
+            await self._redis.nodes_manager.initialize()
+            self._routes_changed()
+        self._stale = False
+
+    def _slots_read(self, reading: asyncio.Task[None]) -> None:
+        self._reading = None
+        if not reading.cancelled():
+            reading.exception()  # the callers waiting got it; none may be left
 
     def on_new_routes(self, changed: Callable[[], None]) -> None:
         self._route_changes.append(changed)
@@ -315,8 +333,11 @@ class ClusterServers:
         self._stale = True
 
     async def close(self) -> None:
-        async with self._lock:  # a slot-table read under way finishes first
-            self._closed = True
+        self._closed = True
+        reading = self._reading
+        if reading is not None:
+            reading.cancel()
+            await asyncio.wait([reading])
         for node in self._nodes.values():
             with contextlib.suppress(Exception):
                 await node.close()

@@ -106,6 +106,10 @@ class _Subscriber:
         self._notifier = notifier
         self._conn: AbstractConnection | None = None
         self._confirmed: dict[str, asyncio.Future[None]] = {}
+        # SUNSUBSCRIBEs written on the current connection and not yet answered:
+        # an answer beyond these is Redis ending the channel (its slot moved)
+        self._unsubscribing: dict[str, int] = {}
+        self._writes: set[asyncio.Task[None]] = set()
         self._task = asyncio.create_task(self._run())
 
     def add(self, channel: str) -> asyncio.Future[None]:
@@ -120,14 +124,27 @@ class _Subscriber:
     def discard(self, channel: str) -> None:
         self.channels.discard(channel)
         self._confirmed.pop(channel, None)
-        self._send("SUNSUBSCRIBE", channel)
+        if self._send("SUNSUBSCRIBE", channel):
+            self._unsubscribing[channel] = self._unsubscribing.get(channel, 0) + 1
 
-    def _send(self, *command: Any) -> None:
+    def _send(self, *command: Any) -> bool:
+        """Write command on the current connection (in a task of this
+        subscriber's); False if there is none: the next one subscribes
+        self.channels anew."""
         conn = self._conn
-        if conn is not None:
-            asyncio.create_task(self._write(conn, command))  # noqa: RUF006 - fire and forget
+        if conn is None:
+            return False
+        task = asyncio.create_task(self._write(conn, command))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return True
 
     async def _write(self, conn: AbstractConnection, command: tuple[Any, ...]) -> None:
+        # Only on the connection it was meant for, and only while it is open:
+        # redis-py's send_command connects a closed connection again, which
+        # would open a socket that nobody reads or closes.
+        if conn is not self._conn or not conn.is_connected:
+            return
         with contextlib.suppress(rexc.RedisError, OSError):
             await conn.send_command(*command, check_health=False)
 
@@ -137,9 +154,13 @@ class _Subscriber:
             conn = self.node.subscriber_connection()
             try:
                 await conn.connect()  # type: ignore[no-untyped-call]
+                self._unsubscribing = {}
                 self._conn = conn  # from now on add() sends its own SSUBSCRIBE
                 if self.channels:
-                    await conn.send_command("SSUBSCRIBE", *self.channels, check_health=False)
+                    # one SSUBSCRIBE per channel: channels of several slots in
+                    # one command are refused (CROSSSLOT), even on one node
+                    packed = conn.pack_commands([("SSUBSCRIBE", c) for c in self.channels])
+                    await conn.send_packed_command(packed, check_health=False)
                 failures = 0
                 self._notifier.wake_all()  # anything posted while unsubscribed
                 await self._listen(conn)
@@ -173,7 +194,12 @@ class _Subscriber:
                 self._notifier.wake(channel)
             elif kind == b"sunsubscribe":
                 channel = reply[1].decode()
-                if channel in self.channels:  # not asked for: its slot moved away
+                asked = self._unsubscribing.get(channel, 0)
+                if asked > 1:
+                    self._unsubscribing[channel] = asked - 1
+                elif asked == 1:
+                    del self._unsubscribing[channel]
+                elif channel in self.channels:  # not asked for: its slot moved away
                     self.channels.discard(channel)
                     self._confirmed.pop(channel, None)
                     self._notifier.moved_away([channel])
@@ -182,6 +208,10 @@ class _Subscriber:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        for task in list(self._writes):
+            task.cancel()
+        if self._writes:
+            await asyncio.wait(self._writes)
 
 
 class Notifier:
@@ -193,7 +223,8 @@ class Notifier:
         self._follows: dict[str, QueueFollow] = {}
         self._subscribers: dict[str, _Subscriber] = {}  # by node name
         self._routes: dict[str, _Subscriber] = {}  # by channel
-        self._closed = False  # nothing subscribes after close()
+        self._reroutes: set[asyncio.Task[None]] = set()
+        self._closed = False  # no subscription starts after close()
         servers.on_new_routes(self.check_routes)
 
     @property
@@ -222,14 +253,16 @@ class Notifier:
                     subscriber.discard(channel)
 
     async def _subscribe(self, channel: str) -> None:
+        if self._closed:
+            return  # shutting down: the follower is woken by nothing but its timeout
         with contextlib.suppress(rexc.RedisError, rexc.RedisClusterException, OSError):
             await self._servers.ready()  # on a cluster: the slot table
-        if self._closed:  # (a reroute may outlive the notifier)
-            return
         try:
             node = self._servers.node_for(channel)
         except (rexc.RedisError, rexc.RedisClusterException, KeyError):
             node = self._servers.default_node()  # no table yet: re-routed on loss
+        if self._closed:  # closed while the slot table was read
+            return
         subscriber = self._subscribers.get(node.name)
         if subscriber is None:
             subscriber = self._subscribers[node.name] = _Subscriber(node, self)
@@ -281,7 +314,7 @@ class Notifier:
         for channel in channels:
             self._routes.pop(channel, None)
             self.wake(channel)
-        asyncio.create_task(self._reroute(channels, stale=True))  # noqa: RUF006 - fire and forget
+        self._start_reroute(channels, stale=True)
 
     def check_routes(self) -> None:
         """The slot table changed (a slot moved, a primary failed over, maybe
@@ -294,7 +327,21 @@ class Notifier:
                     del self._routes[channel]
                     moved.append(channel)
         if moved:
-            asyncio.create_task(self._reroute(moved, stale=False))  # noqa: RUF006
+            self._start_reroute(moved, stale=False)
+
+    def _start_reroute(self, channels: list[str], stale: bool) -> None:
+        """Subscribe channels again in a task of the notifier's own (close()
+        ends it): none is started once closed."""
+        if self._closed:
+            return
+        task = asyncio.create_task(self._reroute(channels, stale))
+        self._reroutes.add(task)
+        task.add_done_callback(self._rerouted)
+
+    def _rerouted(self, task: asyncio.Task[None]) -> None:
+        self._reroutes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("re-routing subscriptions failed: %r", task.exception())
 
     async def _reroute(self, channels: list[str], stale: bool) -> None:
         if stale:
@@ -317,6 +364,11 @@ class Notifier:
 
     async def close(self) -> None:
         self._closed = True
+        reroutes = list(self._reroutes)
+        for task in reroutes:
+            task.cancel()
+        if reroutes:
+            await asyncio.wait(reroutes)
         subscribers, self._subscribers = self._subscribers, {}
         self._routes.clear()
         for subscriber in subscribers.values():
