@@ -16,9 +16,10 @@ was sent) posts at fixed rates, each step 1 s to settle and then
   stamp, over the step's messages once the backlog is delivered, waiting at
   most ``DRAIN_S``; ``drain_s`` is how long after the step's last post its
   last message arrived), repeats and out-of-order arrivals (0 for a
-  receiver that answers 200), the producer's POST latency and the CPU of
-  feedsvc, the receiver, Redis, this process (the producer) and the rest of
-  the machine (``other``).
+  receiver that answers 200), the producer's POST latency, the Redis
+  commands per post (``INFO commandstats``: the posts' and the deliveries')
+  and the CPU of feedsvc, the receiver, Redis, this process (the producer)
+  and the rest of the machine (``other``).
 * **posting is decoupled from delivery**: at ``DECOUPLED_RATE`` posts/s,
   ``DECOUPLED_ROUNDS`` times a fast receiver and then one that answers
   after ``SLOW_MS``, alternately, each with a new subscription (deleted
@@ -49,8 +50,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
-from bench.live import PRODUCER_ID, PROJECT, CpuWindow, Producer, get_json, ms, wait_for_idle
+from bench.live import (
+    PRODUCER_ID,
+    PROJECT,
+    CpuWindow,
+    Producer,
+    commandstats,
+    delta,
+    get_json,
+    ms,
+    wait_for_idle,
+)
 from bench.service import Service, SuiteLike
 from feedsvc.redis_server import pick_free_port
 
@@ -130,6 +142,7 @@ class Step:
     most_in_flight: int
     post_p50_ms: float
     post_p99_ms: float
+    redis_cmds_per_post: float  # every Redis command in the window (posts and deliveries)
     cpu: dict[str, float]
     took: list[float]  # seconds each of the window's POSTs took
 
@@ -143,6 +156,7 @@ class Webhooks:
     producer: Producer
     queue: str
     groups: dict[str, list[int]]
+    redis: redis.Redis
     seen: dict[str, dict[str, int]] = field(default_factory=dict)  # tag -> running counts
 
     def subscribe(self, tag: str, delay_ms: int = 0) -> str:
@@ -164,11 +178,13 @@ class Webhooks:
         first = self.producer.n + 1 if since is None else since
         took: list[float] = []
         cpu = CpuWindow(self.groups)
+        stats0 = commandstats(self.redis)
         cpu.start()
         t0 = time.time()
         sent = self.producer.run(rate, MEASURE_S, took)
         t1 = time.time()
         percent = cpu.stop()
+        commands = sum(delta(commandstats(self.redis), stats0).values())
         last = self.producer.n
         posted = last - first + 1
         time.sleep(GRACE_S)
@@ -197,6 +213,7 @@ class Webhooks:
             most_in_flight=got["most_in_flight"],
             post_p50_ms=ms(posts, 50),
             post_p99_ms=ms(posts, 99),
+            redis_cmds_per_post=commands / max(1, len(sent)),
             cpu=percent,
             took=took,
         )
@@ -219,6 +236,7 @@ def row(step: Step) -> dict[str, object]:
         "in_flight_max": step.most_in_flight,
         "post_p50_ms": step.post_p50_ms,
         "post_p99_ms": step.post_p99_ms,
+        "redis_cmds_per_post": step.redis_cmds_per_post,
         **{f"{k}_cpu": v for k, v in step.cpu.items()},
     }
 
@@ -235,7 +253,8 @@ def part_webhook(suite: SuiteLike) -> None:
         groups = {"feedsvc": [svc.pid], "receiver": [receiver_pid],
                   "redis": [suite.redis.pid or 0], "producer": [os.getpid()]}  # fmt: skip
         producer = Producer(svc.port, queue)
-        hooks = Webhooks(svc.port, receiver_port, producer, queue, groups)
+        client = redis.Redis.from_url(suite.redis.url)
+        hooks = Webhooks(svc.port, receiver_port, producer, queue, groups, client)
         sid = hooks.subscribe("fast")
         for rate in FAST_RATES:
             step = hooks.step("fast", rate, drain=True)
@@ -255,6 +274,7 @@ def part_webhook(suite: SuiteLike) -> None:
                 name = "fast" if not delay else f"{SLOW_MS} ms"
                 suite.add(f"webhook {name}, {rate_label(DECOUPLED_RATE)} #{i + 1}", **row(step))
         producer.close()
+        client.close()
     fast, slow = (np.array(took[k]) for k in ("fast", "slow"))
     suite.add(
         f"POST {rate_label(DECOUPLED_RATE)}, fast vs slow receiver",
