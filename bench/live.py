@@ -329,9 +329,10 @@ class Producer:
             return False
         return True
 
-    def run(self, rate: float, seconds: float) -> list[float]:
-        """Post at ``rate`` for ``seconds`` (back to back if the service is
-        slower); the send time of every acknowledged post."""
+    def run(self, rate: float, seconds: float, took: list[float] | None = None) -> list[float]:
+        """Post at ``rate`` (``inf``: back to back) for ``seconds`` (back to
+        back if the service is slower); the send time of every acknowledged
+        post. ``took`` gets the seconds each acknowledged POST took."""
         sent: list[float] = []
         interval = 1.0 / rate
         start = time.perf_counter()
@@ -340,8 +341,11 @@ class Producer:
             if now < due:
                 time.sleep(due - now)
             at = time.time()
+            began = time.perf_counter()
             if self.post():
                 sent.append(at)
+                if took is not None:
+                    took.append(time.perf_counter() - began)
             due += interval
         return sent
 

@@ -13,7 +13,8 @@ noise; ratios are what to read.
 Parts: post, get, loop, pool, batch, coalesce, drivers, cluster (a local
 3-primary Redis Cluster), rtt (needs root: network namespace + tc netem),
 idle and fanout (live followers over SSE; bench/live.py), wake (a long poll
-woken by a post). Needs ``wrk`` on PATH (Debian: apt install wrk).
+woken by a post), webhook (a subscription's webhook deliveries;
+bench/webhook.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -333,6 +334,11 @@ class Suite:
 
         part_wake(self)
 
+    def part_webhook(self) -> None:
+        from bench.webhook import part_webhook
+
+        part_webhook(self)
+
     def run(self, parts: Sequence[str]) -> None:
         self.redis.start()
         try:
@@ -469,7 +475,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 PARTS = [
     "post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt", "idle",
-    "fanout", "wake",
+    "fanout", "wake", "webhook",
 ]  # fmt: skip
 
 
