@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -48,13 +49,18 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
-async def read_body(request: web.Request, too_large: FeedError | None = None) -> bytes:
+async def read_body(
+    request: web.Request, too_large: Callable[[], FeedError] | None = None
+) -> bytes:
     """The request body, which must arrive within --client-timeout (else 408).
 
     A body over the size the service reads is refused while it streams in:
-    with ``too_large`` if given, else aiohttp's 413.
+    with ``too_large()`` if given, else aiohttp's 413. A body that arrived
+    whole with its head (most do) is read without setting up the timer.
     """
     try:
+        if request.content.is_eof():
+            return await request.read()
         async with asyncio.timeout(request.app[SETTINGS].client_timeout):
             return await request.read()
     except TimeoutError:
@@ -62,7 +68,7 @@ async def read_body(request: web.Request, too_large: FeedError | None = None) ->
     except web.HTTPRequestEntityTooLarge:
         if too_large is None:
             raise
-        raise too_large from None
+        raise too_large() from None
 
 
 QUEUES = "/v2/queues"
@@ -337,7 +343,7 @@ async def post_messages(request: web.Request) -> web.Response:
     queue = v.queue_name(request)
     idempotency_key = v.idempotency_key(request)
     v.post_length(request, settings)
-    raw = await read_body(request, v.post_too_large(settings))
+    raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
     ids = await feed_store(request).post_messages(
         project, queue, client, messages, len(raw), idempotency_key
