@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -106,6 +107,12 @@ async def serve(
             settings.driver,
             type(asyncio.get_running_loop()).__module__,
         )
+    # Everything made so far (modules, the app, its routes, the store) lives
+    # as long as the process: keep it out of the collector's way, so that a
+    # full collection walks only what requests made (shorter pauses, a
+    # shorter latency tail)
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
