@@ -194,10 +194,18 @@ def clients(port: int, path: str, total: int) -> Iterator[Clients]:
 @contextlib.contextmanager
 def bare_server(workdir: Path) -> Iterator[tuple[int, int]]:
     """bench/fanout_server.py on a free port: (port, pid)."""
+    with bench_server(workdir, "fanout_server", "/streams") as started:
+        yield started
+
+
+@contextlib.contextmanager
+def bench_server(workdir: Path, module: str, probe: str) -> Iterator[tuple[int, int]]:
+    """``python -m bench.<module> PORT`` on a free port of 127.0.0.1, ready
+    once GET probe answers: (port, pid). Stopped on exit."""
     port = pick_free_port()
-    with (workdir / "fanout_server.log").open("wb") as log:
+    with (workdir / f"{module}.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fanout_server", str(port)],
+            [sys.executable, "-m", f"bench.{module}", str(port)],
             cwd=HERE.parent,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -206,11 +214,11 @@ def bare_server(workdir: Path) -> Iterator[tuple[int, int]]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                get_json(f"http://127.0.0.1:{port}/streams")
+                get_json(f"http://127.0.0.1:{port}{probe}")
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the bare fan-out server did not start") from None
+                    raise RuntimeError(f"bench.{module} did not start") from None
                 time.sleep(0.05)
         yield port, proc.pid
     finally:

@@ -39,8 +39,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -57,6 +55,7 @@ from bench.live import (
     PROJECT,
     CpuWindow,
     Producer,
+    bench_server,
     commandstats,
     delta,
     get_json,
@@ -64,7 +63,6 @@ from bench.live import (
     wait_for_idle,
 )
 from bench.service import Service, SuiteLike
-from feedsvc.redis_server import pick_free_port
 
 HERE = Path(__file__).resolve().parent
 FAST_RATES = (50.0, 200.0, float("inf"))
@@ -81,32 +79,8 @@ IDLE_WAIT_S = 30.0
 @contextlib.contextmanager
 def receiver(workdir: Path) -> Iterator[tuple[int, int]]:
     """bench/webhook_receiver.py on a free port of 127.0.0.1: (port, pid)."""
-    port = pick_free_port()
-    with (workdir / "webhook_receiver.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.webhook_receiver", str(port)],
-            cwd=HERE.parent,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                get_json(f"http://127.0.0.1:{port}/ping")
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the webhook receiver did not start") from None
-                time.sleep(0.05)
-        yield port, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with bench_server(workdir, "webhook_receiver", "/ping") as started:
+        yield started
 
 
 def api(port: int, method: str, path: str, body: object = None) -> Any:
