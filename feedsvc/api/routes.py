@@ -11,8 +11,29 @@ from feedsvc.api import subscriptions as subs
 
 QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
-# without claims, as in Zaqar. Its subscriptions come with queues' ones.
+# without claims or share, as in Zaqar.
 TOPIC = "/v2/topics/{topic}"
+
+# What queues and topics both answer, below their own path.
+FEED: list[tuple[str, str, Handler]] = [
+    ("PUT", "", h.create_queue),
+    ("GET", "", h.get_queue),
+    ("PATCH", "", h.patch_queue),
+    ("DELETE", "", h.delete_queue),
+    ("POST", "/purge", h.purge_queue),
+    ("GET", "/stats", h.get_queue_stats),
+    ("POST", "/messages", h.post_messages),
+    ("GET", "/messages", streams.get_messages),
+    ("DELETE", "/messages", h.delete_messages),
+    ("GET", "/messages/{message_id}", h.get_message),
+    ("DELETE", "/messages/{message_id}", h.delete_message),
+    ("POST", "/subscriptions", subs.create_subscription),
+    ("GET", "/subscriptions", subs.list_subscriptions),
+    ("GET", "/subscriptions/{subscription_id}", subs.get_subscription),
+    ("PATCH", "/subscriptions/{subscription_id}", subs.patch_subscription),
+    ("DELETE", "/subscriptions/{subscription_id}", subs.delete_subscription),
+    ("PUT", "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
+]
 
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/", h.get_versions),
@@ -22,46 +43,14 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v2/health", h.get_health),
     ("GET", "/v2/openapi.json", openapi.get_openapi),
     ("GET", "/v2/queues", h.list_queues),
-    ("PUT", QUEUE, h.create_queue),
-    ("GET", QUEUE, h.get_queue),
-    ("PATCH", QUEUE, h.patch_queue),
-    ("DELETE", QUEUE, h.delete_queue),
-    ("POST", QUEUE + "/purge", h.purge_queue),
+    *[(method, QUEUE + path, handler) for method, path, handler in FEED],
     ("POST", QUEUE + "/share", signed_urls.share_queue),
-    ("GET", QUEUE + "/stats", h.get_queue_stats),
-    ("POST", QUEUE + "/messages", h.post_messages),
-    ("GET", QUEUE + "/messages", streams.get_messages),
-    ("DELETE", QUEUE + "/messages", h.delete_messages),
-    ("GET", QUEUE + "/messages/{message_id}", h.get_message),
-    ("DELETE", QUEUE + "/messages/{message_id}", h.delete_message),
     ("POST", QUEUE + "/claims", h.post_claim),
     ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
     ("GET", "/v2/topics", h.list_queues),
-    ("PUT", TOPIC, h.create_queue),
-    ("GET", TOPIC, h.get_queue),
-    ("PATCH", TOPIC, h.patch_queue),
-    ("DELETE", TOPIC, h.delete_queue),
-    ("POST", TOPIC + "/purge", h.purge_queue),
-    ("GET", TOPIC + "/stats", h.get_queue_stats),
-    ("POST", TOPIC + "/messages", h.post_messages),
-    ("GET", TOPIC + "/messages", streams.get_messages),
-    ("DELETE", TOPIC + "/messages", h.delete_messages),
-    ("GET", TOPIC + "/messages/{message_id}", h.get_message),
-    ("DELETE", TOPIC + "/messages/{message_id}", h.delete_message),
-    ("POST", QUEUE + "/subscriptions", subs.create_subscription),
-    ("GET", QUEUE + "/subscriptions", subs.list_subscriptions),
-    ("GET", QUEUE + "/subscriptions/{subscription_id}", subs.get_subscription),
-    ("PATCH", QUEUE + "/subscriptions/{subscription_id}", subs.patch_subscription),
-    ("DELETE", QUEUE + "/subscriptions/{subscription_id}", subs.delete_subscription),
-    ("PUT", QUEUE + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
-    ("POST", TOPIC + "/subscriptions", subs.create_subscription),
-    ("GET", TOPIC + "/subscriptions", subs.list_subscriptions),
-    ("GET", TOPIC + "/subscriptions/{subscription_id}", subs.get_subscription),
-    ("PATCH", TOPIC + "/subscriptions/{subscription_id}", subs.patch_subscription),
-    ("DELETE", TOPIC + "/subscriptions/{subscription_id}", subs.delete_subscription),
-    ("PUT", TOPIC + "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
+    *[(method, TOPIC + path, handler) for method, path, handler in FEED],
 ]
 
 
