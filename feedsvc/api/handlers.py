@@ -106,16 +106,18 @@ def _now(request: web.Request) -> int:
     return request.app[CLOCK].now_ms()
 
 
-def message_json(feed: str, message: Message, now: int) -> dict[str, Any]:
-    """A message as lists show it; feed is its queue's (or topic's) path."""
-    href = f"{feed}/messages/{message.id}"
+def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
+    """A message as lists show it; prefix is its feed's path and
+    ``/messages/`` (built once per page, not once per message)."""
+    href = prefix + message.id
     if message.claim_id is not None:
-        href += f"?claim_id={message.claim_id}"
+        href += "?claim_id=" + message.claim_id
+    age = (now - message.created_ms) // 1000
     return {
         "id": message.id,
         "href": href,
         "ttl": message.ttl,
-        "age": message.age(now),
+        "age": age if age > 0 else 0,
         "body": orjson.Fragment(message.body),
     }
 
@@ -373,7 +375,9 @@ async def get_messages(request: web.Request) -> web.Response:
             kind = "topic" if is_topic(request) else "queue"
             raise NotFound(f"No messages with ids {', '.join(ids)} in {kind} {queue}.")
         feed = feed_path(request, queue)
-        return json_response({"messages": [message_json(feed, m, now) for m in found]})
+        return json_response(
+            {"messages": [message_json(f"{feed}/messages/", m, now) for m in found]}
+        )
 
     list_query = list_query_of(request, client)
     page = await store.list_messages(project, queue, list_query)
@@ -405,14 +409,19 @@ def page_response(feed: str, page: MessagePage, list_query: ListQuery, now: int)
     feed is the queue's (or topic's) path."""
     links = []
     if page.next_marker is not None:
-        params = {"marker": str(page.next_marker), "limit": str(list_query.limit)}
-        for name in ("echo", "include_claimed", "include_delayed"):
-            if getattr(list_query, name):
-                params[name] = "true"
-        href = f"{feed}/messages?{urlencode(params)}"
+        # spelt out rather than urlencode()d (3 µs on every page): the marker
+        # and the limit are digits, the flags "true", nothing needs quoting
+        href = f"{feed}/messages?marker={page.next_marker}&limit={list_query.limit}"
+        if list_query.echo:
+            href += "&echo=true"
+        if list_query.include_claimed:
+            href += "&include_claimed=true"
+        if list_query.include_delayed:
+            href += "&include_delayed=true"
         links.append({"rel": "next", "href": href})
+    prefix = f"{feed}/messages/"
     payload = {
-        "messages": [message_json(feed, m, now) for m in page.messages],
+        "messages": [message_json(prefix, m, now) for m in page.messages],
         "links": links,
     }
     return json_response(payload)
@@ -427,7 +436,9 @@ async def get_message(request: web.Request) -> web.Response:
         found = await feed_store(request).get_messages(project, queue, [message_id])
     if not found:
         raise MessageNotFound(message_id)
-    return json_response(message_json(feed_path(request, queue), found[0], _now(request)))
+    return json_response(
+        message_json(f"{feed_path(request, queue)}/messages/", found[0], _now(request))
+    )
 
 
 async def delete_message(request: web.Request) -> web.Response:
@@ -496,7 +507,7 @@ async def post_claim(request: web.Request) -> web.Response:
         return web.Response(status=204)
     now = _now(request)
     body = orjson.dumps(
-        {"messages": [message_json(f"{QUEUES}/{queue}", m, now) for m in claim.messages]}
+        {"messages": [message_json(f"{QUEUES}/{queue}/messages/", m, now) for m in claim.messages]}
     )
     return web.Response(
         status=201,
@@ -540,7 +551,9 @@ async def get_claim(request: web.Request) -> web.Response:
         {
             "age": claim.age(now),
             "ttl": claim.ttl,
-            "messages": [message_json(f"{QUEUES}/{queue}", m, now) for m in claim.messages],
+            "messages": [
+                message_json(f"{QUEUES}/{queue}/messages/", m, now) for m in claim.messages
+            ],
             "href": _claim_href(queue, claim.id),
         }
     )

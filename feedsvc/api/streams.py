@@ -122,8 +122,9 @@ async def _hung_up(request: web.Request, hang_up: Callable[[], None]) -> AsyncIt
         yield
 
 
-def _event(feed: str, message: Message, now: int) -> bytes:
-    data = orjson.dumps(message_json(feed, message, now))
+def _event(prefix: str, message: Message, now: int) -> bytes:
+    """One SSE event; prefix is the feed's path and ``/messages/`` (see message_json)."""
+    data = orjson.dumps(message_json(prefix, message, now))
     return b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
 
 
@@ -138,14 +139,14 @@ class Stream(Follower):
     A client that lets more than ``limit`` bytes pile up unsent is cut off
     (``dropped``); it resumes from its last event id."""
 
-    __slots__ = ("_clock", "_feed", "_limit", "_pending", "_transport", "_writer", "dropped")
+    __slots__ = ("_clock", "_limit", "_pending", "_prefix", "_transport", "_writer", "dropped")
 
     def __init__(
-        self, position: int | None, filters: Filters, feed: str, clock: Clock, limit: int
+        self, position: int | None, filters: Filters, prefix: str, clock: Clock, limit: int
     ) -> None:
         super().__init__(position, filters)
         self.dropped = False
-        self._feed = feed  # a queue's name, or the topic route's
+        self._prefix = prefix  # the hrefs': the feed's path and /messages/
         self._clock = clock
         self._limit = limit
         self._writer: AbstractStreamWriter | None = None
@@ -182,7 +183,7 @@ class Stream(Follower):
             key = (message.id, message.claim_id)
             event = batch.encoded.get(key)
             if event is None:
-                event = batch.encoded[key] = _event(self._feed, message, now)
+                event = batch.encoded[key] = _event(self._prefix, message, now)
             parts.append(event)
         data = b"".join(parts)
         if whole:
@@ -216,7 +217,7 @@ async def stream_messages(
 ) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     live = _live(request)
-    feed = h.feed_path(request, queue)  # what the events' hrefs name
+    prefix = f"{h.feed_path(request, queue)}/messages/"  # what the events' hrefs name
     position = last_event_id(request)
     filters = Filters(
         client, v.flag(request.query, "echo"), v.flag(request.query, "include_claimed")
@@ -224,7 +225,9 @@ async def stream_messages(
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
-    stream = Stream(position, filters, feed, request.app[CLOCK], settings.stream_buffer_kib * 1024)
+    stream = Stream(
+        position, filters, prefix, request.app[CLOCK], settings.stream_buffer_kib * 1024
+    )
     response = web.StreamResponse(
         headers={
             "Content-Type": EVENT_STREAM,
@@ -243,7 +246,7 @@ async def stream_messages(
             await response.write(b"retry: %d\n\n" % settings.stream_retry)
             while backlog:
                 now = request.app[CLOCK].now_ms()
-                await response.write(b"".join(_event(feed, m, now) for m in backlog))
+                await response.write(b"".join(_event(prefix, m, now) for m in backlog))
                 if loop.time() >= ends_at:
                     return response
                 backlog = await live.catch_up(project, queue, stream, PAGE)

@@ -164,10 +164,10 @@ class LuaStore(RedisStore):
         commands.append(("ZADD", self._registry(project), 0, queue))
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
         replies = await self._transport.call(commands)
-        async with self._transport.errors():
-            for reply in replies[:-1]:
-                if isinstance(reply, Exception):
-                    raise reply
+        failed = [reply for reply in replies[:-1] if isinstance(reply, Exception)]
+        if failed:  # checked first: entering errors() costs on every post
+            async with self._transport.errors():
+                raise failed[0]
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]
