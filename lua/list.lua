@@ -6,6 +6,9 @@
 -- Returns {next_marker or '', then per message:
 --          id, seq, body, ttl, created_ms, live claim id or '', claim count,
 --          and with_authors, author (the poster's client id)}.
+-- next_marker, seq, ttl, created_ms and the claim count are integer replies
+-- (every seq is below 2^53, so a Lua number holds it exactly): the client
+-- reads them as numbers without parsing text, 10 times per page.
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
@@ -43,12 +46,12 @@ while count < limit and scanned < scan_limit do
         local claim = ''
         if claimed then claim = m[7] end
         out[#out + 1] = id
-        out[#out + 1] = seq
+        out[#out + 1] = tonumber(seq)
         out[#out + 1] = m[1]
-        out[#out + 1] = m[2]
-        out[#out + 1] = m[3]
+        out[#out + 1] = tonumber(m[2])
+        out[#out + 1] = tonumber(m[3])
         out[#out + 1] = claim
-        out[#out + 1] = m[9] or '0'
+        out[#out + 1] = tonumber(m[9]) or 0
         if with_authors then out[#out + 1] = m[5] or '' end
         count = count + 1
         if count == limit then break end
@@ -59,5 +62,5 @@ while count < limit and scanned < scan_limit do
   start = '(' .. last
   chunk = math.min(chunk * 2, 512)
 end
-if last and (count > 0 or scanned >= scan_limit) then out[1] = last end
+if last and (count > 0 or scanned >= scan_limit) then out[1] = tonumber(last) end
 return out

@@ -81,8 +81,9 @@ def test_only_storage_names_a_driver() -> None:
 
 
 def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
-    """One decoder per script reply: list.lua's layout (see its header)."""
-    out = [b"7", b"ab" * 12, b"7", b'{"x":1}', b"60", b"1000", b"", b"0", b"me"]
+    """One decoder per script reply: list.lua's layout (see its header), the
+    numbers as integer replies."""
+    out = [7, b"ab" * 12, 7, b'{"x":1}', 60, 1000, b"", 0, b"me"]
     page = record.list_reply(out, with_authors=True)
     assert page.next_marker == 7
     [message] = page.messages
@@ -90,8 +91,8 @@ def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     assert message.claim_id is None
     assert message.author == "me"
     # without authors (every list request: the store filters echo itself)
-    two = [b"9", b"ab" * 12, b"7", b"1", b"60", b"1000", b"", b"0"]
-    two += [b"cd" * 12, b"9", b"2", b"60", b"1000", b"ef" * 12, b"1"]
+    two = [9, b"ab" * 12, 7, b"1", 60, 1000, b"", 0]
+    two += [b"cd" * 12, 9, b"2", 60, 1000, b"ef" * 12, 1]
     first, second = record.list_reply(two, with_authors=False).messages
     assert (first.seq, first.body, first.author) == (7, b"1", None)
     assert (second.seq, second.claim_id, second.claim_count) == (9, "ef" * 12, 1)

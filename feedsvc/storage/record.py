@@ -284,18 +284,26 @@ def _message(
 
 def list_reply(out: list[Any], with_authors: bool) -> MessagePage:
     """list.lua: {next marker or '', then id, seq, body, ttl, created, claim,
-    count[, author]...}."""
-    if with_authors:
-        messages = [
-            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]), text(out[i + 7]))
-            for i in range(1, len(out), 8)
-        ]
-    else:
-        messages = [
-            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]))
-            for i in range(1, len(out), 7)
-        ]
-    return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
+    count[, author]...}; the marker, seq, ttl, created and count are integers.
+
+    Written out rather than through _message(): this runs for every message
+    of every page, and integer replies need no parsing.
+    """
+    step = 8 if with_authors else 7
+    messages = [
+        Message(
+            out[i].decode(),  # id
+            out[i + 1],  # seq
+            out[i + 2],  # body
+            out[i + 3],  # ttl
+            out[i + 4],  # created_ms
+            out[i + 5].decode() or None,  # claim id
+            out[i + 6],  # claim count
+            out[i + 7].decode() if with_authors else None,
+        )
+        for i in range(1, len(out), step)
+    ]
+    return MessagePage(messages, out[0] or None)
 
 
 def claim_reply(
