@@ -30,12 +30,61 @@ local function extend_for_claim(expires, created, claim_expires, grace)
   return keep, math.floor((keep - created) / 1000 + 0.5)
 end
 
--- Whether a message can be claimed or popped: m holds its fields
--- b, t, c, e, d, k, x (HMGET in that order); it must exist, be alive, be due
--- and be held by no live claim.
+-- A message's header (F_HEADER): every field but the body in one value,
+-- laid out by record.py's HEADER_FIELDS (the generated H_* positions and
+-- HEADER_FORMAT): fixed-width, zero-padded numbers, so that two of one width
+-- compare as strings; the claim id padded with spaces (all spaces: none);
+-- the author last. seq is 0 until the message is indexed.
+local sub, byte, find = string.sub, string.byte, string.find
+
+local function header(m)
+  return string.format(HEADER_FORMAT, m.seq, m.ttl, m.created, m.expires, m.due,
+    m.claim_expires, m.count, m.claim, m.author)
+end
+
+-- A time (ms) as the header writes it, to compare with its fields as strings.
+local function ms_text(ms)
+  return string.format(H_MS_FORMAT, ms)
+end
+
+-- A message record as a table (nil: gone), read in either layout: a record
+-- without a header was written before it (record.py's LEGACY fields).
+local function read_message(key)
+  local r = redis.call('HMGET', key, F_HEADER, F_BODY)
+  if not r[2] then return nil end
+  local h = r[1]
+  if h then
+    return {body = r[2], seq = tonumber(sub(h, H_SEQ, H_SEQ_END)),
+      ttl = tonumber(sub(h, H_TTL, H_TTL_END)), created = tonumber(sub(h, H_CREATED, H_CREATED_END)),
+      expires = tonumber(sub(h, H_EXPIRES, H_EXPIRES_END)), due = tonumber(sub(h, H_DUE, H_DUE_END)),
+      claim_expires = tonumber(sub(h, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)),
+      count = tonumber(sub(h, H_COUNT, H_COUNT_END)),
+      claim = string.match(sub(h, H_CLAIM, H_CLAIM_END), '^(%S*)'), author = sub(h, H_AUTHOR)}
+  end
+  local o = redis.call('HMGET', key, F_TTL, F_CREATED, F_EXPIRES, F_SEQ, F_DUE, F_CLAIM_EXPIRES,
+    F_CLAIM_COUNT, F_CLAIM, F_AUTHOR)
+  if not o[3] then return nil end
+  return {body = r[2], seq = tonumber(o[4]) or 0, ttl = tonumber(o[1]) or 0,
+    created = tonumber(o[2]) or 0, expires = tonumber(o[3]), due = tonumber(o[5]) or 0,
+    claim_expires = tonumber(o[6]) or 0, count = tonumber(o[7]) or 0, claim = o[8] or '',
+    author = o[9] or '', legacy = true}
+end
+
+-- Store m's header; a legacy record moves to the new layout, atomically.
+local function write_header(key, m)
+  redis.call('HSET', key, F_HEADER, header(m))
+  if m.legacy then
+    redis.call('HDEL', key, F_TTL, F_CREATED, F_EXPIRES, F_SEQ, F_DUE, F_CLAIM_EXPIRES,
+      F_CLAIM_COUNT, F_CLAIM, F_AUTHOR)
+    m.legacy = nil
+  end
+end
+
+-- Whether a message (a read_message table) can be claimed or popped: it must
+-- exist, be indexed, alive and due, and be held by no live claim.
 local function is_free(m, now)
-  return m[1] and (tonumber(m[4]) or 0) > now and (tonumber(m[5]) or 0) <= now
-    and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now)
+  return m and m.seq > 0 and m.expires > now and m.due <= now
+    and not (m.claim ~= '' and m.claim_expires > now)
 end
 
 -- Tell the queue's followers (every feedsvc process subscribed to the queue's

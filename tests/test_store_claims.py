@@ -14,7 +14,7 @@ from feedsvc.clock import ManualClock
 from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.record import Parked
+from feedsvc.storage.record import ROW, Parked, Row, hold_commands
 from feedsvc.storage.redis_store import RedisStore
 from tests.conftest import direct_client
 
@@ -272,11 +272,13 @@ async def test_dead_lettering_survives_a_stop_between_its_steps(
     await store.release_claim(project, "q", claim.id)
     # step 1 only, as if the service stopped right after the claim script:
     # parked under a claim whose ttl has already run out
+    keys = QueueKeys.of(project, "q")
     client = direct_client(redis_url)
     try:
-        await client.hset(
-            QueueKeys.of(project, "q").message(message_id), mapping={"k": "ab" * 12, "x": 1}
-        )
+        row = Row.read(message_id, await client.hmget(keys.message(message_id), ROW))
+        assert row is not None
+        for command in hold_commands(keys, row, "ab" * 12, 1):
+            await client.execute_command(*command)
     finally:
         await client.aclose()
     assert await store.claim_messages(project, "q", 300, 60, 5) is None

@@ -97,9 +97,7 @@ class ClaimUpkeep(FeedSpace):
                     keep, new_ttl = r.claim_extension(
                         row.expires, row.created, claim_expires, grace
                     )
-                    writes += r.extend_commands(
-                        keys, message_id, claim_id, claim_expires, keep, new_ttl
-                    )
+                    writes += r.extend_commands(keys, row, claim_id, claim_expires, keep, new_ttl)
                 claim_key = keys.claim(claim_id)
                 writes.append(
                     ("HSET", claim_key, r.TTL, ttl, r.GRACE, grace, r.CLAIM_EXPIRES, claim_expires)
@@ -125,9 +123,7 @@ class ClaimUpkeep(FeedSpace):
                 for message_id, raw in zip(held, replies[1:], strict=True):
                     row = r.Row.read(message_id, raw)
                     if row is not None and row.claim == claim_id:
-                        key = keys.message(message_id)
-                        writes.append(("HSET", key, r.CLAIM, "", r.CLAIM_EXPIRES, 0))
-                        writes.append(("ZREM", keys.claimed, message_id))
+                        writes += r.release_commands(keys, row)
                 writes.append(("DEL", keys.claim(claim_id)))
                 writes.append(("ZREM", keys.claims, claim_id))
                 return writes, None
@@ -168,16 +164,14 @@ class ClaimUpkeep(FeedSpace):
             seq = r.parse_seq(last) if last is not None else now * 1000
             writes: list[Command] = []
             for message, have in zip(parked, seqs, strict=True):
-                if have is not None:
+                if have:
                     continue
                 seq += 1
-                fields = r.posted_fields(message.ttl, now, seq, delay=0)
-                fields[r.CLAIM_COUNT] = message.count
+                author = message.author.decode()
+                header = r.posted(author, message.ttl, now, seq, delay=0, count=message.count)
                 key = target.message(message.id)
-                expires = fields[r.EXPIRES]
-                writes.append(
-                    ("HSET", key, r.BODY, message.body, r.AUTHOR, message.author, *r.flat(fields))
-                )
+                expires = header.expires
+                writes.append(("HSET", key, *r.record_fields(header, message.body)))
                 writes.append(("PEXPIREAT", key, expires))
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, expires, message.id))
@@ -192,7 +186,7 @@ class ClaimUpkeep(FeedSpace):
             held = [
                 m.id
                 for m, holder in zip(parked, replies, strict=True)
-                if holder is not None and r.text(holder) == claim_id
+                if r.holder(holder) == claim_id
             ]
             return (r.forget_commands(source, held) if held else None), None
 
@@ -203,13 +197,13 @@ class ClaimUpkeep(FeedSpace):
                 [
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
-                    *(("HGET", target.message(m.id), r.SEQ) for m in parked),
+                    *(("EXISTS", target.message(m.id)) for m in parked),
                 ],
                 copy,
             )
             await transport.optimistic(
                 [source.message(m.id) for m in parked],
-                [("HGET", source.message(m.id), r.CLAIM) for m in parked],
+                [("HMGET", source.message(m.id), *r.HOLDER) for m in parked],
                 forget,
             )
             await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])

@@ -150,7 +150,7 @@ class LuaStore(RedisStore):
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             key = keys.message(message_id)
-            commands.append(("HSET", key, r.BODY, message.body, r.AUTHOR, client_id))
+            commands.append(("HSET", key, r.BODY, message.body, r.HEADER, r.unindexed(client_id)))
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = message.ttl or settings.max_message_ttl
@@ -181,8 +181,9 @@ class LuaStore(RedisStore):
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
+        now = self._clock.now_ms()
         args = [
-            self._clock.now_ms(),
+            now,
             "" if query.marker is None else query.marker,
             query.limit,
             query.client_id,
@@ -194,7 +195,7 @@ class LuaStore(RedisStore):
         ]
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)
-        page = r.list_reply(reply, query.with_authors)
+        page = r.list_reply(reply, now, query.with_authors)
         return self._reveal_page(page)
 
     async def delete_message(

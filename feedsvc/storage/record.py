@@ -6,6 +6,31 @@ record written when a message is posted, the commands that forget a
 message, the rule by which a claim extends a message's life, and one
 decoder per shape of reply (an HMGET row, and each script's reply).
 
+A message hash has two fields: ``b``, the body, and ``h``, the *header*:
+every other field of the message in one value of fixed-width fields
+(:data:`HEADER_FIELDS`: seq ttl created expires due claim-expires
+claim-count claim-id, zero-padded, then the author; seq 0 until the message
+is indexed). One value instead of nine because the list script reads a
+message with one HMGET of two fields instead of nine, compares the fields
+it filters on as fixed-width strings where it converted each with
+tonumber(), and answers three reply elements per message instead of seven:
+each field a script reads, converts or answers costs Redis a fraction of a
+microsecond, and a page of ten had about 150 of them (docs/BENCHMARKS.md,
+"The list script's Redis cost"). What a claim changes
+(claim id, claim expiry, count, expiry, ttl) is rewritten with the header,
+in the same script or transaction that read it, so it stays atomic; the
+body, the large part, is never rewritten.
+
+Upgrade: releases before the header stored each field under its own name
+(``LEGACY``: t c e u s d k x n). Those records are still read everywhere
+(:meth:`Row.read`, ``_lib.lua``'s ``read_message``, list.lua's fallback):
+a record without ``h`` is a legacy one. Every write to a message (a claim,
+its renewal or release, parking) rewrites a legacy record in the new
+layout and deletes its legacy fields in the same script or transaction, so
+records migrate lazily and atomically; a legacy record nobody touches
+expires with its ttl. Once a release has run for the longest message ttl
+plus delay, no legacy record is left and the legacy reads can go.
+
 The Lua scripts read and write the same records. They do not spell the
 field names out: :func:`lua_prelude` generates ``local F_BODY = 'b'`` ...
 from :data:`LUA_NAMES` and ``scripts.py`` puts it in front of every script
@@ -15,6 +40,7 @@ a script spells a field name itself (``tests/test_record.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -32,6 +58,9 @@ from feedsvc.storage.keys import (
 
 # -- the message hash ------------------------------------------------------
 BODY: Final = "b"  # the JSON body, returned verbatim
+HEADER: Final = "h"  # every other field, see Header
+# the legacy layout's fields (read, never written; see the docstring); some
+# are the claim and queue hashes' field names too
 TTL: Final = "t"  # ttl in seconds (grows when a claim outlives the message)
 CREATED: Final = "c"  # ms
 EXPIRES: Final = "e"  # ms; the key's PEXPIREAT too
@@ -60,11 +89,19 @@ ENCRYPTED: Final = RESERVED_FIELDS["_enable_encrypt_messages"]  # "1": post bodi
 DEAD_LETTER_SETTINGS: Final = (MAX_CLAIMS, DEAD_LETTER_QUEUE, DEAD_LETTER_TTL)
 POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED)
 
-# The fields read for a message, in this order, wherever Python reads one.
-ROW: Final = (BODY, TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
+# A message's fields in the legacy layout, as a Row reads them.
+LEGACY: Final = (TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
+# The fields read for a message, in this order, wherever Python reads one:
+# the header and body, and the legacy fields for a record written before the
+# header (absent fields of a two-field hash cost Redis little).
+ROW: Final = (HEADER, BODY, *LEGACY)
+# What a claim's holder is read with (see holder()), and a message's age (summary()).
+HOLDER: Final = (HEADER, CLAIM)
+SUMMARY: Final = (HEADER, CREATED, EXPIRES)
 
 LUA_NAMES: Final = {
     "F_BODY": BODY,
+    "F_HEADER": HEADER,
     "F_TTL": TTL,
     "F_CREATED": CREATED,
     "F_EXPIRES": EXPIRES,
@@ -93,10 +130,29 @@ LUA_NAMES: Final = {
 }
 
 
+def lua_header_names() -> dict[str, str]:
+    """The Lua locals that lay out a message header: H_<FIELD> and
+    H_<FIELD>_END, its first and last position (Lua counts from 1), H_AUTHOR
+    where the author starts, HEADER_FORMAT, the string.format of a header,
+    and H_MS_FORMAT, of a time in it."""
+    names = {}
+    for name, width in HEADER_FIELDS:
+        at = OFFSETS[name]
+        names[f"H_{name.upper()}"] = str(at.start + 1)
+        names[f"H_{name.upper()}_END"] = str(at.start + width)
+    names["H_AUTHOR"] = str(OFFSETS["author"].start + 1)
+    formats = [f"%-{w}s" if name == "claim" else f"%0{w}d" for name, w in HEADER_FIELDS]
+    names["HEADER_FORMAT"] = repr(" ".join([*formats, "%s"]))
+    names["H_MS_FORMAT"] = repr(formats[[n for n, _ in HEADER_FIELDS].index("expires")])
+    return names
+
+
 def lua_prelude() -> bytes:
-    """The Lua locals naming every field and key suffix, put before each script."""
+    """The Lua locals naming every field and key suffix, and laying out a
+    message header, put before each script."""
     lines = ["-- generated by feedsvc/storage/record.py: field names and key suffixes"]
     lines += [f"local {name} = '{field}'" for name, field in LUA_NAMES.items()]
+    lines += [f"local {name} = {value}" for name, value in lua_header_names().items()]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -124,18 +180,93 @@ def flat(fields: dict[str, Any]) -> list[Any]:
 # -- writing -------------------------------------------------------------------
 
 
-def posted_fields(ttl: int, now: int, seq: int, delay: int) -> dict[str, Any]:
-    """The fields a message gets when it is indexed (post.lua writes the same)."""
-    return {
-        SEQ: seq,
-        TTL: ttl,
-        CREATED: now,
-        EXPIRES: now + ttl * 1000,
-        DUE: now + delay * 1000 if delay > 0 else 0,
-        CLAIM: "",
-        CLAIM_EXPIRES: 0,
-        CLAIM_COUNT: 0,
-    }
+# The header's fixed-width fields: (name, width), in order, each followed by
+# one space, then the author (any length) to the end. Numbers are zero-padded
+# decimals, so a script compares two of the same width as strings, without
+# converting them (list.lua; the cost of that is in docs/BENCHMARKS.md). The
+# widths hold every ms time until the year 2286, and a seq of microseconds.
+HEADER_FIELDS: Final = (
+    ("seq", 17),
+    ("ttl", 10),
+    ("created", 13),
+    ("expires", 13),
+    ("due", 13),
+    ("claim_expires", 13),
+    ("count", 10),
+    ("claim", 24),  # a claim id (new_id()), or spaces: none
+)
+
+
+def _offsets() -> dict[str, slice]:
+    out, at = {}, 0
+    for name, width in HEADER_FIELDS:
+        out[name] = slice(at, at + width)
+        at += width + 1
+    out["author"] = slice(at, None)
+    return out
+
+
+OFFSETS: Final = _offsets()
+_SEQ, _TTL, _CREATED, _EXPIRES, _DUE, _CLAIM_EXPIRES, _COUNT, _CLAIM, _AUTHOR = OFFSETS.values()
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Every field of a message but its body, stored as one value (``h``).
+
+    _lib.lua (``header``, ``read_message``) and list.lua read and write the
+    same text, laid out by HEADER_FIELDS: fixed-width fields, each followed by
+    a space, then the author (a canonical UUID). seq is 0 until indexed."""
+
+    seq: int  # 0 until indexed: the marker
+    ttl: int  # s; grows when a claim outlives the message
+    created: int  # ms
+    expires: int  # ms; the key's PEXPIREAT too
+    due: int  # ms before which a delayed message is hidden; 0 = none
+    claim_expires: int  # ms
+    count: int  # how often it was claimed
+    claim: str  # id of the claim holding it, '' = none
+    author: str  # client id of the poster (for echo)
+
+    def encode(self) -> str:
+        text = (
+            f"{self.seq:017d} {self.ttl:010d} {self.created:013d} {self.expires:013d} "
+            f"{self.due:013d} {self.claim_expires:013d} {self.count:010d} {self.claim:24} "
+            f"{self.author}"
+        )
+        if len(text) != _AUTHOR.start + len(self.author):
+            raise ValueError(f"a field does not fit the message header: {self!r}")
+        return text
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Header:
+        return cls(
+            int(raw[_SEQ]),
+            int(raw[_TTL]),
+            int(raw[_CREATED]),
+            int(raw[_EXPIRES]),
+            int(raw[_DUE]),
+            int(raw[_CLAIM_EXPIRES]),
+            int(raw[_COUNT]),
+            raw[_CLAIM].rstrip().decode(),
+            raw[_AUTHOR].decode(),
+        )
+
+
+def unindexed(author: str) -> str:
+    """The header a body is written with before post.lua indexes it (seq 0)."""
+    return Header(0, 0, 0, 0, 0, 0, 0, "", author).encode()
+
+
+def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0) -> Header:
+    """The header of a message when it is indexed (post.lua writes the same)."""
+    due = now + delay * 1000 if delay > 0 else 0
+    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author)
+
+
+def record_fields(header: Header, body: bytes) -> list[Any]:
+    """HSET arguments of a whole message record."""
+    return [HEADER, header.encode(), BODY, body]
 
 
 def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
@@ -156,9 +287,18 @@ def claim_extension(expires: int, created: int, claim_expires: int, grace: int) 
     return keep, round((keep - created) / 1000)
 
 
+def rewrite_commands(key: str, row: Row, header: Header) -> list[Command]:
+    """Store a message's new header; a legacy record moves to the new layout
+    (its legacy fields deleted in the same transaction)."""
+    commands: list[Command] = [("HSET", key, HEADER, header.encode())]
+    if row.legacy:
+        commands.append(("HDEL", key, *LEGACY))
+    return commands
+
+
 def extend_commands(
     keys: QueueKeys,
-    message_id: str,
+    row: Row,
     claim_id: str,
     claim_expires: int,
     keep: int,
@@ -167,15 +307,39 @@ def extend_commands(
 ) -> list[Command]:
     """Hold a message under a claim until claim_expires, alive until keep
     (and set its claim count, for a new claim)."""
-    key = keys.message(message_id)
-    fields = [CLAIM, claim_id, CLAIM_EXPIRES, claim_expires, EXPIRES, keep, TTL, ttl]
-    if count is not None:
-        fields += [CLAIM_COUNT, count]
+    key = keys.message(row.id)
+    header = dataclasses.replace(
+        row.header(),
+        claim=claim_id,
+        claim_expires=claim_expires,
+        expires=keep,
+        ttl=ttl,
+        count=row.count if count is None else count,
+    )
     return [
-        ("HSET", key, *fields),
+        *rewrite_commands(key, row, header),
         ("PEXPIREAT", key, keep),
-        ("ZADD", keys.expiry, keep, message_id),
-        ("ZADD", keys.claimed, claim_expires, message_id),
+        ("ZADD", keys.expiry, keep, row.id),
+        ("ZADD", keys.claimed, claim_expires, row.id),
+    ]
+
+
+def hold_commands(keys: QueueKeys, row: Row, claim_id: str, claim_expires: int) -> list[Command]:
+    """Park a message under a claim (for the dead-letter queue): held, its
+    life and count unchanged."""
+    header = dataclasses.replace(row.header(), claim=claim_id, claim_expires=claim_expires)
+    return [
+        *rewrite_commands(keys.message(row.id), row, header),
+        ("ZADD", keys.claimed, claim_expires, row.id),
+    ]
+
+
+def release_commands(keys: QueueKeys, row: Row) -> list[Command]:
+    """Free a message from its claim."""
+    header = dataclasses.replace(row.header(), claim="", claim_expires=0)
+    return [
+        *rewrite_commands(keys.message(row.id), row, header),
+        ("ZREM", keys.claimed, row.id),
     ]
 
 
@@ -189,7 +353,8 @@ def claim_record(ttl: int, grace: int, now: int, expires: int, ids: Sequence[str
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """A message hash as read with HMGET ROW (None: the message is gone)."""
+    """A message hash as read with HMGET ROW (None: the message is gone),
+    in either layout."""
 
     id: str
     body: bytes
@@ -202,11 +367,30 @@ class Row:
     count: int
     author: bytes
     due: int
+    legacy: bool = False  # written before the header (see the module docstring)
 
     @classmethod
     def read(cls, message_id: str, raw: Sequence[Any]) -> Row | None:
-        body, ttl, created, expires, seq, claim, claim_expires, count, author, due = raw
-        if body is None or expires is None:
+        header, body = raw[0], raw[1]
+        if body is None:
+            return None
+        if header is not None:
+            h = Header.decode(header)
+            return cls(
+                message_id,
+                body,
+                h.ttl,
+                h.created,
+                h.expires,
+                h.seq or None,
+                h.claim,
+                h.claim_expires,
+                h.count,
+                h.author.encode(),
+                h.due,
+            )
+        ttl, created, expires, seq, claim, claim_expires, count, author, due = raw[2:]
+        if expires is None:
             return None
         return cls(
             message_id,
@@ -220,6 +404,20 @@ class Row:
             int(count or 0),
             author or b"",
             int(due or 0),
+            legacy=True,
+        )
+
+    def header(self) -> Header:
+        return Header(
+            self.seq or 0,
+            self.ttl,
+            self.created,
+            self.expires,
+            self.due,
+            self.claim_expires,
+            self.count,
+            self.claim,
+            self.author.decode(),
         )
 
     def alive(self, now: int) -> bool:
@@ -253,6 +451,25 @@ def live_message(message_id: str, raw: Sequence[Any], now: int) -> Message | Non
     return row.message(now) if row is not None and row.alive(now) else None
 
 
+def holder(raw: Sequence[Any]) -> str:
+    """The claim id holding a message ('' = none), from an HMGET HOLDER reply."""
+    header, legacy = raw
+    if header is not None:
+        return Header.decode(header).claim
+    return text(legacy) if legacy else ""
+
+
+def summary(raw: Sequence[Any]) -> tuple[int, int] | None:
+    """(created, expires) ms of a message, from an HMGET SUMMARY reply; None if gone."""
+    header, created, expires = raw
+    if header is not None:
+        h = Header.decode(header)
+        return (h.created, h.expires) if h.seq else None
+    if expires is None:
+        return None
+    return int(created or 0), int(expires)
+
+
 @dataclass(frozen=True, slots=True)
 class Parked:
     """A message a claim set aside for the dead-letter queue (see claim_upkeep.py)."""
@@ -282,19 +499,26 @@ def _message(
     )
 
 
-def list_reply(out: list[Any], with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', then id, seq, body, ttl, created, claim,
-    count[, author]...}."""
-    if with_authors:
-        messages = [
-            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]), text(out[i + 7]))
-            for i in range(1, len(out), 8)
-        ]
-    else:
-        messages = [
-            _message(out, i, text(out[i + 5]) or None, int(out[i + 6]))
-            for i in range(1, len(out), 7)
-        ]
+def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
+    """list.lua: {next marker or '', then id, header, body...}; now is the
+    time the script was given (a claim is shown only while it lasts)."""
+    messages = []
+    for i in range(1, len(out), 3):
+        # inline slices of the header: one of these per message of every page
+        h = out[i + 1]
+        claim = h[_CLAIM].rstrip()
+        messages.append(
+            Message(
+                out[i].decode(),
+                int(h[_SEQ]),
+                out[i + 2],
+                int(h[_TTL]),
+                int(h[_CREATED]),
+                claim.decode() if claim and int(h[_CLAIM_EXPIRES]) > now else None,
+                int(h[_COUNT]),
+                h[_AUTHOR].decode() if with_authors else None,
+            )
+        )
     return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
 
 

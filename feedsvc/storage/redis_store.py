@@ -221,11 +221,12 @@ class RedisStore(ClaimUpkeep):
             if not ids:
                 return None
             rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(i)), r.CREATED, r.EXPIRES) for i in ids]
+                [("HMGET", keys.message(r.text(i)), *r.SUMMARY) for i in ids]
             )
-            for raw, (created, expires) in zip(ids, rows, strict=True):
-                if expires is not None and int(expires) > now:
-                    return MessageSummary(r.text(raw), int(created))
+            for raw, row in zip(ids, rows, strict=True):
+                found = r.summary(row)
+                if found is not None and found[1] > now:
+                    return MessageSummary(r.text(raw), found[0])
             offset += batch
             batch = min(batch * 4, 1024)
 

@@ -139,15 +139,13 @@ class WatchStore(RedisStore):
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                fields = r.posted_fields(ttl, now, seq, delay)
+                header = r.posted(client_id, ttl, now, seq, delay)
                 key = keys.message(message_id)
-                writes.append(
-                    ("HSET", key, r.BODY, message.body, r.AUTHOR, client_id, *r.flat(fields))
-                )
-                writes.append(("PEXPIREAT", key, fields[r.EXPIRES]))
+                writes.append(("HSET", key, *r.record_fields(header, message.body)))
+                writes.append(("PEXPIREAT", key, header.expires))
                 writes.append(("ZADD", keys.index, seq, message_id))
-                writes.append(("ZADD", keys.expiry, fields[r.EXPIRES], message_id))
-                due = fields[r.DUE]
+                writes.append(("ZADD", keys.expiry, header.expires, message_id))
+                due = header.due
                 first_due = due if due and (not first_due or due < first_due) else first_due
             writes.append(("SET", keys.seq, seq))
             # in the transaction: followers hear of it exactly when it is visible
@@ -223,16 +221,16 @@ class WatchStore(RedisStore):
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
-            holder, claim_expires, seq = replies[0]
-            if seq is not None:
-                claimed = bool(holder) and int(claim_expires or 0) > now
+            row = r.Row.read(message_id, replies[0])
+            if row is not None and row.seq is not None:
+                claimed = row.claimed(now)
                 if claim_id is None and claimed:
                     return None, "claimed"
-                if claim_id is not None and (not claimed or r.text(holder) != claim_id):
+                if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
             return r.forget_commands(keys, [message_id]), "ok"
 
-        reads: list[Command] = [("HMGET", key, r.CLAIM, r.CLAIM_EXPIRES, r.SEQ)]
+        reads: list[Command] = [("HMGET", key, *r.ROW)]
         outcome = await self._transport.optimistic([key], reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
@@ -379,13 +377,11 @@ def _claim_plan(
                 # until it is copied to the dead-letter queue
                 dttl = int(meta[2]) if meta[2] else row.ttl
                 parked.append(r.Parked(message_id, row.body, row.author, dttl, row.count))
-                key = keys.message(message_id)
-                writes.append(("HSET", key, r.CLAIM, claim_id, r.CLAIM_EXPIRES, claim_expires))
-                writes.append(("ZADD", keys.claimed, claim_expires, message_id))
+                writes += r.hold_commands(keys, row, claim_id, claim_expires)
                 continue
             keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
             writes += r.extend_commands(
-                keys, message_id, claim_id, claim_expires, keep, new_ttl, row.count + 1
+                keys, row, claim_id, claim_expires, keep, new_ttl, row.count + 1
             )
             assert row.seq is not None
             claimed.append(
