@@ -40,13 +40,13 @@ while #claimed_ids < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local key = message_key(id)
-    local m = read_message(key)
+    local key = record_key(id)
+    local m = read_message(id)
     if is_free(m, now) then
       local count = m.count
       if dead_letters and max_claims and count >= max_claims then
         m.claim, m.claim_expires = claim_id, claim_expires
-        write_header(key, m)
+        write_header(id, m)
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
         parked[#parked + 1] = id
         parked[#parked + 1] = m.body
@@ -57,7 +57,7 @@ while #claimed_ids < limit and scanned < scan_limit do
         local new_expires, new_ttl = extend_for_claim(m.expires, m.created, claim_expires, grace)
         m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
         m.expires, m.ttl = new_expires, new_ttl
-        write_header(key, m)
+        write_header(id, m)
         redis.call('PEXPIREAT', key, int(new_expires))
         redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)

@@ -2,16 +2,16 @@
 -- KEYS: the 6 fixed keys.
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
---       with_authors (1/0; the header carries the author anyway)
--- Returns {next_marker or '', then per message: id, header, body}, the
--- header as stored (record.py's Header; record.list_reply decodes it).
+--       with_authors (1/0; a record carries the author anyway)
+-- Returns {next_marker or '', then per message: id, record}, the record as
+-- stored (record.py; record.list_reply decodes it).
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
--- index is read without scores (a message's seq is in its header), each
--- message with one HMGET of two fields, its times compared as fixed-width
--- strings, and the header answered as stored.
+-- index is read without scores (a message's seq is in its record), a chunk
+-- of records with one MGET, their times compared as fixed-width strings, and
+-- each record answered as stored.
 local now = ms_text(tonumber(ARGV[1]))
 local limit = tonumber(ARGV[3])
 local client = ARGV[4]
@@ -19,47 +19,48 @@ local echo = ARGV[5] == '1'
 local include_claimed = ARGV[6] == '1'
 local include_delayed = ARGV[7] == '1'
 local scan_limit = tonumber(ARGV[8])
-local own = H_AUTHOR + #client - 1  -- where the header of one of client's messages ends
-local NO_CLAIM = byte(' ')
+local own = H_AUTHOR + #client  -- where a newline follows client as the author
+local NO_CLAIM, NL = byte(' '), byte(NEWLINE)
 
-local out = {''}
+local out, n = {''}, 1
 local count, scanned = 0, 0
 local last, last_id = nil, nil
 local start = '-inf'
 if ARGV[2] ~= '' then start = '(' .. ARGV[2] end
 local chunk = limit + 2
 
--- The seq of the last entry looked at: from its header, else (its record is
+-- The seq of the last entry looked at: from its record, else (the record is
 -- gone) from the index.
 local function last_seq()
-  if not last then last = tonumber(redis.call('ZSCORE', KEYS[K_IDX], last_id)) end
-  return last
+  if last then return tonumber(sub(last, H_SEQ, H_SEQ_END)) end
+  return tonumber(redis.call('ZSCORE', KEYS[K_IDX], last_id))
 end
 
 while count < limit and scanned < scan_limit do
   local want = math.min(chunk, scan_limit - scanned)
   local ids = redis.call('ZRANGEBYSCORE', KEYS[K_IDX], start, '+inf', 'LIMIT', 0, want)
   if #ids == 0 then break end
-  for _, id in ipairs(ids) do
+  local keys = {}
+  for j, id in ipairs(ids) do keys[j] = RECORD_PREFIX .. id end
+  local records = redis.call('MGET', unpack(keys))
+  for j, id in ipairs(ids) do
     scanned = scanned + 1
-    last, last_id = nil, id
-    local r = redis.call('HMGET', message_key(id), F_HEADER, F_BODY)
-    local h = r[1]
-    if not h and r[2] then
-      -- a legacy record (see record.py): answered with a header like any other
-      local m = read_message(message_key(id))
-      if m then h = header(m) end
+    local r = records[j]
+    if not r then
+      -- a legacy message (see record.py), answered as a record like any other
+      local m = parse_message(id, r)
+      if m then r = record(m) end
     end
-    if h then
-      last = tonumber(sub(h, H_SEQ, H_SEQ_END))
-      if sub(h, H_EXPIRES, H_EXPIRES_END) > now
-          and (echo or #h ~= own or find(h, client, H_AUTHOR, true) ~= H_AUTHOR)
-          and (include_claimed or byte(h, H_CLAIM) == NO_CLAIM
-            or sub(h, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
-          and (include_delayed or sub(h, H_DUE, H_DUE_END) <= now) then
-        out[#out + 1] = id
-        out[#out + 1] = h
-        out[#out + 1] = r[2]
+    last, last_id = r, id
+    if r then
+      if sub(r, H_EXPIRES, H_EXPIRES_END) > now
+          and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
+          and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
+            or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
+          and (include_delayed or sub(r, H_DUE, H_DUE_END) <= now) then
+        out[n + 1] = id
+        out[n + 2] = r
+        n = n + 2
         count = count + 1
         if count == limit then break end
       end

@@ -14,7 +14,7 @@ while taken < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local m = read_message(message_key(id))
+    local m = read_message(id)
     if is_free(m, now) then
       forget(id)
       offset = offset - 1

@@ -1,6 +1,6 @@
--- Index messages whose bodies the same pipeline has just written (with an
--- unindexed header: seq 0 and the author).
--- KEYS: the 6 fixed keys, then one message key per message.
+-- Index messages whose records the same pipeline has just written
+-- (unindexed: seq 0 in the header).
+-- KEYS: the 6 fixed keys, then one record key per message.
 -- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
 --       idempotency token ('' = none), idempotency window in ms, '1' if the
 --       bodies are sealed (encrypted) else '0', then per message: id, ttl,
@@ -62,17 +62,15 @@ for i = 1, n do
   local id = ARGV[5 + 3 * i]
   local ttl = tonumber(ARGV[6 + 3 * i]) or default_ttl
   local delay = tonumber(ARGV[7 + 3 * i]) or default_delay
-  -- the pipeline wrote the header unindexed (seq 0), with the author
-  local h = redis.call('HGET', key, F_HEADER) or ''
-  local seq = tonumber(sub(h, H_SEQ, H_SEQ_END)) or 0
+  -- the pipeline wrote the record unindexed (seq 0)
+  local seq = tonumber(redis.call('GETRANGE', key, H_SEQ - 1, H_SEQ_END - 1)) or 0
   if seq == 0 then
     seq = redis.call('INCR', KEYS[K_SEQ])
     local expires = now + ttl * 1000
     local due = 0
     if delay > 0 then due = now + delay * 1000 end
-    redis.call('HSET', key, F_HEADER, header({seq = seq, ttl = ttl, created = now,
-      expires = expires, due = due, claim_expires = 0, count = 0, claim = '',
-      author = sub(h, H_AUTHOR)}))
+    redis.call('SETRANGE', key, 0, header({seq = seq, ttl = ttl, created = now,
+      expires = expires, due = due, claim_expires = 0, count = 0, claim = ''}))
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)

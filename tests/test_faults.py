@@ -996,11 +996,12 @@ async def check_layout(
     expiry = {member.decode() for member in members}
     hashes = 0
     orphans = 0
-    async for raw in redis.scan_iter(match=prefix + ":m:*", count=1000):
+    async for raw in redis.scan_iter(match=prefix + ":r:*", count=1000):
         key = raw.decode()
         message_id = key.rsplit(":", 1)[1]
         hashes += 1
-        row = record.Row.read(message_id, await redis.hmget(key, record.ROW))
+        stored: Any = await redis.get(key)
+        row = record.Row.read(message_id, stored, [None] * len(record.ROW))
         seq, ttl = (None if row is None else row.seq), await redis.pttl(key)
         if ttl < 0:
             problems.append(f"{key} has no expiry (PTTL {ttl})")
@@ -1014,6 +1015,6 @@ async def check_layout(
         if message_id not in expiry:
             problems.append(f"{key} is not in {prefix}:exp")
     for message_id in index:
-        if not await redis.exists(f"{prefix}:m:{message_id}"):
-            problems.append(f"{prefix}:idx lists {message_id} whose hash is gone")
+        if not await redis.exists(f"{prefix}:r:{message_id}"):
+            problems.append(f"{prefix}:idx lists {message_id} whose record is gone")
     return {"message_hashes": hashes, "indexed": len(index), "orphan_bodies": orphans}

@@ -88,21 +88,31 @@ def test_only_storage_names_a_driver() -> None:
 def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     """One decoder per script reply: list.lua's layout (see its header)."""
     me = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
-    header = record.Header(7, 60, 1000, 61000, 0, 0, 0, "", me).encode().encode()
-    out = [b"7", b"ab" * 12, header, b'{"x":1}']
+    free = record.Header(7, 60, 1000, 61000, 0, 0, 0, "", me)
+    out = [b"7", b"ab" * 12, free.record(b'{"x":\n1}')]
     page = record.list_reply(out, now=2000, with_authors=True)
     assert page.next_marker == 7
     [message] = page.messages
-    assert (message.id, message.seq, message.body, message.ttl) == ("ab" * 12, 7, b'{"x":1}', 60)
-    assert (message.created_ms, message.claim_id, message.claim_count) == (1000, None, 0)
+    assert (message.id, message.seq, message.body) == ("ab" * 12, 7, b'{"x":\n1}')
+    assert (message.ttl, message.created_ms, message.claim_id, message.claim_count) == (
+        60,
+        1000,
+        None,
+        0,
+    )
     assert message.author == me
     # without authors (every list request: the store filters echo itself);
     # a claim is shown while it lasts, by the time the script was given
-    held = record.Header(9, 60, 1000, 61000, 0, 5000, 1, "ef" * 12, me).encode().encode()
-    two = [b"9", b"ab" * 12, header, b"1", b"cd" * 12, held, b"2"]
+    held = record.Header(9, 60, 1000, 61000, 0, 5000, 1, "ef" * 12, me)
+    two = [b"9", b"ab" * 12, free.record(b"1"), b"cd" * 12, held.record(b"2")]
     first, second = record.list_reply(two, now=2000, with_authors=False).messages
     assert (first.seq, first.body, first.author) == (7, b"1", None)
-    assert (second.seq, second.claim_id, second.claim_count) == (9, "ef" * 12, 1)
+    assert (second.seq, second.body, second.claim_id, second.claim_count) == (
+        9,
+        b"2",
+        "ef" * 12,
+        1,
+    )
     [_, lapsed] = record.list_reply(two, now=5000, with_authors=False).messages
     assert (lapsed.claim_id, lapsed.claim_count) == (None, 1)
     assert record.list_reply([b""], now=2000, with_authors=False).next_marker is None
@@ -112,74 +122,85 @@ def test_header_round_trips_every_field() -> None:
     header = record.Header(
         2**52, 1209600, 1_700_000_000_000, 1_700_001_209_600, 5, 6, 7, "ab" * 12, "me"
     )
-    assert record.Header.decode(header.encode().encode()) == header
-    # no claim: an empty claim id between two spaces
+    assert record.Header.decode(header.record(b"{}")) == header
     free = record.posted("me", 60, 1000, 3, delay=0)
-    text = free.encode()
-    assert record.Header.decode(text.encode()) == free
-    # fixed width, zero-padded (a script compares times as strings); no claim: spaces
-    assert text.startswith("00000000000000003 0000000060 0000000001000 0000000061000 ")
-    assert text.endswith(" " * 25 + "me")
+    stored = free.record(b"[1]")
+    assert record.Header.decode(stored) == free
+    # fixed width, zero-padded (a script compares times as strings); no claim:
+    # spaces; then the author, a newline, the body
+    assert stored.startswith(b"00000000000000003 0000000060 0000000001000 0000000061000 ")
+    assert stored.endswith(b" " * 25 + b"me\n[1]")
+    assert len(free.fixed()) == record.FIXED
     with pytest.raises(ValueError):
-        record.Header(10**17, 60, 1000, 61000, 0, 0, 0, "", "me").encode()
+        record.Header(10**17, 60, 1000, 61000, 0, 0, 0, "", "me").fixed()
 
 
 def test_the_lua_header_layout_is_record_py_s() -> None:
     """The positions the scripts read a header at are generated from HEADER_FIELDS."""
     names = record.lua_header_names()
-    text = record.Header(3, 60, 1000, 61000, 7, 9000, 2, "ef" * 12, "me").encode()
+    text = record.Header(3, 60, 1000, 61000, 7, 9000, 2, "ef" * 12, "me").record(b"").decode()
     for name, value in [("SEQ", 3), ("TTL", 60), ("DUE", 7), ("CLAIM_EXPIRES", 9000)]:
         first, last = int(names[f"H_{name}"]), int(names[f"H_{name}_END"])
         assert int(text[first - 1 : last]) == value
     assert text[int(names["H_CLAIM"]) - 1 : int(names["H_CLAIM_END"])] == "ef" * 12
-    assert text[int(names["H_AUTHOR"]) - 1 :] == "me"
+    assert text[int(names["H_AUTHOR"]) - 1 :] == "me\n"
+
+
+LEGACY = {
+    record.BODY: b"{}",
+    record.TTL: b"60",
+    record.CREATED: b"1000",
+    record.EXPIRES: b"61000",
+    record.SEQ: b"5",
+    record.CLAIM: b"ef" * 12,
+    record.CLAIM_EXPIRES: b"9000",
+    record.CLAIM_COUNT: b"2",
+    record.AUTHOR: b"me",
+    record.DUE: b"0",
+}
 
 
 def test_row_decoder_reads_both_layouts() -> None:
-    """A legacy row (fields of their own, no header) reads as the same
-    message as its header form, and is marked legacy so writes migrate it."""
+    """A legacy message (a hash, a field each) reads as the same message as
+    its record, and is marked legacy so that a write moves it."""
     header = record.Header(5, 60, 1000, 61000, 0, 9000, 2, "ef" * 12, "me")
-    new = [header.encode().encode(), b"{}", *([None] * len(record.LEGACY))]
-    legacy_fields = {
-        record.TTL: b"60",
-        record.CREATED: b"1000",
-        record.EXPIRES: b"61000",
-        record.SEQ: b"5",
-        record.CLAIM: b"ef" * 12,
-        record.CLAIM_EXPIRES: b"9000",
-        record.CLAIM_COUNT: b"2",
-        record.AUTHOR: b"me",
-        record.DUE: b"0",
-    }
-    legacy = [None, b"{}", *(legacy_fields[f] for f in record.LEGACY)]
-    a, b = record.Row.read("a" * 24, new), record.Row.read("a" * 24, legacy)
+    absent = [None] * len(record.ROW)
+    a = record.Row.read("a" * 24, header.record(b"{}"), absent)
+    b = record.Row.read("a" * 24, None, [LEGACY[f] for f in record.ROW])
     assert a is not None and b is not None
     assert (a.legacy, b.legacy) == (False, True)
     assert a.header() == b.header() == header
     assert a.message(2000) == b.message(2000)
     assert a.message(2000).claim_id == "ef" * 12
-    assert record.holder([header.encode().encode(), None]) == "ef" * 12
-    assert record.holder([None, b"ef" * 12]) == "ef" * 12
-    assert record.summary([header.encode().encode(), None, None]) == (1000, 61000)
-    assert record.summary([None, b"1000", b"61000"]) == (1000, 61000)
-    assert record.summary([None, None, None]) is None
-    # a migrated record loses its legacy fields in the same transaction
+    assert record.Row.read("a" * 24, None, absent) is None
+    claim = record.OFFSETS["claim"]
+    assert record.holder(header.record(b"{}")[claim], None) == "ef" * 12
+    assert record.holder(b"", b"ef" * 12) == "ef" * 12
+    assert record.holder(b" " * 24, None) == record.holder(b"", None) == ""
+    assert record.summary(header.fixed(), [None] * 3) == (1000, 61000)
+    assert record.summary(b"", [b"1000", b"61000", b"5"]) == (1000, 61000)
+    assert record.summary(b"", [None, None, None]) is None
+    # a write moves a legacy message to its record, in the same transaction
     keys = QueueKeys.of("p", "q")
-    assert ("HDEL", keys.message("a" * 24), *record.LEGACY) in record.release_commands(keys, b)
-    assert all(c[0] != "HDEL" for c in record.release_commands(keys, a))
+    moved = record.release_commands(keys, b)
+    assert ("DEL", keys.message("a" * 24)) in moved
+    assert moved[0][:2] == ("SET", keys.record("a" * 24))
+    assert record.release_commands(keys, a)[0][:3] == ("SETRANGE", keys.record("a" * 24), 0)
 
 
-def test_unindexed_header_is_never_a_live_message() -> None:
-    raw = [record.unindexed("me").encode(), b"{}", *([None] * len(record.LEGACY))]
-    row = record.Row.read("a" * 24, raw)
-    assert row is not None and row.seq is None and row.author == b"me"
-    assert record.live_message("a" * 24, raw, now=0) is None
+def test_unindexed_record_is_never_a_live_message() -> None:
+    stored, absent = record.unindexed("me", b"{}"), [None] * len(record.ROW)
+    raw = [stored, absent]
+    row = record.Row.read("a" * 24, stored, absent)
+    assert row is not None and row.seq is None and row.author == b"me" and row.body == b"{}"
+    assert record.live_messages(["a" * 24], raw, now=0) == [None]
 
 
 def test_row_decoder_hides_unindexed_and_expired_messages() -> None:
-    # a legacy row: no header, fields of their own
-    row = [None, b"{}", b"60", b"1000", b"61000", None, b"", b"0", b"0", b"me", b"0"]
-    assert record.live_message("a" * 24, row, now=2000) is None  # no seq: not indexed yet
-    row[5] = b"5"
-    assert record.live_message("a" * 24, row, now=2000) is not None
-    assert record.live_message("a" * 24, row, now=61000) is None  # expired
+    # a legacy row: no record, a hash of fields
+    row = [b"{}", b"60", b"1000", b"61000", None, b"", b"0", b"0", b"me", b"0"]
+    replies: list[object] = [None, row]
+    assert record.live_messages(["a" * 24], replies, now=2000) == [None]  # not indexed yet
+    row[4] = b"5"
+    assert record.live_messages(["a" * 24], replies, now=2000) != [None]
+    assert record.live_messages(["a" * 24], replies, now=61000) == [None]  # expired

@@ -21,7 +21,7 @@ from feedsvc.clock import ManualClock
 from feedsvc.errors import MessageIsClaimed
 from feedsvc.storage import record
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
-from feedsvc.storage.keys import QueueKeys, registry_key
+from feedsvc.storage.keys import QueueKeys, escape_project, registry_key
 from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())
@@ -70,13 +70,19 @@ async def post_legacy(
     return ids
 
 
-async def fields_of(redis_url: str, project: str, queue: str, message_id: str) -> set[str]:
+async def layout_of(redis_url: str, project: str, queue: str, message_id: str) -> str:
+    """Where a message is: 'record' (this release), 'legacy', or 'gone'."""
+    keys = QueueKeys.of(project, queue)
     client = direct_client(redis_url)
     try:
-        raw = await client.hkeys(QueueKeys.of(project, queue).message(message_id))
+        new, old = (
+            await client.exists(keys.record(message_id)),
+            await client.exists(keys.message(message_id)),
+        )
     finally:
         await client.aclose()
-    return {f.decode() if isinstance(f, bytes) else f for f in raw}
+    assert not (new and old), "a message in both layouts"
+    return "record" if new else "legacy" if old else "gone"
 
 
 async def post(store: FeedStore, project: str, n: int, first: int) -> list[str]:
@@ -126,7 +132,7 @@ async def test_legacy_messages_are_listed_and_fetched_like_new_ones(
     assert (stats.total, stats.oldest and stats.oldest.id) == (6, old[0])
     assert stats.newest is not None and stats.newest.id == new[-1]
     # reading migrates nothing: a read is a read
-    assert await fields_of(redis_url, project, "q", old[0]) == {"b", *LEGACY_FIELDS}
+    assert await layout_of(redis_url, project, "q", old[0]) == "legacy"
 
 
 async def test_legacy_delayed_and_expired_messages(
@@ -154,8 +160,8 @@ async def test_claiming_a_legacy_message_migrates_it(
     [claimed] = claim.messages
     # held longer than its 300 s ttl: the claim extends it (rule 5)
     assert (claimed.ttl, claimed.claim_count, claimed.created_ms) == (660, 1, now)
-    assert await fields_of(redis_url, project, "q", old[0]) == {"b", "h"}
-    assert await fields_of(redis_url, project, "q", old[1]) == {"b", *LEGACY_FIELDS}
+    assert await layout_of(redis_url, project, "q", old[0]) == "record"
+    assert await layout_of(redis_url, project, "q", old[1]) == "legacy"
     # listed as claimed, hidden from an ordinary list, not claimable again
     assert [m.id for m in await read_all(store, project, 10)] == old[1:]
     held = await read_all(store, project, 10, include_claimed=True)
@@ -202,7 +208,7 @@ async def test_a_legacy_claim_still_holds_its_messages(
     with pytest.raises(MessageIsClaimed):
         await store.delete_message(project, "q", held, None)
     await store.renew_claim(project, "q", claim_id, 600, 60)
-    assert await fields_of(redis_url, project, "q", held) == {"b", "h"}
+    assert await layout_of(redis_url, project, "q", held) == "record"
     [renewed] = await store.get_messages(project, "q", [held])
     assert (renewed.claim_id, renewed.ttl) == (claim_id, 660)
     await store.delete_message(project, "q", held, claim_id)
@@ -218,6 +224,7 @@ async def test_legacy_messages_are_popped_and_deleted(
     await store.delete_message(project, "q", b, None)
     await store.delete_messages(project, "q", [c])
     assert await read_all(store, project, 10) == []
+    assert {await layout_of(redis_url, project, "q", i) for i in (a, b, c)} == {"gone"}
     assert (await store.queue_stats(project, "q")).total == 0
 
 
@@ -234,4 +241,24 @@ async def test_a_legacy_message_claimed_too_often_is_dead_lettered(
 
 def test_the_legacy_fields_are_the_ones_record_reads() -> None:
     """The names this test writes are the ones record.py reads as legacy."""
-    assert set(record.LEGACY) == set(LEGACY_FIELDS)
+    assert set(record.ROW) == {"b", *LEGACY_FIELDS}
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_deleting_or_purging_a_queue_removes_legacy_messages(
+    store: FeedStore, project: str, redis_url: str, clock: ManualClock, keep: bool
+) -> None:
+    old = await post_legacy(redis_url, project, "q", clock.now_ms(), 3)
+    new = await post(store, project, 2, first=3)
+    if keep:
+        await store.purge_queue(project, "q")
+        assert await read_all(store, project, 10) == []
+    else:
+        await store.delete_queue(project, "q")
+    assert {await layout_of(redis_url, project, "q", i) for i in old + new} == {"gone"}
+    client = direct_client(redis_url)
+    try:
+        left = [k async for k in client.scan_iter(match=f"*{escape_project(project)}*:[mr]:*")]
+    finally:
+        await client.aclose()
+    assert left == []

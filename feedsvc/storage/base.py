@@ -18,18 +18,18 @@ into the Lua scripts too)::
     Q:exp                zset    message id -> expires ms (GC, live counts)
     Q:claimed            zset    message id -> claim expires ms
     Q:claims             zset    claim id -> claim expires ms
-    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim; or,
+    Q:r:<id>             string  the message record (record.py): a header of
+                                 fixed-width fields, seq (0 until indexed),
+                                 ttl s, created ms, expires ms, due ms
+                                 (delay), claim expires ms, times claimed,
+                                 claim id; then the client id, a newline,
+                                 the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
-                                 AES-256-GCM of them),
-                                 h = header: the other fields in one value,
-                                 fixed-width (record.HEADER_FIELDS): seq (0
-                                 until indexed), ttl s, created ms, expires
-                                 ms, due ms (delay), claim expires ms, times
-                                 claimed, claim id, then the client id;
-                                 PEXPIREAT expires. Written before the header
-                                 (a legacy record, read until it expires,
-                                 rewritten by the next claim): t c e u s d k
-                                 x n, a field each (see record.py)
+                                 AES-256-GCM of them); PEXPIREAT expires
+    Q:m:<id>             hash    a message written by a release before the
+                                 record (legacy): b t c e u s d k x n, a field
+                                 each; read until it expires, moved to Q:r:<id>
+                                 by the next write to it (see record.py)
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x

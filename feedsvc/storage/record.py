@@ -1,41 +1,46 @@
 """The stored records, written and read in one place: the codec.
 
-This module owns the layout of a message hash (``Q:m:<id>``), a claim hash
+This module owns the layout of a message (``Q:r:<id>``), a claim hash
 (``Q:c:<claim id>``) and a queue hash (``Q:q``): their field names, the
 record written when a message is posted, the commands that forget a
 message, the rule by which a claim extends a message's life, and one
-decoder per shape of reply (an HMGET row, and each script's reply).
+decoder per shape of reply (a message read, and each script's reply).
 
-A message hash has two fields: ``b``, the body, and ``h``, the *header*:
-every other field of the message in one value of fixed-width fields
-(:data:`HEADER_FIELDS`: seq ttl created expires due claim-expires
-claim-count claim-id, zero-padded, then the author; seq 0 until the message
-is indexed). One value instead of nine because the list script reads a
-message with one HMGET of two fields instead of nine, compares the fields
-it filters on as fixed-width strings where it converted each with
-tonumber(), and answers three reply elements per message instead of seven:
-each field a script reads, converts or answers costs Redis a fraction of a
-microsecond, and a page of ten had about 150 of them (docs/BENCHMARKS.md,
-"The list script's Redis cost"). What a claim changes
-(claim id, claim expiry, count, expiry, ttl) is rewritten with the header,
-in the same script or transaction that read it, so it stays atomic; the
-body, the large part, is never rewritten.
+A message is one string: its *header*, every field but the body in
+fixed-width text (:data:`HEADER_FIELDS`: seq ttl created expires due
+claim-expires claim-count claim-id, zero-padded and each followed by a
+space; seq 0 until the message is indexed), the author (its client id), a
+newline, and the body. One string because the list script then reads a
+page of messages with one MGET instead of an HMGET of nine fields per
+message, compares the fields it filters on as fixed-width strings instead
+of converting each with tonumber(), and answers two reply elements per
+message instead of seven: each command, field and conversion costs Redis a
+fraction of a microsecond, and a page of ten had about 150 of them
+(docs/BENCHMARKS.md, "The list script's Redis cost"). What a claim changes
+(claim id and expiry, count, expiry, ttl) is all in the fixed-width part:
+one SETRANGE at offset 0 rewrites it, in the script or transaction that
+read it, so it stays atomic and the body is never rewritten.
 
-Upgrade: releases before the header stored each field under its own name
-(``LEGACY``: t c e u s d k x n). Those records are still read everywhere
-(:meth:`Row.read`, ``_lib.lua``'s ``read_message``, list.lua's fallback):
-a record without ``h`` is a legacy one. Every write to a message (a claim,
-its renewal or release, parking) rewrites a legacy record in the new
-layout and deletes its legacy fields in the same script or transaction, so
-records migrate lazily and atomically; a legacy record nobody touches
-expires with its ttl. Once a release has run for the longest message ttl
-plus delay, no legacy record is left and the legacy reads can go.
+Upgrade: releases before this one stored a message as a hash under another
+key, ``Q:m:<id>``, a field each (:data:`ROW`: b t c e s k x n u d). Those
+*legacy* records are still read everywhere a message is read: Python reads
+both keys (:func:`read_commands`, :meth:`Row.read`), the scripts fall back
+to the hash when the string is missing (``_lib.lua``'s ``read_message``,
+list.lua). Every write to a message (a claim, its renewal or release,
+parking) moves a legacy record to the new key in the new layout and deletes
+the hash in the same script or transaction, so records migrate lazily and
+atomically; forgetting a message deletes both keys. A legacy record nobody
+writes expires with its ttl: once a release has run for the longest message
+ttl plus delay, none is left and the legacy reads can go. Two keys rather
+than one key of two types, because a read of the wrong type is an error
+that would abort a script's MGET or a WATCH transaction's reads.
 
 The Lua scripts read and write the same records. They do not spell the
 field names out: :func:`lua_prelude` generates ``local F_BODY = 'b'`` ...
-from :data:`LUA_NAMES` and ``scripts.py`` puts it in front of every script
-when it is loaded, so a rename here is a rename everywhere. A test fails if
-a script spells a field name itself (``tests/test_record.py``).
+from :data:`LUA_NAMES`, and the header's positions (``H_SEQ`` ...), and
+``scripts.py`` puts it in front of every script when it is loaded, so a
+change here is a change everywhere. A test fails if a script spells a field
+name itself (``tests/test_record.py``).
 """
 
 from __future__ import annotations
@@ -53,14 +58,13 @@ from feedsvc.storage.keys import (
     IDEMPOTENCY_SUFFIX,
     MESSAGE_INFIX,
     META_SUFFIX,
+    RECORD_INFIX,
     QueueKeys,
 )
 
-# -- the message hash ------------------------------------------------------
+# -- the legacy message hash (read, never written; see the docstring) -----------
+# some of its names are the claim and queue hashes' field names too
 BODY: Final = "b"  # the JSON body, returned verbatim
-HEADER: Final = "h"  # every other field, see Header
-# the legacy layout's fields (read, never written; see the docstring); some
-# are the claim and queue hashes' field names too
 TTL: Final = "t"  # ttl in seconds (grows when a claim outlives the message)
 CREATED: Final = "c"  # ms
 EXPIRES: Final = "e"  # ms; the key's PEXPIREAT too
@@ -89,19 +93,11 @@ ENCRYPTED: Final = RESERVED_FIELDS["_enable_encrypt_messages"]  # "1": post bodi
 DEAD_LETTER_SETTINGS: Final = (MAX_CLAIMS, DEAD_LETTER_QUEUE, DEAD_LETTER_TTL)
 POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED)
 
-# A message's fields in the legacy layout, as a Row reads them.
-LEGACY: Final = (TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
-# The fields read for a message, in this order, wherever Python reads one:
-# the header and body, and the legacy fields for a record written before the
-# header (absent fields of a two-field hash cost Redis little).
-ROW: Final = (HEADER, BODY, *LEGACY)
-# What a claim's holder is read with (see holder()), and a message's age (summary()).
-HOLDER: Final = (HEADER, CLAIM)
-SUMMARY: Final = (HEADER, CREATED, EXPIRES)
+# The fields of a legacy message hash, in this order, wherever one is read.
+ROW: Final = (BODY, TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
 
 LUA_NAMES: Final = {
     "F_BODY": BODY,
-    "F_HEADER": HEADER,
     "F_TTL": TTL,
     "F_CREATED": CREATED,
     "F_EXPIRES": EXPIRES,
@@ -124,6 +120,7 @@ LUA_NAMES: Final = {
     # and the key suffixes of keys.py, which scripts build keys with
     "S_META": META_SUFFIX,
     "S_MESSAGE": MESSAGE_INFIX,
+    "S_RECORD": RECORD_INFIX,
     "S_CLAIM": CLAIM_INFIX,
     "S_IDEMPOTENCY": IDEMPOTENCY_SUFFIX,
     "S_FEED": FEED_SUFFIX,
@@ -133,8 +130,8 @@ LUA_NAMES: Final = {
 def lua_header_names() -> dict[str, str]:
     """The Lua locals that lay out a message header: H_<FIELD> and
     H_<FIELD>_END, its first and last position (Lua counts from 1), H_AUTHOR
-    where the author starts, HEADER_FORMAT, the string.format of a header,
-    and H_MS_FORMAT, of a time in it."""
+    where the author starts, HEADER_FORMAT, the string.format of the
+    fixed-width part (up to the author), and H_MS_FORMAT, of a time in it."""
     names = {}
     for name, width in HEADER_FIELDS:
         at = OFFSETS[name]
@@ -142,7 +139,7 @@ def lua_header_names() -> dict[str, str]:
         names[f"H_{name.upper()}_END"] = str(at.start + width)
     names["H_AUTHOR"] = str(OFFSETS["author"].start + 1)
     formats = [f"%-{w}s" if name == "claim" else f"%0{w}d" for name, w in HEADER_FIELDS]
-    names["HEADER_FORMAT"] = repr(" ".join([*formats, "%s"]))
+    names["HEADER_FORMAT"] = repr("".join(f + " " for f in formats))
     names["H_MS_FORMAT"] = repr(formats[[n for n, _ in HEADER_FIELDS].index("expires")])
     return names
 
@@ -181,10 +178,10 @@ def flat(fields: dict[str, Any]) -> list[Any]:
 
 
 # The header's fixed-width fields: (name, width), in order, each followed by
-# one space, then the author (any length) to the end. Numbers are zero-padded
-# decimals, so a script compares two of the same width as strings, without
-# converting them (list.lua; the cost of that is in docs/BENCHMARKS.md). The
-# widths hold every ms time until the year 2286, and a seq of microseconds.
+# one space, then the author up to a newline, then the body. Numbers are
+# zero-padded decimals, so a script compares two of the same width as
+# strings, without converting them (list.lua). The widths hold every ms time
+# until the year 2286, and a seq of microseconds.
 HEADER_FIELDS: Final = (
     ("seq", 17),
     ("ttl", 10),
@@ -195,6 +192,7 @@ HEADER_FIELDS: Final = (
     ("count", 10),
     ("claim", 24),  # a claim id (new_id()), or spaces: none
 )
+NEWLINE: Final = b"\n"  # ends the author; the body follows
 
 
 def _offsets() -> dict[str, slice]:
@@ -208,11 +206,12 @@ def _offsets() -> dict[str, slice]:
 
 OFFSETS: Final = _offsets()
 _SEQ, _TTL, _CREATED, _EXPIRES, _DUE, _CLAIM_EXPIRES, _COUNT, _CLAIM, _AUTHOR = OFFSETS.values()
+FIXED: Final = _AUTHOR.start  # the length of the fixed-width part
 
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    """Every field of a message but its body, stored as one value (``h``).
+    """Every field of a message but its body: the start of its record.
 
     _lib.lua (``header``, ``read_message``) and list.lua read and write the
     same text, laid out by HEADER_FIELDS: fixed-width fields, each followed by
@@ -228,18 +227,24 @@ class Header:
     claim: str  # id of the claim holding it, '' = none
     author: str  # client id of the poster (for echo)
 
-    def encode(self) -> str:
+    def fixed(self) -> bytes:
+        """The fixed-width part: what a write after the post rewrites (SETRANGE 0)."""
         text = (
             f"{self.seq:017d} {self.ttl:010d} {self.created:013d} {self.expires:013d} "
             f"{self.due:013d} {self.claim_expires:013d} {self.count:010d} {self.claim:24} "
-            f"{self.author}"
         )
-        if len(text) != _AUTHOR.start + len(self.author):
+        if len(text) != FIXED:
             raise ValueError(f"a field does not fit the message header: {self!r}")
-        return text
+        return text.encode()
+
+    def record(self, body: bytes) -> bytes:
+        """The whole message record."""
+        return self.fixed() + self.author.encode() + NEWLINE + body
 
     @classmethod
     def decode(cls, raw: bytes) -> Header:
+        """The header at the start of a record (or of a GETRANGE of one)."""
+        end = raw.find(NEWLINE, FIXED)
         return cls(
             int(raw[_SEQ]),
             int(raw[_TTL]),
@@ -249,13 +254,13 @@ class Header:
             int(raw[_CLAIM_EXPIRES]),
             int(raw[_COUNT]),
             raw[_CLAIM].rstrip().decode(),
-            raw[_AUTHOR].decode(),
+            raw[FIXED : None if end < 0 else end].decode(),
         )
 
 
-def unindexed(author: str) -> str:
-    """The header a body is written with before post.lua indexes it (seq 0)."""
-    return Header(0, 0, 0, 0, 0, 0, 0, "", author).encode()
+def unindexed(author: str, body: bytes) -> bytes:
+    """The record a body is written as before post.lua indexes it (seq 0)."""
+    return Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body)
 
 
 def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0) -> Header:
@@ -264,15 +269,18 @@ def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0
     return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author)
 
 
-def record_fields(header: Header, body: bytes) -> list[Any]:
-    """HSET arguments of a whole message record."""
-    return [HEADER, header.encode(), BODY, body]
+def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes) -> list[Command]:
+    """The writes of an indexed message's record (the watch driver's post,
+    a dead-letter copy); the caller adds the index entries."""
+    key = keys.record(message_id)
+    return [("SET", key, header.record(body)), ("PEXPIREAT", key, header.expires)]
 
 
 def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
-    """The writes that remove messages and their index entries (_lib.lua's forget)."""
+    """The writes that remove messages (either layout) and their index
+    entries (_lib.lua's forget)."""
     return [
-        ("DEL", *(keys.message(text(i)) for i in ids)),
+        ("DEL", *(k for i in ids for k in message_keys(keys, text(i)))),
         ("ZREM", keys.index, *ids),
         ("ZREM", keys.expiry, *ids),
         ("ZREM", keys.claimed, *ids),
@@ -287,13 +295,17 @@ def claim_extension(expires: int, created: int, claim_expires: int, grace: int) 
     return keep, round((keep - created) / 1000)
 
 
-def rewrite_commands(key: str, row: Row, header: Header) -> list[Command]:
+def rewrite_commands(keys: QueueKeys, row: Row, header: Header) -> list[Command]:
     """Store a message's new header; a legacy record moves to the new layout
-    (its legacy fields deleted in the same transaction)."""
-    commands: list[Command] = [("HSET", key, HEADER, header.encode())]
-    if row.legacy:
-        commands.append(("HDEL", key, *LEGACY))
-    return commands
+    (its hash deleted in the same transaction)."""
+    key = keys.record(row.id)
+    if not row.legacy:
+        return [("SETRANGE", key, 0, header.fixed())]
+    return [
+        ("SET", key, header.record(row.body)),
+        ("PEXPIREAT", key, header.expires),
+        ("DEL", keys.message(row.id)),
+    ]
 
 
 def extend_commands(
@@ -307,7 +319,7 @@ def extend_commands(
 ) -> list[Command]:
     """Hold a message under a claim until claim_expires, alive until keep
     (and set its claim count, for a new claim)."""
-    key = keys.message(row.id)
+    key = keys.record(row.id)
     header = dataclasses.replace(
         row.header(),
         claim=claim_id,
@@ -317,7 +329,7 @@ def extend_commands(
         count=row.count if count is None else count,
     )
     return [
-        *rewrite_commands(key, row, header),
+        *rewrite_commands(keys, row, header),
         ("PEXPIREAT", key, keep),
         ("ZADD", keys.expiry, keep, row.id),
         ("ZADD", keys.claimed, claim_expires, row.id),
@@ -329,7 +341,7 @@ def hold_commands(keys: QueueKeys, row: Row, claim_id: str, claim_expires: int) 
     life and count unchanged."""
     header = dataclasses.replace(row.header(), claim=claim_id, claim_expires=claim_expires)
     return [
-        *rewrite_commands(keys.message(row.id), row, header),
+        *rewrite_commands(keys, row, header),
         ("ZADD", keys.claimed, claim_expires, row.id),
     ]
 
@@ -338,7 +350,7 @@ def release_commands(keys: QueueKeys, row: Row) -> list[Command]:
     """Free a message from its claim."""
     header = dataclasses.replace(row.header(), claim="", claim_expires=0)
     return [
-        *rewrite_commands(keys.message(row.id), row, header),
+        *rewrite_commands(keys, row, header),
         ("ZREM", keys.claimed, row.id),
     ]
 
@@ -349,6 +361,29 @@ def claim_record(ttl: int, grace: int, now: int, expires: int, ids: Sequence[str
 
 
 # -- reading -------------------------------------------------------------------
+
+
+def message_keys(keys: QueueKeys, message_id: str) -> list[str]:
+    """The keys a message may live under: its record, its legacy hash."""
+    return [keys.record(message_id), keys.message(message_id)]
+
+
+def read_commands(keys: QueueKeys, ids: Sequence[str]) -> list[Command]:
+    """The reads of messages in either layout: two replies per message, for rows()."""
+    commands: list[Command] = []
+    for i in ids:
+        commands += [("GET", keys.record(i)), ("HMGET", keys.message(i), *ROW)]
+    return commands
+
+
+def rows(ids: Sequence[str], replies: Sequence[Any]) -> list[Row | None]:
+    """The messages read_commands(ids) read (None: gone)."""
+    return [Row.read(i, replies[2 * n], replies[2 * n + 1]) for n, i in enumerate(ids)]
+
+
+def live_messages(ids: Sequence[str], replies: Sequence[Any], now: int) -> list[Message | None]:
+    """The messages read_commands(ids) read, those alive (else None)."""
+    return [None if m is None or not m.alive(now) else m.message(now) for m in rows(ids, replies)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,15 +405,13 @@ class Row:
     legacy: bool = False  # written before the header (see the module docstring)
 
     @classmethod
-    def read(cls, message_id: str, raw: Sequence[Any]) -> Row | None:
-        header, body = raw[0], raw[1]
-        if body is None:
-            return None
-        if header is not None:
-            h = Header.decode(header)
+    def read(cls, message_id: str, record: bytes | None, legacy: Sequence[Any]) -> Row | None:
+        """A message from its record (a GET) or else its legacy hash (HMGET ROW)."""
+        if record is not None:
+            h = Header.decode(record)
             return cls(
                 message_id,
-                body,
+                record[record.index(NEWLINE, FIXED) + 1 :],
                 h.ttl,
                 h.created,
                 h.expires,
@@ -389,7 +422,10 @@ class Row:
                 h.author.encode(),
                 h.due,
             )
-        ttl, created, expires, seq, claim, claim_expires, count, author, due = raw[2:]
+        body = legacy[0]
+        if body is None:
+            return None
+        ttl, created, expires, seq, claim, claim_expires, count, author, due = legacy[1:]
         if expires is None:
             return None
         return cls(
@@ -445,27 +481,38 @@ class Row:
         )
 
 
-def live_message(message_id: str, raw: Sequence[Any], now: int) -> Message | None:
-    """The message an HMGET ROW reply describes, if it is alive."""
-    row = Row.read(message_id, raw)
-    return row.message(now) if row is not None and row.alive(now) else None
+def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
+    """The reads of the claim holding a message, for holder()."""
+    claim = OFFSETS["claim"]
+    return [
+        ("GETRANGE", keys.record(message_id), claim.start, claim.stop - 1),
+        ("HGET", keys.message(message_id), CLAIM),
+    ]
 
 
-def holder(raw: Sequence[Any]) -> str:
-    """The claim id holding a message ('' = none), from an HMGET HOLDER reply."""
-    header, legacy = raw
-    if header is not None:
-        return Header.decode(header).claim
+def holder(record: bytes, legacy: bytes | None) -> str:
+    """The claim id holding a message ('' = none) from holder_commands' replies."""
+    if record:
+        return record.rstrip().decode()
     return text(legacy) if legacy else ""
 
 
-def summary(raw: Sequence[Any]) -> tuple[int, int] | None:
-    """(created, expires) ms of a message, from an HMGET SUMMARY reply; None if gone."""
-    header, created, expires = raw
-    if header is not None:
-        h = Header.decode(header)
+def summary_commands(keys: QueueKeys, message_id: str) -> list[Command]:
+    """The reads of a message's creation and expiry, for summary()."""
+    return [
+        ("GETRANGE", keys.record(message_id), 0, FIXED - 1),
+        ("HMGET", keys.message(message_id), CREATED, EXPIRES, SEQ),
+    ]
+
+
+def summary(record: bytes, legacy: Sequence[Any]) -> tuple[int, int] | None:
+    """(created, expires) ms of an indexed message from summary_commands'
+    replies; None if gone."""
+    if record:
+        h = Header.decode(record)
         return (h.created, h.expires) if h.seq else None
-    if expires is None:
+    created, expires, seq = legacy
+    if expires is None or seq is None:
         return None
     return int(created or 0), int(expires)
 
@@ -500,23 +547,24 @@ def _message(
 
 
 def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', then id, header, body...}; now is the
-    time the script was given (a claim is shown only while it lasts)."""
+    """list.lua: {next marker or '', then id, record...}; now is the time the
+    script was given (a claim is shown only while it lasts)."""
     messages = []
-    for i in range(1, len(out), 3):
-        # inline slices of the header: one of these per message of every page
-        h = out[i + 1]
-        claim = h[_CLAIM].rstrip()
+    for i in range(1, len(out), 2):
+        # inline slices of the record: one of these per message of every page
+        rec = out[i + 1]
+        end = rec.index(NEWLINE, FIXED)
+        claim = rec[_CLAIM].rstrip()
         messages.append(
             Message(
                 out[i].decode(),
-                int(h[_SEQ]),
-                out[i + 2],
-                int(h[_TTL]),
-                int(h[_CREATED]),
-                claim.decode() if claim and int(h[_CLAIM_EXPIRES]) > now else None,
-                int(h[_COUNT]),
-                h[_AUTHOR].decode() if with_authors else None,
+                int(rec[_SEQ]),
+                rec[end + 1 :],
+                int(rec[_TTL]),
+                int(rec[_CREATED]),
+                claim.decode() if claim and int(rec[_CLAIM_EXPIRES]) > now else None,
+                int(rec[_COUNT]),
+                rec[FIXED:end].decode() if with_authors else None,
             )
         )
     return MessagePage(messages, parse_seq(out[0]) if out[0] else None)

@@ -140,9 +140,7 @@ class WatchStore(RedisStore):
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
                 header = r.posted(client_id, ttl, now, seq, delay)
-                key = keys.message(message_id)
-                writes.append(("HSET", key, *r.record_fields(header, message.body)))
-                writes.append(("PEXPIREAT", key, header.expires))
+                writes += r.post_commands(keys, message_id, header, message.body)
                 writes.append(("ZADD", keys.index, seq, message_id))
                 writes.append(("ZADD", keys.expiry, header.expires, message_id))
                 due = header.due
@@ -188,13 +186,12 @@ class WatchStore(RedisStore):
             entries = r.pairs(raw)
             if not entries:
                 break
-            rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(m)), *r.ROW) for m, _ in entries]
-            )
-            for (member, score), raw_row in zip(entries, rows, strict=True):
+            ids = [r.text(m) for m, _ in entries]
+            replies = await self._transport.call_checked(r.read_commands(keys, ids))
+            rows = r.rows(ids, replies)
+            for (_, score), row in zip(entries, rows, strict=True):
                 scanned += 1
                 last = r.parse_seq(score)
-                row = r.Row.read(r.text(member), raw_row)
                 if row is None or not row.alive(now):
                     continue
                 if not query.echo and row.author.decode() == query.client_id:
@@ -217,11 +214,10 @@ class WatchStore(RedisStore):
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
         keys = self._keys(project, queue)
-        key = keys.message(message_id)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
-            row = r.Row.read(message_id, replies[0])
+            [row] = r.rows([message_id], replies)
             if row is not None and row.seq is not None:
                 claimed = row.claimed(now)
                 if claim_id is None and claimed:
@@ -230,8 +226,8 @@ class WatchStore(RedisStore):
                     return None, "badclaim"
             return r.forget_commands(keys, [message_id]), "ok"
 
-        reads: list[Command] = [("HMGET", key, *r.ROW)]
-        outcome = await self._transport.optimistic([key], reads, plan)
+        reads = r.read_commands(keys, [message_id])
+        outcome = await self._transport.optimistic(r.message_keys(keys, message_id), reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
                 f"Message {message_id} is claimed; give its claim_id to delete it."
@@ -263,12 +259,10 @@ class WatchStore(RedisStore):
             if not ids:
                 break
             offset += len(ids)
-            rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(i)), *r.ROW) for i in ids]
-            )
-            for raw, raw_row in zip(ids, rows, strict=True):
+            names = [r.text(i) for i in ids]
+            replies = await self._transport.call_checked(r.read_commands(keys, names))
+            for row in r.rows(names, replies):
                 scanned += 1
-                row = r.Row.read(r.text(raw), raw_row)
                 if row is not None and row.free(now):
                     found.append(row.id)
                     if max_claims is None or row.count < max_claims:
@@ -293,9 +287,9 @@ class WatchStore(RedisStore):
                 candidates = await self._free_candidates(keys, now, limit, max_claims)
                 if not candidates:
                     return None
-                watch = [keys.meta, *(keys.message(i) for i in candidates)]
+                watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += [("HMGET", keys.message(i), *r.ROW) for i in candidates]
+                reads += r.read_commands(keys, candidates)
                 done, result = await transport.attempt(watch, reads, plan(candidates))
                 if done and result is not None:
                     return result
@@ -332,9 +326,7 @@ class WatchStore(RedisStore):
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = [
-                        r.Row.read(i, raw) for i, raw in zip(candidates, replies[1:], strict=True)
-                    ]
+                    rows = r.rows(candidates, replies[1:])
                     if not all(row is not None and row.free(now) for row in rows):
                         raise Conflicted
                     popped = [row.message(now) for row in rows if row is not None]
@@ -368,8 +360,7 @@ def _claim_plan(
         writes: list[Command] = []
         claimed: list[Message] = []
         parked: list[r.Parked] = []
-        for message_id, raw in zip(candidates, replies[1:], strict=True):
-            row = r.Row.read(message_id, raw)
+        for message_id, row in zip(candidates, r.rows(candidates, replies[1:]), strict=True):
             if row is None or not row.free(now):
                 raise Conflicted
             if dlq is not None and row.count >= int(meta[0]):
