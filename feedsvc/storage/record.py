@@ -193,6 +193,7 @@ HEADER_FIELDS: Final = (
     ("claim", 24),  # a claim id (new_id()), or spaces: none
 )
 NEWLINE: Final = b"\n"  # ends the author; the body follows
+SPACE: Final = ord(" ")  # the first byte of the claim field when no claim holds it
 
 
 def _offsets() -> dict[str, slice]:
@@ -554,7 +555,7 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
         # inline slices of the record: one of these per message of every page
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
-        claim = rec[_CLAIM].rstrip()
+        held = rec[_CLAIM.start] != SPACE and int(rec[_CLAIM_EXPIRES]) > now
         messages.append(
             Message(
                 out[i].decode(),
@@ -562,7 +563,7 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
                 rec[end + 1 :],
                 int(rec[_TTL]),
                 int(rec[_CREATED]),
-                claim.decode() if claim and int(rec[_CLAIM_EXPIRES]) > now else None,
+                rec[_CLAIM].rstrip().decode() if held else None,
                 int(rec[_COUNT]),
                 rec[FIXED:end].decode() if with_authors else None,
             )
