@@ -62,26 +62,33 @@ local function ms_text(ms)
   return string.format(H_MS_FORMAT, ms)
 end
 
+-- A legacy message (a hash, see record.py) as a record (nil: gone).
+local function legacy_record(id)
+  local o = redis.call('HMGET', LEGACY_PREFIX .. id, F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_SEQ,
+    F_DUE, F_CLAIM_EXPIRES, F_CLAIM_COUNT, F_CLAIM, F_AUTHOR)
+  if not o[1] or not o[4] then return nil end
+  return string.format(HEADER_FORMAT, tonumber(o[5]) or 0, tonumber(o[2]) or 0,
+    tonumber(o[3]) or 0, tonumber(o[4]), tonumber(o[6]) or 0, tonumber(o[7]) or 0,
+    tonumber(o[8]) or 0, o[9] or '') .. (o[10] or '') .. NEWLINE .. o[1]
+end
+
 -- A message as a table (nil: gone) from its record r, or else (r is false)
 -- its legacy hash.
 local function parse_message(id, r)
-  if r then
-    local author_end = find(r, NEWLINE, H_AUTHOR, true)
-    return {seq = tonumber(sub(r, H_SEQ, H_SEQ_END)), ttl = tonumber(sub(r, H_TTL, H_TTL_END)),
-      created = tonumber(sub(r, H_CREATED, H_CREATED_END)),
-      expires = tonumber(sub(r, H_EXPIRES, H_EXPIRES_END)), due = tonumber(sub(r, H_DUE, H_DUE_END)),
-      claim_expires = tonumber(sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)),
-      count = tonumber(sub(r, H_COUNT, H_COUNT_END)),
-      claim = string.match(sub(r, H_CLAIM, H_CLAIM_END), '^(%S*)'),
-      author = sub(r, H_AUTHOR, author_end - 1), body = sub(r, author_end + 1)}
+  local legacy = nil
+  if not r then
+    r = legacy_record(id)
+    if not r then return nil end
+    legacy = true
   end
-  local o = redis.call('HMGET', legacy_key(id), F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_SEQ,
-    F_DUE, F_CLAIM_EXPIRES, F_CLAIM_COUNT, F_CLAIM, F_AUTHOR)
-  if not o[1] or not o[4] then return nil end
-  return {body = o[1], seq = tonumber(o[5]) or 0, ttl = tonumber(o[2]) or 0,
-    created = tonumber(o[3]) or 0, expires = tonumber(o[4]), due = tonumber(o[6]) or 0,
-    claim_expires = tonumber(o[7]) or 0, count = tonumber(o[8]) or 0, claim = o[9] or '',
-    author = o[10] or '', legacy = true}
+  local author_end = find(r, NEWLINE, H_AUTHOR, true)
+  return {seq = tonumber(sub(r, H_SEQ, H_SEQ_END)), ttl = tonumber(sub(r, H_TTL, H_TTL_END)),
+    created = tonumber(sub(r, H_CREATED, H_CREATED_END)),
+    expires = tonumber(sub(r, H_EXPIRES, H_EXPIRES_END)), due = tonumber(sub(r, H_DUE, H_DUE_END)),
+    claim_expires = tonumber(sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)),
+    count = tonumber(sub(r, H_COUNT, H_COUNT_END)),
+    claim = string.match(sub(r, H_CLAIM, H_CLAIM_END), '^(%S*)'),
+    author = sub(r, H_AUTHOR, author_end - 1), body = sub(r, author_end + 1), legacy = legacy}
 end
 
 -- A message as a table (nil: gone), in either layout (see record.py).

@@ -9,9 +9,9 @@
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
--- index is read without scores (a message's seq is in its record), a chunk
--- of records with one MGET, their times compared as fixed-width strings, and
--- each record answered as stored.
+-- index is read without scores (a message's seq is in its record), the
+-- records a page needs with one MGET, their times compared as fixed-width
+-- strings, and each record answered as stored.
 local now = ms_text(tonumber(ARGV[1]))
 local limit = tonumber(ARGV[3])
 local client = ARGV[4]
@@ -29,46 +29,49 @@ local start = '-inf'
 if ARGV[2] ~= '' then start = '(' .. ARGV[2] end
 local chunk = limit + 2
 
--- The seq of the last entry looked at: from its record, else (the record is
--- gone) from the index.
-local function last_seq()
-  if last then return tonumber(sub(last, H_SEQ, H_SEQ_END)) end
-  return tonumber(redis.call('ZSCORE', KEYS[K_IDX], last_id))
-end
-
 while count < limit and scanned < scan_limit do
   local want = math.min(chunk, scan_limit - scanned)
   local ids = redis.call('ZRANGEBYSCORE', KEYS[K_IDX], start, '+inf', 'LIMIT', 0, want)
   if #ids == 0 then break end
-  local keys = {}
-  for j, id in ipairs(ids) do keys[j] = RECORD_PREFIX .. id end
-  local records = redis.call('MGET', unpack(keys))
-  for j, id in ipairs(ids) do
-    scanned = scanned + 1
-    local r = records[j]
-    if not r then
-      -- a legacy message (see record.py), answered as a record like any other
-      local m = parse_message(id, r)
-      if m then r = record(m) end
-    end
-    last, last_id = r, id
-    if r then
-      if sub(r, H_EXPIRES, H_EXPIRES_END) > now
-          and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
-          and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
-            or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
-          and (include_delayed or sub(r, H_DUE, H_DUE_END) <= now) then
-        out[n + 1] = id
-        out[n + 2] = r
-        n = n + 2
-        count = count + 1
-        if count == limit then break end
+  -- read the records a few at a time, as many as the page still needs: the
+  -- chunk's extra ids are read only if messages were filtered out
+  local j = 1
+  while j <= #ids and count < limit do
+    local upto = math.min(#ids, j + limit - count - 1)
+    local keys = {}
+    for k = j, upto do keys[k - j + 1] = RECORD_PREFIX .. ids[k] end
+    local records = redis.call('MGET', unpack(keys))
+    for k = j, upto do
+      local id, r = ids[k], records[k - j + 1]
+      scanned = scanned + 1
+      -- a legacy message (see record.py) is answered as a record like any other
+      if not r then r = legacy_record(id) end
+      last, last_id = r, id
+      if r then
+        if sub(r, H_EXPIRES, H_EXPIRES_END) > now
+            and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
+            and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
+              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
+            and (include_delayed or sub(r, H_DUE, H_DUE_END) <= now) then
+          out[n + 1] = id
+          out[n + 2] = r
+          n = n + 2
+          count = count + 1
+        end
       end
     end
+    j = upto + 1
+  end
+  -- the seq of the last entry looked at: from its record, else (the record
+  -- is gone) from the index
+  if last then
+    last = tonumber(sub(last, H_SEQ, H_SEQ_END))
+  else
+    last = tonumber(redis.call('ZSCORE', KEYS[K_IDX], last_id))
   end
   if #ids < want or count == limit then break end
-  start = '(' .. int(last_seq())
+  start = '(' .. int(last)
   chunk = math.min(chunk * 2, 512)
 end
-if last_id and (count > 0 or scanned >= scan_limit) then out[1] = int(last_seq()) end
+if last_id and (count > 0 or scanned >= scan_limit) then out[1] = int(last) end
 return out
