@@ -389,8 +389,8 @@ def live_messages(ids: Sequence[str], replies: Sequence[Any], now: int) -> list[
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """A message hash as read with HMGET ROW (None: the message is gone),
-    in either layout."""
+    """A message as read_commands read it (None: the message is gone), in
+    either layout."""
 
     id: str
     body: bytes
@@ -403,7 +403,7 @@ class Row:
     count: int
     author: bytes
     due: int
-    legacy: bool = False  # written before the header (see the module docstring)
+    legacy: bool = False  # read from the legacy hash (see the module docstring)
 
     @classmethod
     def read(cls, message_id: str, record: bytes | None, legacy: Sequence[Any]) -> Row | None:
