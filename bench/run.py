@@ -35,6 +35,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+import redis
+
 from bench.service import Service
 from feedsvc.redis_server import RedisServer, pick_free_port
 
@@ -171,6 +174,7 @@ class Suite:
         with service(self.redis.url, self.workdir) as svc:
             path = "/v2/queues/bget/messages?limit=10"
             hello, get, ratio = self.paired(svc, "get.lua", path)
+            redis_us, cpu_us = self.get_costs(svc, path)
             self.add(
                 "GET 10-message page (lua)",
                 rps=get.rps,
@@ -179,7 +183,26 @@ class Suite:
                 p50_ms=get.p50_ms,
                 p99_ms=get.p99_ms,
                 errors=get.errors,
+                redis_us_per_list=redis_us,
+                feedsvc_cpu_us_per_get=cpu_us,
             )
+
+    def get_costs(self, svc: Service, path: str) -> tuple[float, float]:
+        """What one GET of a page costs, over one more wrk run: Redis's time
+        in the list script (INFO commandstats: the run's only EVALSHA) and
+        the feedsvc process's CPU time, in µs per call."""
+        client = redis.Redis.from_url(self.redis.url)
+        proc = psutil.Process(svc.pid)
+        try:
+            client.config_resetstat()
+            before = proc.cpu_times()
+            run = wrk(svc.url + path, "get.lua", self.connections, self.duration)
+            after = proc.cpu_times()
+            stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        finally:
+            client.close()
+        cpu = (after.user + after.system) - (before.user + before.system)
+        return float(stats.get("usec_per_call", 0.0)), cpu * 1e6 / max(run.requests, 1)
 
     def part_loop(self) -> None:
         results = {}

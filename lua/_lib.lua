@@ -1,5 +1,6 @@
--- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py,
--- after the generated names: F_* the record's fields, S_* the key suffixes).
+-- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py, the
+-- functions a script uses only; after the generated names: F_* the record's fields,
+-- S_* the key suffixes, H_* the message header's positions).
 -- KEYS[1..6] are always the queue's fixed keys, in the order of
 -- QueueKeys.fixed(): meta, seq, idx, exp, claimed, claims. Per-message and
 -- per-claim keys live under the same hash tag: prefix .. S_MESSAGE .. id.
@@ -14,8 +15,16 @@ local function int(x)
   return string.format('%d', x)
 end
 
-local function message_key(id)
-  return PREFIX .. S_MESSAGE .. id
+-- A message's record (record.py), and where the release before kept it.
+local RECORD_PREFIX = PREFIX .. S_RECORD
+local LEGACY_PREFIX = PREFIX .. S_MESSAGE
+
+local function record_key(id)
+  return RECORD_PREFIX .. id
+end
+
+local function legacy_key(id)
+  return LEGACY_PREFIX .. id
 end
 
 local function claim_key(id)
@@ -30,12 +39,80 @@ local function extend_for_claim(expires, created, claim_expires, grace)
   return keep, math.floor((keep - created) / 1000 + 0.5)
 end
 
--- Whether a message can be claimed or popped: m holds its fields
--- b, t, c, e, d, k, x (HMGET in that order); it must exist, be alive, be due
--- and be held by no live claim.
+-- A message record: its header, fixed-width fields laid out by record.py's
+-- HEADER_FIELDS (the generated H_* positions and HEADER_FORMAT), zero-padded
+-- numbers so that two of one width compare as strings, the claim id padded
+-- with spaces (all spaces: none), seq 0 until the message is indexed; then
+-- the author, a newline, the body.
+local sub, byte, find = string.sub, string.byte, string.find
+local NEWLINE = '\n'
+
+-- The fixed-width part of m's header (what a write rewrites: SETRANGE 0).
+local function header(m)
+  return string.format(HEADER_FORMAT, m.seq, m.ttl, m.created, m.expires, m.due,
+    m.claim_expires, m.count, m.claim)
+end
+
+local function record(m)
+  return header(m) .. m.author .. NEWLINE .. m.body
+end
+
+-- A time (ms) as the header writes it, to compare with its fields as strings.
+local function ms_text(ms)
+  return string.format(H_MS_FORMAT, ms)
+end
+
+-- A legacy message (a hash, see record.py) as a record (nil: gone).
+local function legacy_record(id)
+  local o = redis.call('HMGET', LEGACY_PREFIX .. id, F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_SEQ,
+    F_DUE, F_CLAIM_EXPIRES, F_CLAIM_COUNT, F_CLAIM, F_AUTHOR)
+  if not o[1] or not o[4] then return nil end
+  return string.format(HEADER_FORMAT, tonumber(o[5]) or 0, tonumber(o[2]) or 0,
+    tonumber(o[3]) or 0, tonumber(o[4]), tonumber(o[6]) or 0, tonumber(o[7]) or 0,
+    tonumber(o[8]) or 0, o[9] or '') .. (o[10] or '') .. NEWLINE .. o[1]
+end
+
+-- A message as a table (nil: gone) from its record r, or else (r is false)
+-- its legacy hash.
+local function parse_message(id, r)
+  local legacy = nil
+  if not r then
+    r = legacy_record(id)
+    if not r then return nil end
+    legacy = true
+  end
+  local author_end = find(r, NEWLINE, H_AUTHOR, true)
+  return {seq = tonumber(sub(r, H_SEQ, H_SEQ_END)), ttl = tonumber(sub(r, H_TTL, H_TTL_END)),
+    created = tonumber(sub(r, H_CREATED, H_CREATED_END)),
+    expires = tonumber(sub(r, H_EXPIRES, H_EXPIRES_END)), due = tonumber(sub(r, H_DUE, H_DUE_END)),
+    claim_expires = tonumber(sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)),
+    count = tonumber(sub(r, H_COUNT, H_COUNT_END)),
+    claim = string.match(sub(r, H_CLAIM, H_CLAIM_END), '^(%S*)'),
+    author = sub(r, H_AUTHOR, author_end - 1), body = sub(r, author_end + 1), legacy = legacy}
+end
+
+-- A message as a table (nil: gone), in either layout (see record.py).
+local function read_message(id)
+  return parse_message(id, redis.call('GET', record_key(id)))
+end
+
+-- Store m's header; a legacy message moves to its record, atomically.
+local function write_header(id, m)
+  if m.legacy then
+    redis.call('SET', record_key(id), record(m))
+    redis.call('PEXPIREAT', record_key(id), int(m.expires))
+    redis.call('DEL', legacy_key(id))
+    m.legacy = nil
+  else
+    redis.call('SETRANGE', record_key(id), 0, header(m))
+  end
+end
+
+-- Whether a message (a read_message table) can be claimed or popped: it must
+-- exist, be indexed, alive and due, and be held by no live claim.
 local function is_free(m, now)
-  return m[1] and (tonumber(m[4]) or 0) > now and (tonumber(m[5]) or 0) <= now
-    and not (m[6] and m[6] ~= '' and (tonumber(m[7]) or 0) > now)
+  return m and m.seq > 0 and m.expires > now and m.due <= now
+    and not (m.claim ~= '' and m.claim_expires > now)
 end
 
 -- Tell the queue's followers (every feedsvc process subscribed to the queue's
@@ -53,7 +130,7 @@ end
 
 -- Remove one message and its index entries.
 local function forget(id)
-  redis.call('DEL', message_key(id))
+  redis.call('DEL', record_key(id), legacy_key(id))
   redis.call('ZREM', KEYS[K_IDX], id)
   redis.call('ZREM', KEYS[K_EXP], id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
@@ -66,8 +143,9 @@ local function collect_garbage(now_text)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[K_EXP], "-inf", now_text, "LIMIT", 0, GC_BATCH)
   if #dead > 0 then
     local mkeys = {}
-    for i, id in ipairs(dead) do
-      mkeys[i] = message_key(id)
+    for _, id in ipairs(dead) do
+      mkeys[#mkeys + 1] = record_key(id)
+      mkeys[#mkeys + 1] = legacy_key(id)
     end
     redis.call('DEL', unpack(mkeys))
     redis.call('ZREM', KEYS[K_IDX], unpack(dead))

@@ -40,33 +40,33 @@ while #claimed_ids < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local key = message_key(id)
-    local m = redis.call('HMGET', key, F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_DUE, F_CLAIM,
-      F_CLAIM_EXPIRES, F_CLAIM_COUNT, F_AUTHOR)
+    local key = record_key(id)
+    local m = read_message(id)
     if is_free(m, now) then
-      local expires = tonumber(m[4])
-      local count = tonumber(m[8]) or 0
+      local count = m.count
       if dead_letters and max_claims and count >= max_claims then
-        redis.call('HSET', key, F_CLAIM, claim_id, F_CLAIM_EXPIRES, int(claim_expires))
+        m.claim, m.claim_expires = claim_id, claim_expires
+        write_header(id, m)
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
         parked[#parked + 1] = id
-        parked[#parked + 1] = m[1]
-        parked[#parked + 1] = m[9] or ''
-        parked[#parked + 1] = int(dlq_ttl or tonumber(m[2]))
+        parked[#parked + 1] = m.body
+        parked[#parked + 1] = m.author
+        parked[#parked + 1] = int(dlq_ttl or m.ttl)
         parked[#parked + 1] = int(count)
       else
-        local new_expires, new_ttl = extend_for_claim(expires, tonumber(m[3]), claim_expires, grace)
-        redis.call('HSET', key, F_CLAIM, claim_id, F_CLAIM_EXPIRES, int(claim_expires),
-          F_CLAIM_COUNT, int(count + 1), F_EXPIRES, int(new_expires), F_TTL, int(new_ttl))
+        local new_expires, new_ttl = extend_for_claim(m.expires, m.created, claim_expires, grace)
+        m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
+        m.expires, m.ttl = new_expires, new_ttl
+        write_header(id, m)
         redis.call('PEXPIREAT', key, int(new_expires))
         redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
         redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
         claimed_ids[#claimed_ids + 1] = id
         out[#out + 1] = id
         out[#out + 1] = seq
-        out[#out + 1] = m[1]
+        out[#out + 1] = m.body
         out[#out + 1] = int(new_ttl)
-        out[#out + 1] = m[3]
+        out[#out + 1] = int(m.created)
         out[#out + 1] = int(count + 1)
         if #claimed_ids == limit then break end
       end

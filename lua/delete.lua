@@ -1,5 +1,6 @@
 -- Delete messages.
--- KEYS: the 6 fixed keys, then one message key per id.
+-- KEYS: the 6 fixed keys, then per id its record key and legacy key
+-- (record.message_keys).
 -- ARGV: now_ms, claim_id ('' = none), check (1 = enforce claims), ids...
 -- With check=1 (single delete): returns 'claimed' when a live claim holds the
 -- message and no claim_id was given, 'badclaim' when claim_id does not hold
@@ -9,12 +10,12 @@ local now = tonumber(ARGV[1])
 local claim_id = ARGV[2]
 local check = ARGV[3] == '1'
 if check then
-  local m = redis.call('HMGET', KEYS[7], F_CLAIM, F_CLAIM_EXPIRES, F_SEQ)
-  if m[3] then
-    local claimed = m[1] and m[1] ~= '' and (tonumber(m[2]) or 0) > now
+  local m = read_message(ARGV[4])
+  if m and m.seq > 0 then
+    local claimed = m.claim ~= '' and m.claim_expires > now
     if claim_id == '' then
       if claimed then return 'claimed' end
-    elseif not claimed or m[1] ~= claim_id then
+    elseif not claimed or m.claim ~= claim_id then
       return 'badclaim'
     end
   end

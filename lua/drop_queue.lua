@@ -6,7 +6,10 @@ local batch = tonumber(ARGV[1])
 local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
 if #ids > 0 then
   local mkeys = {}
-  for i, id in ipairs(ids) do mkeys[i] = message_key(id) end
+  for _, id in ipairs(ids) do
+    mkeys[#mkeys + 1] = record_key(id)
+    mkeys[#mkeys + 1] = legacy_key(id)
+  end
   redis.call('DEL', unpack(mkeys))
   redis.call('ZREM', KEYS[K_IDX], unpack(ids))
   redis.call('ZREM', KEYS[K_EXP], unpack(ids))

@@ -14,16 +14,15 @@ while taken < limit and scanned < scan_limit do
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local m = redis.call('HMGET', message_key(id), F_BODY, F_TTL, F_CREATED, F_EXPIRES, F_DUE,
-      F_CLAIM, F_CLAIM_EXPIRES)
+    local m = read_message(id)
     if is_free(m, now) then
       forget(id)
       offset = offset - 1
       out[#out + 1] = id
       out[#out + 1] = seq
-      out[#out + 1] = m[1]
-      out[#out + 1] = m[2]
-      out[#out + 1] = m[3]
+      out[#out + 1] = m.body
+      out[#out + 1] = int(m.ttl)
+      out[#out + 1] = int(m.created)
       taken = taken + 1
       if taken == limit then break end
     end

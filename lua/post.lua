@@ -1,5 +1,6 @@
--- Index messages whose bodies the same pipeline has just written.
--- KEYS: the 6 fixed keys, then one message key per message.
+-- Index messages whose records the same pipeline has just written
+-- (unindexed: seq 0 in the header).
+-- KEYS: the 6 fixed keys, then one record key per message.
 -- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
 --       idempotency token ('' = none), idempotency window in ms, '1' if the
 --       bodies are sealed (encrypted) else '0', then per message: id, ttl,
@@ -61,15 +62,15 @@ for i = 1, n do
   local id = ARGV[5 + 3 * i]
   local ttl = tonumber(ARGV[6 + 3 * i]) or default_ttl
   local delay = tonumber(ARGV[7 + 3 * i]) or default_delay
-  local seq = tonumber(redis.call('HGET', key, F_SEQ))
-  if seq == nil then
+  -- the pipeline wrote the record unindexed (seq 0)
+  local seq = tonumber(redis.call('GETRANGE', key, H_SEQ - 1, H_SEQ_END - 1)) or 0
+  if seq == 0 then
     seq = redis.call('INCR', KEYS[K_SEQ])
     local expires = now + ttl * 1000
     local due = 0
     if delay > 0 then due = now + delay * 1000 end
-    redis.call('HSET', key, F_SEQ, int(seq), F_TTL, int(ttl), F_CREATED, ARGV[1],
-      F_EXPIRES, int(expires), F_DUE, int(due), F_CLAIM, '', F_CLAIM_EXPIRES, '0',
-      F_CLAIM_COUNT, '0')
+    redis.call('SETRANGE', key, 0, header({seq = seq, ttl = ttl, created = now,
+      expires = expires, due = due, claim_expires = 0, count = 0, claim = ''}))
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)

@@ -122,6 +122,7 @@ CLUSTER_SUITES = {
     "test_live",
     "test_store",
     "test_store_claims",
+    "test_store_upgrade",
     "test_api",
     "test_api_claims",
     "test_encryption",

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.errors import EncryptionUnavailable
+from feedsvc.storage import record
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
@@ -50,14 +51,16 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
 
 
 async def raw_body(redis_url: str, project: str, queue: str, message_id: str) -> bytes:
-    """The body field of a message's hash, as Redis holds it."""
+    """The body in a message's record, as Redis holds it."""
     client = direct_client(redis_url)
     try:
-        raw = await client.hget(QueueKeys.of(project, queue).message(message_id), "b")
+        raw = await client.get(QueueKeys.of(project, queue).record(message_id))
     finally:
         await client.aclose()
     assert isinstance(raw, bytes)
-    return raw
+    row = record.Row.read(message_id, raw, [None] * len(record.ROW))
+    assert row is not None
+    return row.body
 
 
 def body(value: Any) -> NewMessage:
@@ -99,11 +102,14 @@ async def test_an_encrypted_topic_seals_its_bodies(
         [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
         client = direct_client(redis_url)
         try:
-            key = QueueKeys.of(project, "t", "topic").message(message_id)
-            raw = await client.hget(key, "b")
+            key = QueueKeys.of(project, "t", "topic").record(message_id)
+            stored = await client.get(key)
         finally:
             await client.aclose()
-        assert isinstance(raw, bytes)
+        assert isinstance(stored, bytes)
+        row = record.Row.read(message_id, stored, [None] * len(record.ROW))
+        assert row is not None
+        raw = row.body
         assert raw.startswith(MAGIC)
         assert b"4111" not in raw
         got = await topics.get_messages(project, "t", [message_id])
@@ -206,7 +212,9 @@ async def test_a_body_altered_in_redis_is_refused(
         flipped = raw[:-1] + bytes([raw[-1] ^ 1])
         client = direct_client(redis_url)
         try:
-            await client.hset(QueueKeys.of(project, "q").message(message_id), "b", flipped)
+            # the body ends the record
+            key = QueueKeys.of(project, "q").record(message_id)
+            await client.setrange(key, int(await client.strlen(key)) - 1, flipped[-1:])
         finally:
             await client.aclose()
         with pytest.raises(EncryptionUnavailable, match="altered"):

@@ -48,6 +48,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from feedsvc.redis_server import RedisServer
+from feedsvc.storage import record
 from feedsvc.testing import ServiceProcess
 from tests.conftest import DRIVERS
 
@@ -995,11 +996,13 @@ async def check_layout(
     expiry = {member.decode() for member in members}
     hashes = 0
     orphans = 0
-    async for raw in redis.scan_iter(match=prefix + ":m:*", count=1000):
+    async for raw in redis.scan_iter(match=prefix + ":r:*", count=1000):
         key = raw.decode()
         message_id = key.rsplit(":", 1)[1]
         hashes += 1
-        seq, ttl = await redis.hget(key, "s"), await redis.pttl(key)
+        stored: Any = await redis.get(key)
+        row = record.Row.read(message_id, stored, [None] * len(record.ROW))
+        seq, ttl = (None if row is None else row.seq), await redis.pttl(key)
         if ttl < 0:
             problems.append(f"{key} has no expiry (PTTL {ttl})")
         if seq is None:
@@ -1007,11 +1010,11 @@ async def check_layout(
             if message_id in index:
                 problems.append(f"{key} is indexed but has no seq")
             continue
-        if index.get(message_id) != int(seq):
-            problems.append(f"{key} (seq {int(seq)}) is not in {prefix}:idx as such")
+        if index.get(message_id) != seq:
+            problems.append(f"{key} (seq {seq}) is not in {prefix}:idx as such")
         if message_id not in expiry:
             problems.append(f"{key} is not in {prefix}:exp")
     for message_id in index:
-        if not await redis.exists(f"{prefix}:m:{message_id}"):
-            problems.append(f"{prefix}:idx lists {message_id} whose hash is gone")
+        if not await redis.exists(f"{prefix}:r:{message_id}"):
+            problems.append(f"{prefix}:idx lists {message_id} whose record is gone")
     return {"message_hashes": hashes, "indexed": len(index), "orphan_bodies": orphans}

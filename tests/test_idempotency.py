@@ -28,7 +28,7 @@ def batch(*bodies: object) -> list[NewMessage]:
 async def message_keys(redis_url: str, project: str) -> list[bytes]:
     client = aioredis.Redis.from_url(redis_url)
     try:
-        return [k async for k in client.scan_iter(match=f"*{escape_project(project)}*:m:*")]
+        return [k async for k in client.scan_iter(match=f"*{escape_project(project)}*:r:*")]
     finally:
         await client.aclose()
 

@@ -14,7 +14,7 @@ from feedsvc.clock import ManualClock
 from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.record import Parked
+from feedsvc.storage.record import Parked, hold_commands, read_commands, rows
 from feedsvc.storage.redis_store import RedisStore
 from tests.conftest import direct_client
 
@@ -94,7 +94,7 @@ async def test_claim_extends_message_life_in_redis(
     [message_id] = await post(store, project, 1, ttl=60)
     claim = await store.claim_messages(project, "q", 600, 120, 5)
     assert claim is not None
-    key = QueueKeys.of(project, "q").message(message_id)
+    key = QueueKeys.of(project, "q").record(message_id)
     assert 715_000 < await pttl(redis_url, key) <= 720_000
     [message] = await store.get_messages(project, "q", [message_id])
     assert message.ttl == 720 and message.claim_id == claim.id
@@ -109,7 +109,7 @@ async def test_renew_extends_when_needed(store: FeedStore, project: str, redis_u
     [message_id] = await post(store, project, 1, ttl=100)
     claim = await store.claim_messages(project, "q", 60, 60, 5)
     assert claim is not None
-    key = QueueKeys.of(project, "q").message(message_id)
+    key = QueueKeys.of(project, "q").record(message_id)
     assert 115_000 < await pttl(redis_url, key) <= 120_000
     await store.renew_claim(project, "q", claim.id, 3000, 100)
     assert 3_095_000 < await pttl(redis_url, key) <= 3_100_000
@@ -127,7 +127,7 @@ async def test_expired_messages_are_never_claimed_or_revived(
     assert await store.pop_messages(project, "q", 10) == []
     # Not revived: the body is gone (lua collects it) or still due to expire
     # in Redis at its own ttl (watch leaves that to Redis, on real time).
-    left = await pttl(redis_url, QueueKeys.of(project, "q").message(dead))
+    left = await pttl(redis_url, QueueKeys.of(project, "q").record(dead))
     assert left == -2 or 0 < left <= 1000, left
 
 
@@ -272,11 +272,14 @@ async def test_dead_lettering_survives_a_stop_between_its_steps(
     await store.release_claim(project, "q", claim.id)
     # step 1 only, as if the service stopped right after the claim script:
     # parked under a claim whose ttl has already run out
+    keys = QueueKeys.of(project, "q")
     client = direct_client(redis_url)
     try:
-        await client.hset(
-            QueueKeys.of(project, "q").message(message_id), mapping={"k": "ab" * 12, "x": 1}
-        )
+        replies = [await client.execute_command(*c) for c in read_commands(keys, [message_id])]
+        [row] = rows([message_id], replies)
+        assert row is not None
+        for command in hold_commands(keys, row, "ab" * 12, 1):
+            await client.execute_command(*command)
     finally:
         await client.aclose()
     assert await store.claim_messages(project, "q", 300, 60, 5) is None

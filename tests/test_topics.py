@@ -68,8 +68,8 @@ async def test_a_topic_and_a_queue_of_one_name_share_nothing(
     assert topic_keys.prefix != QueueKeys.of(project, "news").prefix
     client = direct_client(redis_url)
     try:
-        assert await client.exists(topic_keys.message(in_topic)) == 1
-        assert await client.exists(QueueKeys.of(project, "news").message(in_topic)) == 0
+        assert await client.exists(topic_keys.record(in_topic)) == 1
+        assert await client.exists(QueueKeys.of(project, "news").record(in_topic)) == 0
     finally:
         await client.aclose()
     # deleting one leaves the other whole

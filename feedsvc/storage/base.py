@@ -18,14 +18,18 @@ into the Lua scripts too)::
     Q:exp                zset    message id -> expires ms (GC, live counts)
     Q:claimed            zset    message id -> claim expires ms
     Q:claims             zset    claim id -> claim expires ms
-    Q:m:<id>             hash    b = body (JSON bytes, returned verbatim; or,
+    Q:r:<id>             string  the message record (record.py): a header of
+                                 fixed-width fields, seq (0 until indexed),
+                                 ttl s, created ms, expires ms, due ms
+                                 (delay), claim expires ms, times claimed,
+                                 claim id; then the client id, a newline,
+                                 the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
-                                 AES-256-GCM of them),
-                                 t = ttl s, c = created ms, e = expires ms,
-                                 u = client id, s = seq (set when indexed),
-                                 d = due ms (delay), k = claim id,
-                                 x = claim expires ms, n = times claimed;
-                                 PEXPIREAT e
+                                 AES-256-GCM of them); PEXPIREAT expires
+    Q:m:<id>             hash    a message written by a release before the
+                                 record (legacy): b t c e u s d k x n, a field
+                                 each; read until it expires, moved to Q:r:<id>
+                                 by the next write to it (see record.py)
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
@@ -39,13 +43,13 @@ in ``feedsvc.storage.subscriptions``).
 
 Invariants, kept by both drivers:
 
-* A message is visible only once indexed (``s`` set, member of ``Q:idx``).
+* A message is visible only once indexed (seq set, member of ``Q:idx``).
   A body written without its index entry (a crash between the two) is never
   shown and disappears at its own expiry.
 * Sequence numbers are given out in commit order: the counter and the index
   entry change in one script / one EXEC, so a reader that has seen seq N will
   never later find a new message below N. Markers are sequence numbers.
-* The message key's PEXPIREAT equals ``e``; a claim that outlives the message
+* The message key's PEXPIREAT equals its expiry; a claim that outlives the message
   raises both (never lowers them).
 * Time is the service host's clock in milliseconds, passed to every script, so
   both drivers agree; Redis's own expiry is an extra safety net.

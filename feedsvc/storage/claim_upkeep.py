@@ -45,12 +45,8 @@ class ClaimUpkeep(FeedSpace):
         if expires is None or int(expires) <= now:
             raise ClaimNotFound(claim_id)
         held = r.text(ids).split() if ids else []
-        rows = (
-            await self._transport.call_checked([("HMGET", keys.message(i), *r.ROW) for i in held])
-            if held
-            else []
-        )
-        found = (r.live_message(i, row, now) for i, row in zip(held, rows, strict=True))
+        replies = await self._transport.call_checked(r.read_commands(keys, held)) if held else []
+        found = r.live_messages(held, replies, now)
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
         return Claim(claim_id, int(ttl), int(grace), int(created), reveal(self._sealer, messages))
 
@@ -65,9 +61,9 @@ class ClaimUpkeep(FeedSpace):
             while True:
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []
-                watch = [claim_key, *(keys.message(i) for i in held)]
+                watch = [claim_key, *(k for i in held for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-                reads += [("HMGET", keys.message(i), *r.ROW) for i in held]
+                reads += r.read_commands(keys, held)
                 done, result = await transport.attempt(watch, reads, plan_for(held))
                 if done:
                     return result  # type: ignore[return-value]
@@ -89,17 +85,14 @@ class ClaimUpkeep(FeedSpace):
                 if (r.text(ids).split() if ids else []) != held:
                     raise Conflicted
                 writes: list[Command] = []
-                for message_id, raw in zip(held, replies[1:], strict=True):
-                    row = r.Row.read(message_id, raw)
+                for row in r.rows(held, replies[1:]):
                     if row is None or row.claim != claim_id:
                         continue
                     # never shorten a message's life, only extend it
                     keep, new_ttl = r.claim_extension(
                         row.expires, row.created, claim_expires, grace
                     )
-                    writes += r.extend_commands(
-                        keys, message_id, claim_id, claim_expires, keep, new_ttl
-                    )
+                    writes += r.extend_commands(keys, row, claim_id, claim_expires, keep, new_ttl)
                 claim_key = keys.claim(claim_id)
                 writes.append(
                     ("HSET", claim_key, r.TTL, ttl, r.GRACE, grace, r.CLAIM_EXPIRES, claim_expires)
@@ -122,12 +115,9 @@ class ClaimUpkeep(FeedSpace):
                 if (r.text(ids).split() if ids else []) != held:
                     raise Conflicted
                 writes: list[Command] = []
-                for message_id, raw in zip(held, replies[1:], strict=True):
-                    row = r.Row.read(message_id, raw)
+                for row in r.rows(held, replies[1:]):
                     if row is not None and row.claim == claim_id:
-                        key = keys.message(message_id)
-                        writes.append(("HSET", key, r.CLAIM, "", r.CLAIM_EXPIRES, 0))
-                        writes.append(("ZREM", keys.claimed, message_id))
+                        writes += r.release_commands(keys, row)
                 writes.append(("DEL", keys.claim(claim_id)))
                 writes.append(("ZREM", keys.claims, claim_id))
                 return writes, None
@@ -168,19 +158,14 @@ class ClaimUpkeep(FeedSpace):
             seq = r.parse_seq(last) if last is not None else now * 1000
             writes: list[Command] = []
             for message, have in zip(parked, seqs, strict=True):
-                if have is not None:
+                if have:
                     continue
                 seq += 1
-                fields = r.posted_fields(message.ttl, now, seq, delay=0)
-                fields[r.CLAIM_COUNT] = message.count
-                key = target.message(message.id)
-                expires = fields[r.EXPIRES]
-                writes.append(
-                    ("HSET", key, r.BODY, message.body, r.AUTHOR, message.author, *r.flat(fields))
-                )
-                writes.append(("PEXPIREAT", key, expires))
+                author = message.author.decode()
+                header = r.posted(author, message.ttl, now, seq, delay=0, count=message.count)
+                writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
-                writes.append(("ZADD", target.expiry, expires, message.id))
+                writes.append(("ZADD", target.expiry, header.expires, message.id))
             if not writes:
                 return None, None
             writes.append(("SET", target.seq, seq))
@@ -191,25 +176,29 @@ class ClaimUpkeep(FeedSpace):
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
             held = [
                 m.id
-                for m, holder in zip(parked, replies, strict=True)
-                if holder is not None and r.text(holder) == claim_id
+                for n, m in enumerate(parked)
+                if r.holder(replies[2 * n], replies[2 * n + 1]) == claim_id
             ]
             return (r.forget_commands(source, held) if held else None), None
 
         transport = self._transport
         try:
             await transport.optimistic(
-                [target.seq, target.meta, *(target.message(m.id) for m in parked)],
+                [
+                    target.seq,
+                    target.meta,
+                    *(k for m in parked for k in r.message_keys(target, m.id)),
+                ],
                 [
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
-                    *(("HGET", target.message(m.id), r.SEQ) for m in parked),
+                    *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
                 ],
                 copy,
             )
             await transport.optimistic(
-                [source.message(m.id) for m in parked],
-                [("HGET", source.message(m.id), r.CLAIM) for m in parked],
+                [k for m in parked for k in r.message_keys(source, m.id)],
+                [c for m in parked for c in r.holder_commands(source, m.id)],
                 forget,
             )
             await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])

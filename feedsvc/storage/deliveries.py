@@ -155,13 +155,11 @@ class RedisDeliveries:
         pairs = [(r.text(i), r.parse_seq(seq)) for i, seq in r.pairs(entries)]
         if not pairs:
             return []
-        rows = await self._transport.call_checked(
-            [("HMGET", keys.message(i), *r.ROW) for i, _ in pairs]
-        )
+        ids = [i for i, _ in pairs]
+        replies = await self._transport.call_checked(r.read_commands(keys, ids))
         now = self._clock.now_ms()
-        found = [
-            (seq, r.live_message(i, row, now)) for (i, seq), row in zip(pairs, rows, strict=True)
-        ]
+        messages = r.live_messages(ids, replies, now)
+        found = [(seq, m) for (_, seq), m in zip(pairs, messages, strict=True)]
         opened = iter(self._reveal([m for _, m in found if m is not None]))
         return [(seq, None if m is None else next(opened)) for seq, m in found]
 

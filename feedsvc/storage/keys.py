@@ -3,7 +3,7 @@
 All keys of one queue share the hash tag ``{<project>/<queue>}`` so that every
 script and every WATCH/MULTI transaction touches a single cluster slot. The
 per-message and per-claim keys are derived from the queue prefix inside the
-Lua scripts too (``prefix .. S_MESSAGE .. id``), so the two must agree: the
+Lua scripts too (``prefix .. S_RECORD .. id``), so the two must agree: the
 suffixes are defined here and generated into the scripts as ``S_*`` locals
 (see ``record.lua_prelude``).
 
@@ -33,7 +33,8 @@ KINDS: tuple[Kind, ...] = ("queue", "topic")
 
 META_SUFFIX = ":q"
 FEED_SUFFIX = ":feed"  # a shard channel, not a key: notifications for followers
-MESSAGE_INFIX = ":m:"
+RECORD_INFIX = ":r:"  # a message (record.py)
+MESSAGE_INFIX = ":m:"  # a message written before the compact record (record.py)
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
 SUBSCRIPTIONS_SUFFIX = ":subs"
@@ -104,7 +105,12 @@ class QueueKeys:
         """Hash: sha1(client id, Idempotency-Key) -> "<expires ms> <id> <id> ..."."""
         return self.prefix + IDEMPOTENCY_SUFFIX
 
+    def record(self, message_id: str) -> str:
+        """A message: its header and body in one string (see record.py)."""
+        return self.prefix + RECORD_INFIX + message_id
+
     def message(self, message_id: str) -> str:
+        """A message in the legacy layout, a hash (see record.py)."""
         return self.prefix + MESSAGE_INFIX + message_id
 
     def claim(self, claim_id: str) -> str:

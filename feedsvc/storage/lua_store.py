@@ -149,12 +149,12 @@ class LuaStore(RedisStore):
         args.append(_flag(sealed))
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
-            key = keys.message(message_id)
-            commands.append(("HSET", key, r.BODY, message.body, r.AUTHOR, client_id))
+            key = keys.record(message_id)
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = message.ttl or settings.max_message_ttl
-            commands.append(("EXPIRE", key, orphan_ttl + settings.max_message_delay))
+            record = r.unindexed(client_id, message.body)
+            commands.append(("SET", key, record, "EX", orphan_ttl + settings.max_message_delay))
             all_keys.append(key)
             args += [
                 message_id,
@@ -181,8 +181,9 @@ class LuaStore(RedisStore):
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
+        now = self._clock.now_ms()
         args = [
-            self._clock.now_ms(),
+            now,
             "" if query.marker is None else query.marker,
             query.limit,
             query.client_id,
@@ -194,14 +195,14 @@ class LuaStore(RedisStore):
         ]
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)
-        page = r.list_reply(reply, query.with_authors)
+        page = r.list_reply(reply, now, query.with_authors)
         return self._reveal_page(page)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
         keys = self._keys(project, queue)
-        all_keys = [*keys.fixed(), keys.message(message_id)]
+        all_keys = [*keys.fixed(), *r.message_keys(keys, message_id)]
         args = [self._clock.now_ms(), claim_id or "", "1", message_id]
         outcome = await self._script(load_script("delete"), all_keys, args)
         if outcome == b"claimed":
@@ -216,7 +217,7 @@ class LuaStore(RedisStore):
             return
         keys = self._keys(project, queue)
         unique = list(dict.fromkeys(ids))
-        all_keys = [*keys.fixed(), *(keys.message(i) for i in unique)]
+        all_keys = [*keys.fixed(), *(k for i in unique for k in r.message_keys(keys, i))]
         now = self._clock.now_ms()
         await self._script(load_script("delete"), all_keys, [now, "", "0", *unique])
 

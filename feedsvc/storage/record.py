@@ -1,20 +1,51 @@
 """The stored records, written and read in one place: the codec.
 
-This module owns the layout of a message hash (``Q:m:<id>``), a claim hash
+This module owns the layout of a message (``Q:r:<id>``), a claim hash
 (``Q:c:<claim id>``) and a queue hash (``Q:q``): their field names, the
 record written when a message is posted, the commands that forget a
 message, the rule by which a claim extends a message's life, and one
-decoder per shape of reply (an HMGET row, and each script's reply).
+decoder per shape of reply (a message read, and each script's reply).
+
+A message is one string: its *header*, every field but the body in
+fixed-width text (:data:`HEADER_FIELDS`: seq ttl created expires due
+claim-expires claim-count claim-id, zero-padded and each followed by a
+space; seq 0 until the message is indexed), the author (its client id), a
+newline, and the body. One string because the list script then reads a
+page of messages with one MGET instead of an HMGET of nine fields per
+message, compares the fields it filters on as fixed-width strings instead
+of converting each with tonumber(), and answers two reply elements per
+message instead of seven: each command, field and conversion costs Redis a
+fraction of a microsecond, and a page of ten had about 150 of them
+(docs/BENCHMARKS.md, "The list script's Redis cost"). What a claim changes
+(claim id and expiry, count, expiry, ttl) is all in the fixed-width part:
+one SETRANGE at offset 0 rewrites it, in the script or transaction that
+read it, so it stays atomic and the body is never rewritten.
+
+Upgrade: releases before this one stored a message as a hash under another
+key, ``Q:m:<id>``, a field each (:data:`ROW`: b t c e s k x n u d). Those
+*legacy* records are still read everywhere a message is read: Python reads
+both keys (:func:`read_commands`, :meth:`Row.read`), the scripts fall back
+to the hash when the string is missing (``_lib.lua``'s ``read_message``,
+list.lua). Every write to a message (a claim, its renewal or release,
+parking) moves a legacy record to the new key in the new layout and deletes
+the hash in the same script or transaction, so records migrate lazily and
+atomically; forgetting a message deletes both keys. A legacy record nobody
+writes expires with its ttl: once a release has run for the longest message
+ttl plus delay, none is left and the legacy reads can go. Two keys rather
+than one key of two types, because a read of the wrong type is an error
+that would abort a script's MGET or a WATCH transaction's reads.
 
 The Lua scripts read and write the same records. They do not spell the
 field names out: :func:`lua_prelude` generates ``local F_BODY = 'b'`` ...
-from :data:`LUA_NAMES` and ``scripts.py`` puts it in front of every script
-when it is loaded, so a rename here is a rename everywhere. A test fails if
-a script spells a field name itself (``tests/test_record.py``).
+from :data:`LUA_NAMES`, and the header's positions (``H_SEQ`` ...), and
+``scripts.py`` puts it in front of every script when it is loaded, so a
+change here is a change everywhere. A test fails if a script spells a field
+name itself (``tests/test_record.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,10 +58,12 @@ from feedsvc.storage.keys import (
     IDEMPOTENCY_SUFFIX,
     MESSAGE_INFIX,
     META_SUFFIX,
+    RECORD_INFIX,
     QueueKeys,
 )
 
-# -- the message hash ------------------------------------------------------
+# -- the legacy message hash (read, never written; see the docstring) -----------
+# some of its names are the claim and queue hashes' field names too
 BODY: Final = "b"  # the JSON body, returned verbatim
 TTL: Final = "t"  # ttl in seconds (grows when a claim outlives the message)
 CREATED: Final = "c"  # ms
@@ -60,7 +93,7 @@ ENCRYPTED: Final = RESERVED_FIELDS["_enable_encrypt_messages"]  # "1": post bodi
 DEAD_LETTER_SETTINGS: Final = (MAX_CLAIMS, DEAD_LETTER_QUEUE, DEAD_LETTER_TTL)
 POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED)
 
-# The fields read for a message, in this order, wherever Python reads one.
+# The fields of a legacy message hash, in this order, wherever one is read.
 ROW: Final = (BODY, TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
 
 LUA_NAMES: Final = {
@@ -87,16 +120,36 @@ LUA_NAMES: Final = {
     # and the key suffixes of keys.py, which scripts build keys with
     "S_META": META_SUFFIX,
     "S_MESSAGE": MESSAGE_INFIX,
+    "S_RECORD": RECORD_INFIX,
     "S_CLAIM": CLAIM_INFIX,
     "S_IDEMPOTENCY": IDEMPOTENCY_SUFFIX,
     "S_FEED": FEED_SUFFIX,
 }
 
 
+def lua_header_names() -> dict[str, str]:
+    """The Lua locals that lay out a message header: H_<FIELD> and
+    H_<FIELD>_END, its first and last position (Lua counts from 1), H_AUTHOR
+    where the author starts, HEADER_FORMAT, the string.format of the
+    fixed-width part (up to the author), and H_MS_FORMAT, of a time in it."""
+    names = {}
+    for name, width in HEADER_FIELDS:
+        at = OFFSETS[name]
+        names[f"H_{name.upper()}"] = str(at.start + 1)
+        names[f"H_{name.upper()}_END"] = str(at.start + width)
+    names["H_AUTHOR"] = str(OFFSETS["author"].start + 1)
+    formats = [f"%-{w}s" if name == "claim" else f"%0{w}d" for name, w in HEADER_FIELDS]
+    names["HEADER_FORMAT"] = repr("".join(f + " " for f in formats))
+    names["H_MS_FORMAT"] = repr(formats[[n for n, _ in HEADER_FIELDS].index("expires")])
+    return names
+
+
 def lua_prelude() -> bytes:
-    """The Lua locals naming every field and key suffix, put before each script."""
+    """The Lua locals naming every field and key suffix, and laying out a
+    message header, put before each script."""
     lines = ["-- generated by feedsvc/storage/record.py: field names and key suffixes"]
     lines += [f"local {name} = '{field}'" for name, field in LUA_NAMES.items()]
+    lines += [f"local {name} = {value}" for name, value in lua_header_names().items()]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -124,24 +177,111 @@ def flat(fields: dict[str, Any]) -> list[Any]:
 # -- writing -------------------------------------------------------------------
 
 
-def posted_fields(ttl: int, now: int, seq: int, delay: int) -> dict[str, Any]:
-    """The fields a message gets when it is indexed (post.lua writes the same)."""
-    return {
-        SEQ: seq,
-        TTL: ttl,
-        CREATED: now,
-        EXPIRES: now + ttl * 1000,
-        DUE: now + delay * 1000 if delay > 0 else 0,
-        CLAIM: "",
-        CLAIM_EXPIRES: 0,
-        CLAIM_COUNT: 0,
-    }
+# The header's fixed-width fields: (name, width), in order, each followed by
+# one space, then the author up to a newline, then the body. Numbers are
+# zero-padded decimals, so a script compares two of the same width as
+# strings, without converting them (list.lua). The widths hold every ms time
+# until the year 2286, and a seq of microseconds.
+HEADER_FIELDS: Final = (
+    ("seq", 17),
+    ("ttl", 10),
+    ("created", 13),
+    ("expires", 13),
+    ("due", 13),
+    ("claim_expires", 13),
+    ("count", 10),
+    ("claim", 24),  # a claim id (new_id()), or spaces: none
+)
+NEWLINE: Final = b"\n"  # ends the author; the body follows
+SPACE: Final = ord(" ")  # the first byte of the claim field when no claim holds it
+
+
+def _offsets() -> dict[str, slice]:
+    out, at = {}, 0
+    for name, width in HEADER_FIELDS:
+        out[name] = slice(at, at + width)
+        at += width + 1
+    out["author"] = slice(at, None)
+    return out
+
+
+OFFSETS: Final = _offsets()
+_SEQ, _TTL, _CREATED, _EXPIRES, _DUE, _CLAIM_EXPIRES, _COUNT, _CLAIM, _AUTHOR = OFFSETS.values()
+FIXED: Final = _AUTHOR.start  # the length of the fixed-width part
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Every field of a message but its body: the start of its record.
+
+    _lib.lua (``header``, ``read_message``) and list.lua read and write the
+    same text, laid out by HEADER_FIELDS: fixed-width fields, each followed by
+    a space, then the author (a canonical UUID). seq is 0 until indexed."""
+
+    seq: int  # 0 until indexed: the marker
+    ttl: int  # s; grows when a claim outlives the message
+    created: int  # ms
+    expires: int  # ms; the key's PEXPIREAT too
+    due: int  # ms before which a delayed message is hidden; 0 = none
+    claim_expires: int  # ms
+    count: int  # how often it was claimed
+    claim: str  # id of the claim holding it, '' = none
+    author: str  # client id of the poster (for echo)
+
+    def fixed(self) -> bytes:
+        """The fixed-width part: what a write after the post rewrites (SETRANGE 0)."""
+        text = (
+            f"{self.seq:017d} {self.ttl:010d} {self.created:013d} {self.expires:013d} "
+            f"{self.due:013d} {self.claim_expires:013d} {self.count:010d} {self.claim:24} "
+        )
+        if len(text) != FIXED:
+            raise ValueError(f"a field does not fit the message header: {self!r}")
+        return text.encode()
+
+    def record(self, body: bytes) -> bytes:
+        """The whole message record."""
+        return self.fixed() + self.author.encode() + NEWLINE + body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Header:
+        """The header at the start of a record (or of a GETRANGE of one)."""
+        end = raw.find(NEWLINE, FIXED)
+        return cls(
+            int(raw[_SEQ]),
+            int(raw[_TTL]),
+            int(raw[_CREATED]),
+            int(raw[_EXPIRES]),
+            int(raw[_DUE]),
+            int(raw[_CLAIM_EXPIRES]),
+            int(raw[_COUNT]),
+            raw[_CLAIM].rstrip().decode(),
+            raw[FIXED : None if end < 0 else end].decode(),
+        )
+
+
+def unindexed(author: str, body: bytes) -> bytes:
+    """The record a body is written as before post.lua indexes it (seq 0)."""
+    return Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body)
+
+
+def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0) -> Header:
+    """The header of a message when it is indexed (post.lua writes the same)."""
+    due = now + delay * 1000 if delay > 0 else 0
+    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author)
+
+
+def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes) -> list[Command]:
+    """The writes of an indexed message's record (the watch driver's post,
+    a dead-letter copy); the caller adds the index entries."""
+    key = keys.record(message_id)
+    return [("SET", key, header.record(body)), ("PEXPIREAT", key, header.expires)]
 
 
 def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
-    """The writes that remove messages and their index entries (_lib.lua's forget)."""
+    """The writes that remove messages (either layout) and their index
+    entries (_lib.lua's forget)."""
     return [
-        ("DEL", *(keys.message(text(i)) for i in ids)),
+        ("DEL", *(k for i in ids for k in message_keys(keys, text(i)))),
         ("ZREM", keys.index, *ids),
         ("ZREM", keys.expiry, *ids),
         ("ZREM", keys.claimed, *ids),
@@ -156,9 +296,22 @@ def claim_extension(expires: int, created: int, claim_expires: int, grace: int) 
     return keep, round((keep - created) / 1000)
 
 
+def rewrite_commands(keys: QueueKeys, row: Row, header: Header) -> list[Command]:
+    """Store a message's new header; a legacy record moves to the new layout
+    (its hash deleted in the same transaction)."""
+    key = keys.record(row.id)
+    if not row.legacy:
+        return [("SETRANGE", key, 0, header.fixed())]
+    return [
+        ("SET", key, header.record(row.body)),
+        ("PEXPIREAT", key, header.expires),
+        ("DEL", keys.message(row.id)),
+    ]
+
+
 def extend_commands(
     keys: QueueKeys,
-    message_id: str,
+    row: Row,
     claim_id: str,
     claim_expires: int,
     keep: int,
@@ -167,15 +320,39 @@ def extend_commands(
 ) -> list[Command]:
     """Hold a message under a claim until claim_expires, alive until keep
     (and set its claim count, for a new claim)."""
-    key = keys.message(message_id)
-    fields = [CLAIM, claim_id, CLAIM_EXPIRES, claim_expires, EXPIRES, keep, TTL, ttl]
-    if count is not None:
-        fields += [CLAIM_COUNT, count]
+    key = keys.record(row.id)
+    header = dataclasses.replace(
+        row.header(),
+        claim=claim_id,
+        claim_expires=claim_expires,
+        expires=keep,
+        ttl=ttl,
+        count=row.count if count is None else count,
+    )
     return [
-        ("HSET", key, *fields),
+        *rewrite_commands(keys, row, header),
         ("PEXPIREAT", key, keep),
-        ("ZADD", keys.expiry, keep, message_id),
-        ("ZADD", keys.claimed, claim_expires, message_id),
+        ("ZADD", keys.expiry, keep, row.id),
+        ("ZADD", keys.claimed, claim_expires, row.id),
+    ]
+
+
+def hold_commands(keys: QueueKeys, row: Row, claim_id: str, claim_expires: int) -> list[Command]:
+    """Park a message under a claim (for the dead-letter queue): held, its
+    life and count unchanged."""
+    header = dataclasses.replace(row.header(), claim=claim_id, claim_expires=claim_expires)
+    return [
+        *rewrite_commands(keys, row, header),
+        ("ZADD", keys.claimed, claim_expires, row.id),
+    ]
+
+
+def release_commands(keys: QueueKeys, row: Row) -> list[Command]:
+    """Free a message from its claim."""
+    header = dataclasses.replace(row.header(), claim="", claim_expires=0)
+    return [
+        *rewrite_commands(keys, row, header),
+        ("ZREM", keys.claimed, row.id),
     ]
 
 
@@ -187,9 +364,33 @@ def claim_record(ttl: int, grace: int, now: int, expires: int, ids: Sequence[str
 # -- reading -------------------------------------------------------------------
 
 
+def message_keys(keys: QueueKeys, message_id: str) -> list[str]:
+    """The keys a message may live under: its record, its legacy hash."""
+    return [keys.record(message_id), keys.message(message_id)]
+
+
+def read_commands(keys: QueueKeys, ids: Sequence[str]) -> list[Command]:
+    """The reads of messages in either layout: two replies per message, for rows()."""
+    commands: list[Command] = []
+    for i in ids:
+        commands += [("GET", keys.record(i)), ("HMGET", keys.message(i), *ROW)]
+    return commands
+
+
+def rows(ids: Sequence[str], replies: Sequence[Any]) -> list[Row | None]:
+    """The messages read_commands(ids) read (None: gone)."""
+    return [Row.read(i, replies[2 * n], replies[2 * n + 1]) for n, i in enumerate(ids)]
+
+
+def live_messages(ids: Sequence[str], replies: Sequence[Any], now: int) -> list[Message | None]:
+    """The messages read_commands(ids) read, those alive (else None)."""
+    return [None if m is None or not m.alive(now) else m.message(now) for m in rows(ids, replies)]
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
-    """A message hash as read with HMGET ROW (None: the message is gone)."""
+    """A message as read_commands read it (None: the message is gone), in
+    either layout."""
 
     id: str
     body: bytes
@@ -202,11 +403,31 @@ class Row:
     count: int
     author: bytes
     due: int
+    legacy: bool = False  # read from the legacy hash (see the module docstring)
 
     @classmethod
-    def read(cls, message_id: str, raw: Sequence[Any]) -> Row | None:
-        body, ttl, created, expires, seq, claim, claim_expires, count, author, due = raw
-        if body is None or expires is None:
+    def read(cls, message_id: str, record: bytes | None, legacy: Sequence[Any]) -> Row | None:
+        """A message from its record (a GET) or else its legacy hash (HMGET ROW)."""
+        if record is not None:
+            h = Header.decode(record)
+            return cls(
+                message_id,
+                record[record.index(NEWLINE, FIXED) + 1 :],
+                h.ttl,
+                h.created,
+                h.expires,
+                h.seq or None,
+                h.claim,
+                h.claim_expires,
+                h.count,
+                h.author.encode(),
+                h.due,
+            )
+        body = legacy[0]
+        if body is None:
+            return None
+        ttl, created, expires, seq, claim, claim_expires, count, author, due = legacy[1:]
+        if expires is None:
             return None
         return cls(
             message_id,
@@ -220,6 +441,20 @@ class Row:
             int(count or 0),
             author or b"",
             int(due or 0),
+            legacy=True,
+        )
+
+    def header(self) -> Header:
+        return Header(
+            self.seq or 0,
+            self.ttl,
+            self.created,
+            self.expires,
+            self.due,
+            self.claim_expires,
+            self.count,
+            self.claim,
+            self.author.decode(),
         )
 
     def alive(self, now: int) -> bool:
@@ -247,10 +482,40 @@ class Row:
         )
 
 
-def live_message(message_id: str, raw: Sequence[Any], now: int) -> Message | None:
-    """The message an HMGET ROW reply describes, if it is alive."""
-    row = Row.read(message_id, raw)
-    return row.message(now) if row is not None and row.alive(now) else None
+def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
+    """The reads of the claim holding a message, for holder()."""
+    claim = OFFSETS["claim"]
+    return [
+        ("GETRANGE", keys.record(message_id), claim.start, claim.stop - 1),
+        ("HGET", keys.message(message_id), CLAIM),
+    ]
+
+
+def holder(record: bytes, legacy: bytes | None) -> str:
+    """The claim id holding a message ('' = none) from holder_commands' replies."""
+    if record:
+        return record.rstrip().decode()
+    return text(legacy) if legacy else ""
+
+
+def summary_commands(keys: QueueKeys, message_id: str) -> list[Command]:
+    """The reads of a message's creation and expiry, for summary()."""
+    return [
+        ("GETRANGE", keys.record(message_id), 0, FIXED - 1),
+        ("HMGET", keys.message(message_id), CREATED, EXPIRES, SEQ),
+    ]
+
+
+def summary(record: bytes, legacy: Sequence[Any]) -> tuple[int, int] | None:
+    """(created, expires) ms of an indexed message from summary_commands'
+    replies; None if gone."""
+    if record:
+        h = Header.decode(record)
+        return (h.created, h.expires) if h.seq else None
+    created, expires, seq = legacy
+    if expires is None or seq is None:
+        return None
+    return int(created or 0), int(expires)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,28 +547,28 @@ def _message(
     )
 
 
-def list_reply(out: list[Any], with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', then id, seq, body, ttl, created, claim,
-    count[, author]...}; the marker, seq, ttl, created and count are integers.
-
-    Written out rather than through _message(): this runs for every message
-    of every page, and integer replies need no parsing.
-    """
-    step = 8 if with_authors else 7
-    messages = [
-        Message(
-            out[i].decode(),  # id
-            out[i + 1],  # seq
-            out[i + 2],  # body
-            out[i + 3],  # ttl
-            out[i + 4],  # created_ms
-            out[i + 5].decode() or None,  # claim id
-            out[i + 6],  # claim count
-            out[i + 7].decode() if with_authors else None,
+def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
+    """list.lua: {next marker or '', then id, record...}; now is the time the
+    script was given (a claim is shown only while it lasts)."""
+    messages = []
+    for i in range(1, len(out), 2):
+        # inline slices of the record: one of these per message of every page
+        rec = out[i + 1]
+        end = rec.index(NEWLINE, FIXED)
+        held = rec[_CLAIM.start] != SPACE and int(rec[_CLAIM_EXPIRES]) > now
+        messages.append(
+            Message(
+                out[i].decode(),
+                int(rec[_SEQ]),
+                rec[end + 1 :],
+                int(rec[_TTL]),
+                int(rec[_CREATED]),
+                rec[_CLAIM].rstrip().decode() if held else None,
+                int(rec[_COUNT]),
+                rec[FIXED:end].decode() if with_authors else None,
+            )
         )
-        for i in range(1, len(out), step)
-    ]
-    return MessagePage(messages, out[0] or None)
+    return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
 
 
 def claim_reply(

@@ -220,12 +220,14 @@ class RedisStore(ClaimUpkeep):
             )
             if not ids:
                 return None
-            rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(i)), r.CREATED, r.EXPIRES) for i in ids]
+            names = [r.text(i) for i in ids]
+            replies = await self._transport.call_checked(
+                [c for i in names for c in r.summary_commands(keys, i)]
             )
-            for raw, (created, expires) in zip(ids, rows, strict=True):
-                if expires is not None and int(expires) > now:
-                    return MessageSummary(r.text(raw), int(created))
+            for n, name in enumerate(names):
+                found = r.summary(replies[2 * n], replies[2 * n + 1])
+                if found is not None and found[1] > now:
+                    return MessageSummary(name, found[0])
             offset += batch
             batch = min(batch * 4, 1024)
 
@@ -235,10 +237,8 @@ class RedisStore(ClaimUpkeep):
         if not wanted:
             return []
         now = self._clock.now_ms()
-        rows = await self._transport.call_checked(
-            [("HMGET", keys.message(i), *r.ROW) for i in wanted]
-        )
-        found = (r.live_message(i, row, now) for i, row in zip(wanted, rows, strict=True))
+        replies = await self._transport.call_checked(r.read_commands(keys, wanted))
+        found = r.live_messages(wanted, replies, now)
         return self._reveal([m for m in found if m is not None])
 
     # -- encrypted queues (see sealing.py) ------------------------------------

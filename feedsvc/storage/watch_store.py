@@ -139,15 +139,11 @@ class WatchStore(RedisStore):
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                fields = r.posted_fields(ttl, now, seq, delay)
-                key = keys.message(message_id)
-                writes.append(
-                    ("HSET", key, r.BODY, message.body, r.AUTHOR, client_id, *r.flat(fields))
-                )
-                writes.append(("PEXPIREAT", key, fields[r.EXPIRES]))
+                header = r.posted(client_id, ttl, now, seq, delay)
+                writes += r.post_commands(keys, message_id, header, message.body)
                 writes.append(("ZADD", keys.index, seq, message_id))
-                writes.append(("ZADD", keys.expiry, fields[r.EXPIRES], message_id))
-                due = fields[r.DUE]
+                writes.append(("ZADD", keys.expiry, header.expires, message_id))
+                due = header.due
                 first_due = due if due and (not first_due or due < first_due) else first_due
             writes.append(("SET", keys.seq, seq))
             # in the transaction: followers hear of it exactly when it is visible
@@ -190,13 +186,12 @@ class WatchStore(RedisStore):
             entries = r.pairs(raw)
             if not entries:
                 break
-            rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(m)), *r.ROW) for m, _ in entries]
-            )
-            for (member, score), raw_row in zip(entries, rows, strict=True):
+            ids = [r.text(m) for m, _ in entries]
+            replies = await self._transport.call_checked(r.read_commands(keys, ids))
+            rows = r.rows(ids, replies)
+            for (_, score), row in zip(entries, rows, strict=True):
                 scanned += 1
                 last = r.parse_seq(score)
-                row = r.Row.read(r.text(member), raw_row)
                 if row is None or not row.alive(now):
                     continue
                 if not query.echo and row.author.decode() == query.client_id:
@@ -219,21 +214,20 @@ class WatchStore(RedisStore):
         self, project: str, queue: str, message_id: str, claim_id: str | None
     ) -> None:
         keys = self._keys(project, queue)
-        key = keys.message(message_id)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
-            holder, claim_expires, seq = replies[0]
-            if seq is not None:
-                claimed = bool(holder) and int(claim_expires or 0) > now
+            [row] = r.rows([message_id], replies)
+            if row is not None and row.seq is not None:
+                claimed = row.claimed(now)
                 if claim_id is None and claimed:
                     return None, "claimed"
-                if claim_id is not None and (not claimed or r.text(holder) != claim_id):
+                if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
             return r.forget_commands(keys, [message_id]), "ok"
 
-        reads: list[Command] = [("HMGET", key, r.CLAIM, r.CLAIM_EXPIRES, r.SEQ)]
-        outcome = await self._transport.optimistic([key], reads, plan)
+        reads = r.read_commands(keys, [message_id])
+        outcome = await self._transport.optimistic(r.message_keys(keys, message_id), reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
                 f"Message {message_id} is claimed; give its claim_id to delete it."
@@ -265,12 +259,10 @@ class WatchStore(RedisStore):
             if not ids:
                 break
             offset += len(ids)
-            rows = await self._transport.call_checked(
-                [("HMGET", keys.message(r.text(i)), *r.ROW) for i in ids]
-            )
-            for raw, raw_row in zip(ids, rows, strict=True):
+            names = [r.text(i) for i in ids]
+            replies = await self._transport.call_checked(r.read_commands(keys, names))
+            for row in r.rows(names, replies):
                 scanned += 1
-                row = r.Row.read(r.text(raw), raw_row)
                 if row is not None and row.free(now):
                     found.append(row.id)
                     if max_claims is None or row.count < max_claims:
@@ -295,9 +287,9 @@ class WatchStore(RedisStore):
                 candidates = await self._free_candidates(keys, now, limit, max_claims)
                 if not candidates:
                     return None
-                watch = [keys.meta, *(keys.message(i) for i in candidates)]
+                watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += [("HMGET", keys.message(i), *r.ROW) for i in candidates]
+                reads += r.read_commands(keys, candidates)
                 done, result = await transport.attempt(watch, reads, plan(candidates))
                 if done and result is not None:
                     return result
@@ -334,9 +326,7 @@ class WatchStore(RedisStore):
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = [
-                        r.Row.read(i, raw) for i, raw in zip(candidates, replies[1:], strict=True)
-                    ]
+                    rows = r.rows(candidates, replies[1:])
                     if not all(row is not None and row.free(now) for row in rows):
                         raise Conflicted
                     popped = [row.message(now) for row in rows if row is not None]
@@ -370,8 +360,7 @@ def _claim_plan(
         writes: list[Command] = []
         claimed: list[Message] = []
         parked: list[r.Parked] = []
-        for message_id, raw in zip(candidates, replies[1:], strict=True):
-            row = r.Row.read(message_id, raw)
+        for message_id, row in zip(candidates, r.rows(candidates, replies[1:]), strict=True):
             if row is None or not row.free(now):
                 raise Conflicted
             if dlq is not None and row.count >= int(meta[0]):
@@ -379,13 +368,11 @@ def _claim_plan(
                 # until it is copied to the dead-letter queue
                 dttl = int(meta[2]) if meta[2] else row.ttl
                 parked.append(r.Parked(message_id, row.body, row.author, dttl, row.count))
-                key = keys.message(message_id)
-                writes.append(("HSET", key, r.CLAIM, claim_id, r.CLAIM_EXPIRES, claim_expires))
-                writes.append(("ZADD", keys.claimed, claim_expires, message_id))
+                writes += r.hold_commands(keys, row, claim_id, claim_expires)
                 continue
             keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
             writes += r.extend_commands(
-                keys, message_id, claim_id, claim_expires, keep, new_ttl, row.count + 1
+                keys, row, claim_id, claim_expires, keep, new_ttl, row.count + 1
             )
             assert row.seq is not None
             claimed.append(
