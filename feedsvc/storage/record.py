@@ -138,6 +138,25 @@ def posted_fields(ttl: int, now: int, seq: int, delay: int) -> dict[str, Any]:
     }
 
 
+def body_record(body: bytes, author: str) -> list[Any]:
+    """HSET arguments of what a message is before it is indexed: its body and
+    its poster. Without the fields :func:`posted_fields` adds (its seq above
+    all) nothing reads it as a message."""
+    return [BODY, body, AUTHOR, author]
+
+
+def index_commands(keys: QueueKeys, message_id: str, fields: dict[str, Any]) -> list[Command]:
+    """The writes that index a message with its :func:`posted_fields` (post.lua
+    does the same): the fields, the key's exact expiry, the index entries."""
+    key = keys.message(message_id)
+    return [
+        ("HSET", key, *flat(fields)),
+        ("PEXPIREAT", key, fields[EXPIRES]),
+        ("ZADD", keys.index, fields[SEQ], message_id),
+        ("ZADD", keys.expiry, fields[EXPIRES], message_id),
+    ]
+
+
 def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
     """The writes that remove messages and their index entries (_lib.lua's forget)."""
     return [
