@@ -269,7 +269,7 @@ class Suite:
     def part_drivers(self, redis_url: str | None = None, label: str = "") -> None:
         url = redis_url or self.redis.url
         rps = {}
-        for driver in ("lua", "watch"):
+        for driver in ("lua", "watch", "watch-naive"):
             with service(url, self.workdir, "--driver", driver) as svc:
                 result = wrk(
                     svc.url + "/v2/queues/bhot/messages",
@@ -285,11 +285,12 @@ class Suite:
                     p99_ms=result.p99_ms,
                     errors=result.errors,
                 )
-        self.add(
-            f"lua/watch{label}",
-            rps_ratio=rps["lua"].rps / rps["watch"].rps,
-            p99_ratio=rps["watch"].p99_ms / rps["lua"].p99_ms,
-        )
+        for other in ("watch", "watch-naive"):
+            self.add(
+                f"lua/{other}{label}",
+                rps_ratio=rps["lua"].rps / rps[other].rps,
+                p99_ratio=rps[other].p99_ms / rps["lua"].p99_ms,
+            )
 
     def part_cluster(self) -> None:
         """POST and GET on a local 3-primary Redis Cluster against the single

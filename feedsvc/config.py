@@ -23,7 +23,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
-DRIVER_NAMES = ("lua", "watch")
+DRIVER_NAMES = ("lua", "watch", "watch-naive")
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 
@@ -114,7 +114,8 @@ class Settings:
     )
     driver: str = _opt(
         "lua",
-        "storage driver: lua (EVALSHA scripts) or watch (WATCH/MULTI/EXEC)",
+        "storage driver: lua (EVALSHA scripts), watch (WATCH/MULTI/EXEC, posts to a queue "
+        "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
         choices=DRIVER_NAMES,
     )
     loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))

@@ -1,11 +1,15 @@
-"""``python -m loadtest compare``: the lua and watch drivers under the same Locust load.
+"""``python -m loadtest compare``: the drivers (lua, watch, watch-naive) under the same Locust load.
 
-For every step (a producer count) and every driver, in turn, it starts a fresh
-Redis (``appendfsync no``) and a fresh ``feedsvc serve --driver X`` with
-identical settings, runs the locustfile headless for a fixed time, and reads
-the service's ``/v2/health`` counters before and after. Steps alternate the
-driver order (lua first, then watch first, ...) so that a slow drift of the
-machine does not always favour the same driver.
+For every cell (a producer count, a shape: every producer on one hot queue,
+or spread over ``--queues`` queues, each post to one picked at random, as
+zaqar-bench does; and a number of ``feedsvc serve --workers``) and every
+driver, in turn, it starts a fresh Redis (``appendfsync no``) and a fresh
+``feedsvc serve --driver X --workers W`` with identical settings, runs the
+locustfile headless for a fixed time, and reads the service's ``/v2/health``
+counters before and after (from every worker: each counts for itself). The
+driver order rotates from one cell to the next (lua first, then watch
+first, ...) so that a slow drift of the machine does not always favour the
+same driver.
 
 Per run it reports, over the steady-state window only (after every Locust
 process finished spawning, plus a warm-up; see timings.py): successful
@@ -160,6 +164,33 @@ def health(base: str, patience: float = 30.0) -> dict[str, Any]:
         time.sleep(0.25)
 
 
+HEALTH_COUNTERS = ("watch_retries", "watch_conflicts_exhausted", "posts_combined")
+
+
+def health_of_workers(base: str, workers: int, tries: int = 60) -> dict[int, dict[str, Any]]:
+    """/v2/health of every worker, by pid: each request is a new connection,
+    which the kernel hands to any worker, so ask until each has answered
+    (at most ``tries`` times; a worker never reached is missing)."""
+    found: dict[int, dict[str, Any]] = {}
+    for _ in range(tries):
+        doc = health(base)
+        found[int(doc.get("pid", 0))] = doc
+        if len(found) >= workers:
+            break
+    return found
+
+
+def counted(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """Each health counter summed over the workers, after minus before."""
+    return {
+        name: sum(
+            int(doc.get(name, 0)) - int(before.get(pid, {}).get(name, 0))
+            for pid, doc in after.items()
+        )
+        for name in HEALTH_COUNTERS
+    }
+
+
 @contextlib.contextmanager
 def service(
     driver: str, workdir: Path, log: Path, serve_args: Sequence[str]
@@ -186,6 +217,9 @@ def service(
 # -- one run ---------------------------------------------------------------------
 
 
+SHAPES = ("hot", "spread")
+
+
 @dataclass
 class Config:
     steps: list[int]
@@ -193,18 +227,31 @@ class Config:
     duration: float
     warmup: float
     observers: int
-    hot: bool
+    shapes: list[str]
     queues: int
     batch: int
     message_size: int
     page_size: int
     processes: int
     spawn_rate: float
+    workers: list[int] = field(default_factory=lambda: [1])
     pin: bool = False
     idle_wait: float = 120.0
     idle_below: float = 25.0
     serve_args: list[str] = field(default_factory=list)
     locust_args: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_saved(cls, settings: dict[str, Any]) -> Config:
+        """The settings of a compare.json (one from before shapes: its --hot)."""
+        settings = dict(settings)
+        if "hot" in settings:
+            settings["shapes"] = ["hot" if settings.pop("hot") else "spread"]
+        return cls(**settings)
+
+    def cells(self) -> list[tuple[int, str, int]]:
+        """(producers, shape, workers) of every cell, in the order they run."""
+        return [(n, s, w) for n in self.steps for s in self.shapes for w in self.workers]
 
 
 @dataclass
@@ -226,6 +273,14 @@ class Row:
     window: float
     locust_exit: int
     server_log_errors: int
+    shape: str = "hot"
+    workers: int = 1
+    posts_combined: int = 0
+    workers_seen: int = 1
+
+    @property
+    def cell(self) -> tuple[int, str, int]:
+        return self.producers, self.shape, self.workers
 
     @property
     def failure_count(self) -> int:
@@ -238,6 +293,8 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         return {
             "producers": self.producers,
+            "shape": self.shape,
+            "workers": self.workers,
             "driver": self.driver,
             "post": self.post.as_dict(),
             "get": self.get.as_dict(),
@@ -246,6 +303,8 @@ class Row:
             "audit": self.audit,
             "watch_retries": self.watch_retries,
             "watch_exhausted": self.watch_exhausted,
+            "posts_combined": self.posts_combined,
+            "workers_seen": self.workers_seen,
             "cpu_percent": self.cpu,
             "machine_busy_before_percent": self.idle_before,
             "other_processes": self.others,
@@ -276,10 +335,16 @@ class Row:
             window=d["window_s"],
             locust_exit=d["locust_exit"],
             server_log_errors=d["server_log_errors"],
+            shape=d.get("shape", "hot"),
+            workers=d.get("workers", 1),
+            posts_combined=d.get("posts_combined", 0),
+            workers_seen=d.get("workers_seen", 1),
         )
 
 
-def locust_command(cfg: Config, producers: int, base: str, timings_dir: Path) -> list[str]:
+def locust_command(
+    cfg: Config, producers: int, hot: bool, base: str, timings_dir: Path
+) -> list[str]:
     users = producers + cfg.observers
     command = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
@@ -291,7 +356,7 @@ def locust_command(cfg: Config, producers: int, base: str, timings_dir: Path) ->
         "--queue-prefix", QUEUE_PREFIX,
         "--timings-dir", str(timings_dir),
     ]  # fmt: skip
-    if cfg.hot:
+    if hot:
         command.append("--hot")
     if cfg.processes > 1:
         command += ["--processes", str(cfg.processes)]
@@ -300,18 +365,21 @@ def locust_command(cfg: Config, producers: int, base: str, timings_dir: Path) ->
     return command + classes
 
 
-def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
-    tag = f"{driver}-{producers}"
+def run_one(cfg: Config, cell: tuple[int, str, int], driver: str, logs: Path) -> Row:
+    producers, shape, workers = cell
+    hot = shape == "hot"
+    tag = f"{driver}-{producers}-{shape}-w{workers}"
     idle = wait_for_idle(cfg.idle_wait, cfg.idle_below)
+    serve_args = [*cfg.serve_args, "--workers", str(workers)]
     with tempfile.TemporaryDirectory(prefix=f"loadtest-{tag}-") as tmp:
         work = Path(tmp)
         timings_dir = work / "timings"
-        with service(driver, work, logs / f"feedsvc-{tag}.log", cfg.serve_args) as (
+        with service(driver, work, logs / f"feedsvc-{tag}.log", serve_args) as (
             base,
             serve_pid,
             redis_pid,
         ):
-            before = health(base)
+            before = health_of_workers(base, workers)
             meter = CpuMeter()
             everyone = process_cpu()
             tcp_before = tcp_counters()
@@ -325,7 +393,7 @@ def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
                 affinity(None if cpus is None else cpus[0]),
             ):
                 locust = subprocess.Popen(
-                    locust_command(cfg, producers, base, timings_dir),
+                    locust_command(cfg, producers, hot, base, timings_dir),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
@@ -343,14 +411,14 @@ def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
             )
             tcp = {k: v - tcp_before.get(k, 0) for k, v in tcp_counters().items()}
             stopped = time.monotonic()
-            after = health(base)
+            after = health_of_workers(base, workers)
             drained = time.monotonic() - stopped
             records = timings.load(timings_dir)
             acknowledged: dict[str, dict[str, int]] = {}
             for record in records:
                 for queue, streams in record.meta["acknowledged"].items():
                     acknowledged.setdefault(queue, {}).update(streams)
-            queues = [f"{QUEUE_PREFIX}{i}" for i in range(1 if cfg.hot else cfg.queues)]
+            queues = [f"{QUEUE_PREFIX}{i}" for i in range(1 if hot else cfg.queues)]
             audited = audit(base, queues, acknowledged)
     start, end = timings.window(records, cfg.warmup)
     failures: dict[str, int] = {}
@@ -364,6 +432,7 @@ def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
     cpu["machine"] = meter.percent(meter.system, start, end)
     cpu["other"] = cpu["machine"] - sum(cpu[k] for k in ("locust", "feedsvc", "redis"))
     server_log = (logs / f"feedsvc-{tag}.log").read_text(errors="replace")
+    counts = counted(before, after)
     return Row(
         producers=producers,
         driver=driver,
@@ -372,8 +441,12 @@ def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
         failures=failures,
         checker=checker,
         audit=audited,
-        watch_retries=after["watch_retries"] - before["watch_retries"],
-        watch_exhausted=after["watch_conflicts_exhausted"] - before["watch_conflicts_exhausted"],
+        watch_retries=counts["watch_retries"],
+        watch_exhausted=counts["watch_conflicts_exhausted"],
+        posts_combined=counts["posts_combined"],
+        workers_seen=len(after),
+        shape=shape,
+        workers=workers,
         cpu=cpu,
         idle_before=idle,
         others=others,
@@ -390,22 +463,32 @@ def run_one(cfg: Config, producers: int, driver: str, logs: Path) -> Row:
 # -- reporting -------------------------------------------------------------------
 
 COLUMNS = [
-    "producers", "driver", "req/s", "mean ms", "stdev ms", "p50 ms", "p99 ms", "max ms",
-    "p99 ok ms", "failures", "checker", "WATCH retries", "Locust CPU %", "feedsvc CPU %",
-    "Redis CPU %", "other CPU %",
+    "producers", "shape", "workers", "driver", "req/s", "mean ms", "stdev ms", "p50 ms",
+    "p99 ms", "max ms", "p99 ok ms", "failures", "checker", "WATCH retries", "combined",
+    "Locust CPU %", "feedsvc CPU %", "Redis CPU %", "other CPU %",
 ]  # fmt: skip
+# the ratio rows under each cell: lua over each watch driver
+BASELINE = "lua"
+
+
+def shape_label(shape: str, queues: int) -> str:
+    return "hot" if shape == "hot" else f"{queues} queues"
 
 
 def _num(value: float, digits: int = 1) -> str:
     return "-" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
-def row_cells(row: Row) -> list[str]:
+def row_cells(row: Row, queues: int) -> list[str]:
     p = row.post
+    workers = str(row.workers)
+    if row.workers_seen < row.workers:  # a worker's counters are missing
+        workers += f" ({row.workers_seen} counted)"
     return [
-        str(row.producers), row.driver, _num(p.rps, 0), _num(p.mean), _num(p.stdev),
-        _num(p.p50), _num(p.p99), _num(p.max), _num(p.p99_ok), str(row.failure_count),
-        str(row.checker_failures), str(row.watch_retries),
+        str(row.producers), shape_label(row.shape, queues), workers, row.driver,
+        _num(p.rps, 0), _num(p.mean), _num(p.stdev), _num(p.p50), _num(p.p99), _num(p.max),
+        _num(p.p99_ok), str(row.failure_count), str(row.checker_failures),
+        str(row.watch_retries), str(row.posts_combined),
         _num(row.cpu["locust"], 0), _num(row.cpu["feedsvc"], 0), _num(row.cpu["redis"], 0),
         _num(row.cpu["other"], 0),
     ]  # fmt: skip
@@ -415,31 +498,42 @@ def _ratio(a: float, b: float) -> str:
     return "-" if not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}x"
 
 
-def ratio_cells(lua: Row, watch: Row) -> list[str]:
-    a, b = lua.post, watch.post
-    cells = ["", "lua/watch", _ratio(a.rps, b.rps), _ratio(a.mean, b.mean),
-             _ratio(a.stdev, b.stdev), _ratio(a.p50, b.p50), _ratio(a.p99, b.p99),
-             _ratio(a.max, b.max), _ratio(a.p99_ok, b.p99_ok)]  # fmt: skip
+def ratio_cells(base: Row, other: Row) -> list[str]:
+    a, b = base.post, other.post
+    cells = ["", "", "", f"{base.driver}/{other.driver}", _ratio(a.rps, b.rps),
+             _ratio(a.mean, b.mean), _ratio(a.stdev, b.stdev), _ratio(a.p50, b.p50),
+             _ratio(a.p99, b.p99), _ratio(a.max, b.max), _ratio(a.p99_ok, b.p99_ok)]  # fmt: skip
     return cells + [""] * (len(COLUMNS) - len(cells))
 
 
-def markdown(rows: list[Row]) -> str:
+def cell_lines(rows: list[Row], drivers: Sequence[str], queues: int) -> list[list[str]]:
+    """The rows of one cell in driver order, then lua over each other driver."""
+    by_driver = {r.driver: r for r in rows}
+    ordered = [by_driver[d] for d in drivers if d in by_driver]
+    lines = [row_cells(r, queues) for r in ordered]
+    base = by_driver.get(BASELINE)
+    if base is not None:
+        lines += [ratio_cells(base, r) for r in ordered if r is not base]
+    return lines
+
+
+def drivers_of(rows: list[Row]) -> list[str]:
+    found = list(dict.fromkeys(r.driver for r in rows))
+    known = [d for d in ("lua", "watch", "watch-naive") if d in found]
+    return known + [d for d in found if d not in known]
+
+
+def markdown(rows: list[Row], queues: int) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for producers in dict.fromkeys(r.producers for r in rows):
-        step = {r.driver: r for r in rows if r.producers == producers}
-        for driver in ("lua", "watch"):
-            if driver in step:
-                lines.append("| " + " | ".join(row_cells(step[driver])) + " |")
-        if "lua" in step and "watch" in step:
-            lines.append("| " + " | ".join(ratio_cells(step["lua"], step["watch"])) + " |")
+    drivers = drivers_of(rows)
+    for cell in dict.fromkeys(r.cell for r in rows):
+        mine = [r for r in rows if r.cell == cell]
+        lines += ["| " + " | ".join(line) + " |" for line in cell_lines(mine, drivers, queues)]
     return "\n".join(lines) + "\n"
 
 
-def print_step(rows: list[Row]) -> None:
-    table = [COLUMNS, *(row_cells(r) for r in rows)]
-    by_driver = {r.driver: r for r in rows}
-    if "lua" in by_driver and "watch" in by_driver:
-        table.append(ratio_cells(by_driver["lua"], by_driver["watch"]))
+def print_step(rows: list[Row], drivers: Sequence[str], queues: int) -> None:
+    table = [COLUMNS, *cell_lines(rows, drivers, queues)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
     for line in table:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)), flush=True)
@@ -458,6 +552,8 @@ def csv_fields(r: Row) -> dict[str, object]:
     p = r.post
     return {
         "producers": r.producers,
+        "shape": r.shape,
+        "workers": r.workers,
         "driver": r.driver,
         "rps": round(p.rps, 1),
         "requests": p.requests,
@@ -470,6 +566,7 @@ def csv_fields(r: Row) -> dict[str, object]:
         "audited": r.audit["read"],
         "watch_retries": r.watch_retries,
         "watch_exhausted": r.watch_exhausted,
+        "posts_combined": r.posts_combined,
         **{f"{k}_cpu": round(v) for k, v in r.cpu.items() if not math.isnan(v)},
         "get_rps": round(r.get.rps, 1),
         "get_p99_ms": round(r.get.p99, 3),
@@ -483,30 +580,43 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerows(csv_fields(r) for r in rows)
 
 
-def plot(rows: list[Row], path: Path, title: str) -> None:
+STYLES = {"lua": "o-", "watch": "s--", "watch-naive": "^:"}
+
+
+def plot(rows: list[Row], path: Path, title: str, queues: int) -> None:
+    """One column per (shape, workers): throughput above, p99 below, against
+    producers, one line per driver."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for driver, style in (("lua", "o-"), ("watch", "s--")):
-        mine = sorted((r for r in rows if r.driver == driver), key=lambda r: r.producers)
-        if not mine:
-            continue
-        xs = [r.producers for r in mine]
-        left.plot(xs, [r.post.rps for r in mine], style, label=driver)
-        right.plot(xs, [r.post.p99 for r in mine], style, label=driver)
-    for ax, label in ((left, "POST req/s"), (right, "POST p99 latency, ms")):
-        ax.set_xscale("log")
-        ax.set_xlabel("producers (Locust users)")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    right.set_yscale("log")
+    columns = list(dict.fromkeys((r.shape, r.workers) for r in rows))
+    fig, axes = plt.subplots(2, len(columns), figsize=(3.6 * len(columns) + 1, 6.4), squeeze=False)
+    for col, (shape, workers) in enumerate(columns):
+        top, bottom = axes[0][col], axes[1][col]
+        for driver in drivers_of(rows):
+            mine = sorted(
+                (r for r in rows if (r.shape, r.workers, r.driver) == (shape, workers, driver)),
+                key=lambda r: r.producers,
+            )
+            if not mine:
+                continue
+            xs = [r.producers for r in mine]
+            style = STYLES.get(driver, "x-")
+            top.plot(xs, [r.post.rps for r in mine], style, label=driver)
+            bottom.plot(xs, [r.post.p99 for r in mine], style, label=driver)
+        top.set_title(f"{shape_label(shape, queues)}, {workers} worker(s)", fontsize=9)
+        for ax, label in ((top, "POST req/s"), (bottom, "POST p99 ms")):
+            ax.set_xscale("log")
+            ax.set_xlabel("producers (Locust users)")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        bottom.set_yscale("log")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -518,22 +628,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     c = commands.add_parser(
         "compare",
-        help="lua vs watch under the same Locust load",
-        description="Run the locustfile against a fresh feedsvc + Redis per driver and "
-        "producer count; print and save the comparison.",
+        help="lua, watch and watch-naive under the same Locust load",
+        description="Run the locustfile against a fresh feedsvc + Redis per driver, "
+        "producer count, shape and worker count; print and save the comparison.",
     )
-    c.add_argument("--users", default="10,100,1000,3000", help="producer counts, comma-separated")
-    c.add_argument("--drivers", default="lua,watch", help="drivers, comma-separated")
-    c.add_argument("--duration", type=float, default=40.0, help="seconds per run (with ramp-up)")
-    c.add_argument("--warmup", type=float, default=5.0, help="seconds ignored after spawning")
+    c.add_argument("--users", default="100,1000", help="producer counts, comma-separated")
+    c.add_argument("--drivers", default="lua,watch,watch-naive", help="drivers, comma-separated")
+    c.add_argument(
+        "--shapes",
+        default="hot,spread",
+        help="hot: every producer on one queue; spread: each post to one of --queues "
+        "queues at random (zaqar-bench's way); comma-separated",
+    )
+    c.add_argument(
+        "--workers", default="1,2", help="feedsvc serve --workers counts, comma-separated"
+    )
+    c.add_argument("--duration", type=float, default=15.0, help="seconds per run (with ramp-up)")
+    c.add_argument("--warmup", type=float, default=4.0, help="seconds ignored after spawning")
     c.add_argument("--observers", type=int, default=2, help="checking observers per run")
     c.add_argument(
-        "--hot",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="every producer on one queue (default); --no-hot spreads them over --queues",
+        "--queues", type=int, default=4, help="queues of the spread shape (zaqar-bench: 4)"
     )
-    c.add_argument("--queues", type=int, default=4, help="queues with --no-hot")
     c.add_argument("--batch", type=int, default=1, help="up to this many messages per POST")
     c.add_argument("--message-size", type=int, default=100, help="body padding, bytes")
     c.add_argument("--page-size", type=int, default=20, help="observer page size")
@@ -557,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--serve-arg",
         action="append",
         default=[],
-        help="extra flag for both feedsvc serve runs, e.g. --serve-arg=--pool-size=64",
+        help="extra flag for every feedsvc serve run, e.g. --serve-arg=--pool-size=64",
     )
     c.add_argument(
         "--locust-arg", action="append", default=[], help="extra flag for every locust run"
@@ -582,15 +697,16 @@ def compare(cfg: Config, out: Path) -> list[Row]:
     info = machine()
     print(f"machine: {info}\nopen files limit: {limit}", flush=True)
     rows: list[Row] = []
-    for index, producers in enumerate(cfg.steps):
-        order = cfg.drivers if index % 2 == 0 else cfg.drivers[::-1]
+    for index, cell in enumerate(cfg.cells()):
+        # rotate: each driver runs first, second, ... equally often
+        shift = index % len(cfg.drivers)
+        order = cfg.drivers[shift:] + cfg.drivers[:shift]
         step: list[Row] = []
         for driver in order:
-            print(f"-- {producers} producers, driver {driver}", flush=True)
-            row = run_one(cfg, producers, driver, logs)
-            step.append(row)
-        step.sort(key=lambda r: cfg.drivers.index(r.driver))
-        print_step(step)
+            producers, shape, workers = cell
+            print(f"-- {producers} producers, {shape}, {workers} worker(s), {driver}", flush=True)
+            step.append(run_one(cfg, cell, driver, logs))
+        print_step(step, cfg.drivers, cfg.queues)
         rows += step
         save(cfg, rows, info, out)
     return rows
@@ -608,14 +724,13 @@ def save(cfg: Config, rows: list[Row], info: dict[str, Any], out: Path) -> None:
 
 def render(cfg: Config, rows: list[Row], info: dict[str, Any], out: Path) -> None:
     write_csv(rows, out / "compare.csv")
-    (out / "compare.md").write_text(markdown(rows))
-    where = "hot queue" if cfg.hot else f"{cfg.queues} queues"
+    (out / "compare.md").write_text(markdown(rows, cfg.queues))
     title = (
-        f"feedsvc lua vs watch: producers on a {where}, {cfg.observers} observers, "
+        f"feedsvc drivers: POSTs, {cfg.observers} observers, "
         f"Locust x{cfg.processes} process(es), {cfg.duration:g} s per run\n"
         f"{info['cpu']} ({info['cores']} cores)"
     )
-    plot(rows, out / "compare.png", title)
+    plot(rows, out / "compare.png", title, cfg.queues)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -637,8 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(follow.rerender(saved, args.json.parent), end="")
             return 0
         rows = [Row.from_dict(d) for d in saved["rows"]]
-        render(Config(**saved["settings"]), rows, saved["machine"], args.json.parent)
-        print(markdown(rows), end="")
+        settings = Config.from_saved(saved["settings"])
+        render(settings, rows, saved["machine"], args.json.parent)
+        print(markdown(rows, settings.queues), end="")
         return 0
     cfg = Config(
         steps=[int(x) for x in args.users.split(",") if x.strip()],
@@ -646,19 +762,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         duration=args.duration,
         warmup=args.warmup,
         observers=args.observers,
-        hot=args.hot,
+        shapes=[x.strip() for x in args.shapes.split(",") if x.strip()],
         queues=args.queues,
         batch=args.batch,
         message_size=args.message_size,
         page_size=args.page_size,
         processes=args.processes,
         spawn_rate=args.spawn_rate,
+        workers=[int(x) for x in args.workers.split(",") if x.strip()],
         pin=args.pin,
         idle_wait=args.idle_wait,
         idle_below=args.idle_below,
         serve_args=args.serve_arg,
         locust_args=args.locust_arg,
     )
+    unknown = [x for x in cfg.shapes if x not in SHAPES]
+    if unknown or not cfg.shapes or not cfg.workers or min(cfg.workers) < 1:
+        print(f"error: --shapes takes {', '.join(SHAPES)}; --workers counts >= 1", file=sys.stderr)
+        return 2
     if importlib.util.find_spec("locust") is None:
         print("error: locust is not installed (pip install -e '.[test]')", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ Run it from the repository root, with the web UI::
     locust -f loadtest/locustfile.py --host http://127.0.0.1:8888
 
 or headless (``--headless -u 100 -r 100 -t 30s``); ``python -m loadtest
-compare`` drives it against both drivers. Options (see ``add_options``
+compare`` drives it against each driver. Options (see ``add_options``
 below and loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
 the web UI shows them under "Custom parameters"):
 

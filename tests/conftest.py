@@ -35,7 +35,14 @@ from feedsvc.storage.base import FeedStore
 from feedsvc.storage.drivers import make_store
 from tests.cluster import LocalCluster
 
-DRIVERS = ["lua", "watch"]
+# The contract suites (the ``driver`` fixture) run every driver; the tests
+# that start processes of their own (feedsvc serve, redis-servers) run the
+# two that matter for the product, lua and watch: watch-naive exists for the
+# load comparison and shares all but its POST path with watch, which the
+# contract suites cover on it (they took some 40 % longer with it, the
+# process tests would have grown as much again).
+DRIVERS = ["lua", "watch", "watch-naive"]
+PROCESS_DRIVERS = ["lua", "watch"]
 
 
 class ProcessGuard:
@@ -148,9 +155,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what needs the Redis Cluster ``cluster``, so that ``make test-fast``
-    can leave it out; ``process`` and ``slow`` are set in the test modules."""
+    can leave it out; ``process`` and ``slow`` are set in the test modules.
+    Leave out the process tests of the drivers not in PROCESS_DRIVERS."""
+    skipped = [
+        item
+        for item in items
+        if item.get_closest_marker("process") is not None
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("driver", "lua") not in PROCESS_DRIVERS  # type: ignore[attr-defined]
+    ]
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        left_out = set(skipped)
+        items[:] = [item for item in items if item not in left_out]
     for item in items:
         callspec = getattr(item, "callspec", None)
         on_cluster = callspec is not None and callspec.params.get("topology") == "cluster"

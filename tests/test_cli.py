@@ -53,7 +53,7 @@ def test_help_documents_every_setting() -> None:
     ("args", "env", "needle"),
     [
         (["--pool-size", "1"], {}, "--pool-size must be >= 2"),
-        (["--driver", "etcd"], {}, "--driver must be one of lua, watch"),
+        (["--driver", "etcd"], {}, "--driver must be one of lua, watch, watch-naive"),
         ([], {"FEEDSVC_PORT": "http"}, "FEEDSVC_PORT: invalid value"),
         (["--min-message-ttl", "100", "--default-message-ttl", "60"], {}, "need --min-message-ttl"),
         (["--redis-url", "localhost:6379"], {}, "--redis-url must start with redis://"),

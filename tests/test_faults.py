@@ -50,7 +50,7 @@ import redis.asyncio as aioredis
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage import record
 from feedsvc.testing import ServiceProcess
-from tests.conftest import DRIVERS
+from tests.conftest import PROCESS_DRIVERS
 
 # The longest any one request may take before the test calls it a hang.
 CLIENT_TIMEOUT = 15.0
@@ -461,7 +461,7 @@ async def probe_unavailable(traffic: Traffic, problems: list[str], when: str) ->
             problems.append(f"{when}: health says {doc}")
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_redis_killed_or_paused_is_503_then_recovers(driver: str, tmp_path: Path) -> None:
     project = "faults-" + uuid.uuid4().hex
     queue = "down.q"
@@ -563,7 +563,7 @@ async def test_redis_killed_or_paused_is_503_then_recovers(driver: str, tmp_path
 # -- 2. Durability: kill -9 under load ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_acknowledged_messages_survive_kill_9(driver: str, tmp_path: Path) -> None:
     project = "durable-" + uuid.uuid4().hex
     queue = "durable.q"
@@ -688,13 +688,13 @@ async def flush_run(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_script_flush_under_load_fails_nothing(driver: str, tmp_path: Path) -> None:
     """SCRIPT FLUSH every 200 ms: not one request may fail."""
     await flush_run(driver, tmp_path, "script-flush", 0.2, 3.0, allowed={200, 201, 204})
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_script_flush_storm_is_never_a_500(driver: str, tmp_path: Path) -> None:
     """SCRIPT FLUSH back to back, so that one also lands between a reload and its
     retry: a request may then be a 503 (try again), never a 500, and nothing
@@ -745,7 +745,7 @@ class Chaos:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_disconnecting_clients_leave_nothing_broken(driver: str, tmp_path: Path) -> None:
     project = "cancel-" + uuid.uuid4().hex
     queue = "cancel.q"

@@ -26,7 +26,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage.keys import escape_project
-from tests.conftest import DRIVERS, make_settings
+from tests.conftest import PROCESS_DRIVERS, make_settings
 
 pytestmark = pytest.mark.process  # a redis-server of its own
 
@@ -46,7 +46,7 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer
     server.stop()
 
 
-@pytest.fixture(params=DRIVERS)
+@pytest.fixture(params=PROCESS_DRIVERS)
 async def http(request: pytest.FixtureRequest, own_server: RedisServer) -> AsyncIterator[Client]:
     settings = make_settings(own_server.url, driver=request.param)
     async with TestClient(TestServer(create_app(settings))) as client:

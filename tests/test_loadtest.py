@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -411,3 +412,80 @@ def test_follow_runner_reports_a_read_mode(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False, cwd=REPO_ROOT,
     )  # fmt: skip
     assert again.returncode == 0 and "| sse | lua | 3 |" in again.stdout, again.stderr
+
+
+@pytest.fixture
+def keep_sigterm() -> Iterator[None]:
+    """loadtest's main() installs a SIGTERM handler: not in the test process."""
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _compare_row(producers: int, shape: str, workers: int, driver: str, rps: float) -> dict:  # type: ignore[type-arg]
+    post = timings.Summary(100, 0, rps, 1.0, 0.5, 1.0, 2.0, 3.0, 2.0)
+    return {
+        "producers": producers, "shape": shape, "workers": workers, "driver": driver,
+        "post": post.as_dict(), "get": post.as_dict(), "failures": {}, "checker": {},
+        "audit": {"read": 100, "findings": 0}, "watch_retries": 7, "watch_exhausted": 0,
+        "posts_combined": 3, "workers_seen": workers,
+        "cpu_percent": {"locust": 1.0, "feedsvc": 2.0, "redis": 3.0, "machine": 9.0, "other": 3.0},
+        "machine_busy_before_percent": 0.0, "other_processes": [], "window_s": 10.0,
+        "locust_exit": 0, "server_log_errors": 0,
+    }  # fmt: skip
+
+
+@pytest.mark.usefixtures("keep_sigterm")
+def test_compare_report_puts_the_three_drivers_side_by_side_per_cell(tmp_path: Path) -> None:
+    """python -m loadtest report: each (producers, shape, workers) cell lists
+    lua, watch and watch-naive, then lua's ratio over each of the others."""
+    from loadtest import compare
+
+    rows = [
+        _compare_row(100, shape, workers, driver, rps)
+        for shape in ("hot", "spread")
+        for workers in (1, 2)
+        for driver, rps in (("watch-naive", 100.0), ("lua", 400.0), ("watch", 200.0))
+    ]
+    settings = {
+        "steps": [100], "drivers": ["lua", "watch", "watch-naive"], "duration": 5.0,
+        "warmup": 1.0, "observers": 2, "shapes": ["hot", "spread"], "queues": 4, "batch": 1,
+        "message_size": 100, "page_size": 20, "processes": 1, "spawn_rate": 100.0,
+        "workers": [1, 2],
+    }  # fmt: skip
+    machine = {"cpu": "test", "cores": 2}
+    saved = tmp_path / "compare.json"
+    saved.write_text(json.dumps({"machine": machine, "settings": settings, "rows": rows}))
+    assert compare.main(["report", str(saved)]) == 0
+    table = (tmp_path / "compare.md").read_text().splitlines()[2:]
+    assert len(table) == 4 * 5  # four cells: three drivers and two ratios each
+    first = [line.split("|")[1:6] for line in table[:5]]
+    assert [c[3].strip() for c in first] == ["lua", "watch", "watch-naive", "lua/watch",
+                                              "lua/watch-naive"]  # fmt: skip
+    assert [c[4].strip() for c in first[3:]] == ["2.00x", "4.00x"]
+    assert "4 queues" in table[-1 - 4] and "| 2 |" in table[-1 - 4]
+    assert (tmp_path / "compare.png").stat().st_size > 0
+    with (tmp_path / "compare.csv").open() as f:
+        assert {(r["shape"], r["workers"]) for r in csv.DictReader(f)} == {
+            ("hot", "1"),
+            ("hot", "2"),
+            ("spread", "1"),
+            ("spread", "2"),
+        }
+
+
+def test_compare_report_reads_a_saved_run_from_before_shapes(tmp_path: Path) -> None:
+    from loadtest import compare
+
+    old = {"steps": [10], "drivers": ["lua", "watch"], "duration": 5.0, "warmup": 1.0,
+           "observers": 2, "hot": False, "queues": 4, "batch": 1, "message_size": 100,
+           "page_size": 20, "processes": 1, "spawn_rate": 100.0}  # fmt: skip
+    assert compare.Config.from_saved(old).shapes == ["spread"]
+
+
+@pytest.mark.usefixtures("keep_sigterm")
+def test_compare_refuses_an_unknown_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtest import compare
+
+    assert compare.main(["compare", "--shapes", "lukewarm", "--out", "unused"]) == 2
+    assert "--shapes" in capsys.readouterr().err

@@ -48,7 +48,7 @@ from feedsvc.api.routes import ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
 from feedsvc.redis_server import RedisServer
-from tests.conftest import DRIVERS, make_settings
+from tests.conftest import DRIVERS, PROCESS_DRIVERS, make_settings
 from tests.test_faults import LiveService, report
 
 Client = TestClient[web.Request, web.Application]
@@ -405,7 +405,7 @@ def services(
             driver: stack.enter_context(
                 LiveService(redis_server.url, driver, folder / f"{driver}.log")
             )
-            for driver in DRIVERS
+            for driver in PROCESS_DRIVERS
         }
 
 
@@ -476,7 +476,7 @@ def fuzz(
 
 @pytest.mark.process
 @pytest.mark.timeout(110)
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 def test_fuzzing_finds_no_5xx_and_no_answer_off_the_document(
     driver: str, services: dict[str, LiveService]
 ) -> None:
@@ -537,7 +537,7 @@ async def read_status(reader: asyncio.StreamReader, seconds: float) -> tuple[int
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
 async def test_oversized_body_is_refused_while_streaming(
     driver: str, chunked: bool, services: dict[str, LiveService]
@@ -651,7 +651,7 @@ async def test_slow_clients_are_disconnected(services: dict[str, LiveService]) -
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 async def test_too_many_or_too_large_headers_are_4xx(
     driver: str, services: dict[str, LiveService]
 ) -> None:

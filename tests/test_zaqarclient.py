@@ -26,7 +26,7 @@ from zaqarclient.transport import errors as zaqar_errors
 
 from feedsvc.redis_server import RedisServer, pick_free_port
 from feedsvc.testing import ServiceProcess
-from tests.conftest import DRIVERS
+from tests.conftest import PROCESS_DRIVERS
 
 pytestmark = pytest.mark.process  # feedsvc serve, for python-zaqarclient to talk to
 
@@ -44,7 +44,7 @@ RESERVED_KEYS = {
 }
 
 
-@pytest.fixture(scope="module", params=DRIVERS)
+@pytest.fixture(scope="module", params=PROCESS_DRIVERS)
 def service(
     request: pytest.FixtureRequest,
     redis_server: RedisServer,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
@@ -208,8 +209,10 @@ async def get_health(request: web.Request) -> web.Response:
     payload = {
         "storage_reachable": reachable,
         "driver": store.name,
+        "pid": os.getpid(),
         "watch_retries": store.counters.watch_retries,
         "watch_conflicts_exhausted": store.counters.watch_conflicts_exhausted,
+        "posts_combined": store.counters.posts_combined,
         "noscript_reloads": store.counters.noscript_reloads,
     }
     embedded_redis = request.app.get(EMBEDDED_REDIS)

@@ -25,7 +25,7 @@ from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
-from feedsvc.config import Settings
+from feedsvc.config import DRIVER_NAMES, Settings
 from feedsvc.storage.base import RESERVED_FIELDS
 
 OPENAPI_VERSION = "3.1.0"
@@ -328,9 +328,19 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         "Health": _obj(
             {
                 "storage_reachable": {"type": "boolean"},
-                "driver": {"type": "string", "enum": ["lua", "watch"]},
+                "driver": {"type": "string", "enum": list(DRIVER_NAMES)},
+                "pid": {
+                    **_int(1),
+                    "description": "The process that answered. The counters are its own: "
+                    "with --workers N, each worker counts for itself.",
+                },
                 "watch_retries": _int(0),
                 "watch_conflicts_exhausted": _int(0),
+                "posts_combined": {
+                    **_int(0),
+                    "description": "watch driver: posts indexed in the same transaction "
+                    "as an earlier post to their queue.",
+                },
                 "noscript_reloads": _int(0),
                 "embedded_redis": {
                     **_obj(
@@ -364,8 +374,10 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             [
                 "storage_reachable",
                 "driver",
+                "pid",
                 "watch_retries",
                 "watch_conflicts_exhausted",
+                "posts_combined",
                 "noscript_reloads",
             ],
         ),

@@ -16,9 +16,13 @@ from feedsvc.config import DRIVER_NAMES, Settings
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.transport import Transport
-from feedsvc.storage.watch_store import WatchStore
+from feedsvc.storage.watch_store import NaiveWatchStore, WatchStore
 
-DRIVERS: dict[str, Callable[..., FeedStore]] = {"lua": LuaStore, "watch": WatchStore}
+DRIVERS: dict[str, Callable[..., FeedStore]] = {
+    "lua": LuaStore,
+    "watch": WatchStore,
+    "watch-naive": NaiveWatchStore,
+}
 assert tuple(DRIVERS) == DRIVER_NAMES, "feedsvc.config.DRIVER_NAMES must list every driver"
 
 

@@ -149,13 +149,11 @@ class LuaStore(RedisStore):
         args.append(_flag(sealed))
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
-            key = keys.record(message_id)
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
-            orphan_ttl = message.ttl or settings.max_message_ttl
-            record = r.unindexed(client_id, message.body)
-            commands.append(("SET", key, record, "EX", orphan_ttl + settings.max_message_delay))
-            all_keys.append(key)
+            orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
+            commands += r.body_commands(keys, message_id, client_id, message.body, orphan_ttl)
+            all_keys.append(keys.record(message_id))
             args += [
                 message_id,
                 "" if message.ttl is None else message.ttl,

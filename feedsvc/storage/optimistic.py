@@ -28,6 +28,9 @@ from feedsvc.storage.nodes import Servers
 BACKOFF_BASE = 0.0005
 BACKOFF_CAP = 0.05
 
+# A slot on the move: nothing was written, so it counts as a conflict.
+_REDIRECTS = (rexc.AskError, rexc.TryAgainError)
+
 T = TypeVar("T")
 # A plan looks at the replies to the reads and returns the commands to run in
 # MULTI/EXEC (None: write nothing) and the operation's result.
@@ -57,12 +60,30 @@ class OptimisticTransactions:
     def _replicated(self, replies: list[Any]) -> list[Any]:
         raise NotImplementedError
 
-    async def optimistic(self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]) -> T:
-        """WATCH, read, plan, MULTI/EXEC; again after a backoff on conflict."""
+    async def optimistic(
+        self,
+        watch: Sequence[str],
+        reads: Sequence[Command],
+        plan: Plan[T],
+        before: Sequence[Command] = (),
+    ) -> T:
+        """WATCH, read, plan, MULTI/EXEC; again after a backoff on conflict.
+
+        ``before`` are writes that need no protection (idempotent ones, such
+        as message bodies nothing indexes yet): they travel in the first
+        attempt's first write, ahead of the WATCH, so they cost no round trip
+        and stay out of the critical section; once an attempt has reached the
+        server they are not sent again.
+        """
         attempt = 0
         async with self.slot():
             while True:
-                done, result = await self.attempt(watch, reads, plan)
+                try:
+                    done, result = await self._converse(watch, reads, plan, before)
+                    before = ()
+                except _REDIRECTS as redirect:
+                    await self._redirected(redirect)
+                    done, result = False, None
                 if done:
                     return result  # type: ignore[return-value]
                 await self.backoff(attempt)
@@ -79,28 +100,36 @@ class OptimisticTransactions:
         keys' slot; if the slot has moved (MOVED, ASK, TRYAGAIN) nothing was
         written, so it counts as a conflict and is tried again on the new owner.
         """
-        await self._servers.ready()
         try:
             return await self._converse(watch, reads, plan)
-        except (rexc.AskError, rexc.TryAgainError) as redirect:
-            self.counters.cluster_redirects += 1
-            if isinstance(redirect, rexc.AskError):
-                await self._servers.redirected(redirect)
+        except _REDIRECTS as redirect:
+            await self._redirected(redirect)
             return False, None
 
+    async def _redirected(self, redirect: Exception) -> None:
+        self.counters.cluster_redirects += 1
+        if isinstance(redirect, rexc.AskError):
+            await self._servers.redirected(redirect)
+
     async def _converse(
-        self, watch: Sequence[str], reads: Sequence[Command], plan: Plan[T]
+        self,
+        watch: Sequence[str],
+        reads: Sequence[Command],
+        plan: Plan[T],
+        before: Sequence[Command] = (),
     ) -> tuple[bool, T | None]:
+        await self._servers.ready()
         async with self._servers.node_for(watch[0]).connection() as conn:
-            replies = await send(conn, ("WATCH", *watch), *reads)
+            replies = await send(conn, *before, ("WATCH", *watch), *reads)
             try:
-                writes, result = plan(replies[1:])
+                writes, result = plan(replies[len(before) + 1 :])
             except Conflicted:
                 await send(conn, ("UNWATCH",))
                 return False, None
             if writes is None:
                 await send(conn, ("UNWATCH",))
                 return True, result
+            self.counters.watch_transactions += 1
             wait = [] if self._wait is None else [self._wait]
             done = await send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
             executed = done[-1 - len(wait)]

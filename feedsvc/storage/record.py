@@ -277,6 +277,31 @@ def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes)
     return [("SET", key, header.record(body)), ("PEXPIREAT", key, header.expires)]
 
 
+def body_commands(
+    keys: QueueKeys, message_id: str, author: str, body: bytes, orphan_ttl: int
+) -> list[Command]:
+    """A body written ahead of its indexing (the lua driver's pipeline, the
+    tuned watch driver's write before WATCH): the record with seq 0, which
+    nothing reads as a message, expiring by itself after orphan_ttl seconds
+    unless indexing sets its exact expiry."""
+    return [("SET", keys.record(message_id), unindexed(author, body), "EX", orphan_ttl)]
+
+
+def header_commands(keys: QueueKeys, message_id: str, header: Header) -> list[Command]:
+    """Index a body written ahead (:func:`body_commands`, which the caller
+    checked exists): its header in place and the key's exact expiry."""
+    key = keys.record(message_id)
+    return [("SETRANGE", key, 0, header.fixed()), ("PEXPIREAT", key, header.expires)]
+
+
+def index_commands(keys: QueueKeys, message_id: str, header: Header) -> list[Command]:
+    """A message's index entries (post.lua writes the same): by seq, by expiry."""
+    return [
+        ("ZADD", keys.index, header.seq, message_id),
+        ("ZADD", keys.expiry, header.expires, message_id),
+    ]
+
+
 def forget_commands(keys: QueueKeys, ids: Sequence[Any]) -> list[Command]:
     """The writes that remove messages (either layout) and their index
     entries (_lib.lua's forget)."""

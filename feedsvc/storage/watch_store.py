@@ -1,23 +1,57 @@
-"""The watch driver: WATCH / MULTI / EXEC with bounded, jittered retries.
+"""The watch drivers: WATCH / MULTI / EXEC with bounded, jittered retries.
 
-No server-side scripting at all, so that it measures what the lua driver
+No server-side scripting at all, so that they measure what the lua driver
 buys. Each write is the classic optimistic transaction, done in the fewest
 round trips the protocol allows: ``WATCH`` and the reads travel in one
 write, ``MULTI ... EXEC`` in a second. A conflicting transaction makes EXEC
 answer nil; the attempt is counted in ``counters.watch_retries`` and repeated
-after a jittered backoff, at most ``watch_retries`` times, then the request
-gets a 503. A transaction that was not executed wrote nothing, so retrying it
-cannot write twice. The engine for all this is ``Transport.optimistic``.
+after a jittered backoff that gives the pool slot back, at most
+``watch_retries`` times, then the request gets a 503. A transaction that was
+not executed wrote nothing, so retrying it cannot write twice. The engine
+for all this is ``Transport.optimistic``.
+
+Two drivers differ only in how a POST is indexed:
+
+``watch`` (:class:`WatchStore`) is what a careful engineer would write
+without scripting. Posts to one queue in one process go through a
+:class:`~feedsvc.storage.combiner.Combiner`: the posts that arrive while the
+queue's transaction is in flight are indexed together by the next one, so a
+process never conflicts with itself and a burst costs one transaction. The
+bodies are written ahead of the WATCH, in the same write (no extra round
+trip, and never again on a retry), so the critical section holds only the
+seq counter, the index and expiry entries and the indexing fields; this is
+the same split as the lua driver's (pipeline, then script). Orphans: a body
+whose transaction never ran (a crash, a 503 after too many conflicts) has no
+seq and no index entry, so no read path returns it (``Row.alive``), and its
+key expires by itself (EXPIRE at the latest time the message could have
+lived); a post refused in the transaction (encrypted queue, too large,
+idempotent replay) deletes its bodies there.
+
+``watch-naive`` (:class:`NaiveWatchStore`) is the 2014 Zaqar-style version:
+every request its own transaction, bodies written inside MULTI, no
+serialisation inside the process, so the process's own requests race each
+other for the queue's counter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from feedsvc.errors import InvalidClaim, MessageIsClaimed
+from feedsvc.clock import Clock
+from feedsvc.config import Settings
+from feedsvc.errors import (
+    InvalidClaim,
+    MessageIsClaimed,
+    PostTooLarge,
+    StorageUnavailable,
+    TooMuchContention,
+    Unavailable,
+)
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -28,16 +62,159 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
+from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
-from feedsvc.storage.sealing import require_sealed
+from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.transport import Transport
 
 GC_BATCH = 100
 DROP_BATCH = 500
+# Posts indexed by one transaction at most (a burst beyond waits for the next).
+MAX_COMBINED_POSTS = 64
 # A claim transaction's result: the claim (None: nothing claimed), the
 # messages parked for the dead-letter queue, and that queue.
 Taken = tuple[Claim | None, list[r.Parked], str | None]
+# What a post comes to: its message ids, or the exception its request gets.
+Outcome = list[str] | Exception
+
+
+@dataclass(slots=True)
+class Posting:
+    """One POST on its way to the index."""
+
+    project: str
+    queue: str
+    keys: QueueKeys
+    client_id: str
+    messages: list[NewMessage]
+    ids: list[str]
+    request_size: int
+    token: str | None  # idempotency token
+    sealed: bool
+
+    @classmethod
+    def make(
+        cls,
+        keys: QueueKeys,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
+    ) -> Posting:
+        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
+        ids = [new_id() for _ in messages]
+        return cls(project, queue, keys, client_id, messages, ids, request_size, token, sealed)
+
+
+def _replayed(seen: Any, now: int) -> list[str] | None:
+    """The first post's ids if an idempotency record (as read) is still in its window."""
+    if seen is None:
+        return None
+    until, *first_ids = r.text(seen).split()
+    return first_ids if int(until) > now else None
+
+
+def _body_commands(posting: Posting, settings: Settings) -> list[Command]:
+    """The bodies of a posting, written ahead of its transaction. Until the
+    transaction sets the exact expiry, a body that never gets indexed (a
+    crash, a 503 after too many conflicts) expires by itself, at the
+    latest when the message would have (as the lua driver's)."""
+    commands: list[Command] = []
+    for message_id, message in zip(posting.ids, posting.messages, strict=True):
+        orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
+        commands += r.body_commands(
+            posting.keys, message_id, posting.client_id, message.body, orphan_ttl
+        )
+    return commands
+
+
+def _post_plan(
+    postings: list[Posting],
+    tokens: list[str],
+    now: int,
+    settings: Settings,
+    inside: bool,
+    too_large: Callable[[str, bytes], PostTooLarge],
+) -> Plan[list[Outcome]]:
+    """The indexing transaction of postings to one queue (see WatchStore._index),
+    each checked on its own: a refused one does not stop the others."""
+    keys = postings[0].keys
+
+    def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
+        _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
+        seen = dict(zip(tokens, replies[5 : 5 + len(tokens)], strict=True))
+        forget: list[Any] = []
+        if tokens:
+            forget = [
+                field
+                for field, value in r.pairs(replies[5 + len(tokens)])
+                if int(r.text(value).split()[0]) <= now
+            ]
+        if not inside and replies[-1] != sum(len(p.ids) for p in postings):
+            # the bodies written ahead are gone (Redis lost data): index none
+            raise StorageUnavailable("Redis lost a message body before indexing it.")
+        default_ttl = int(dttl or settings.default_message_ttl)
+        default_delay = int(ddelay or 0)
+        seq = int(last) if last is not None else now * 1000
+        writes = gc_commands(keys, dead, now)
+        if not exists:
+            writes.append(("HSET", keys.meta, r.CREATED, now))
+        outcomes: list[Outcome] = []
+        unused: list[str] = []  # bodies written ahead that nothing will index
+        this_batch: dict[str, list[str]] = {}
+        first_due = 0
+        for posting in postings:
+            token = posting.token
+            try:
+                require_sealed(encrypted, posting.sealed)
+                if token is not None:
+                    replay = this_batch.get(token) or _replayed(seen[token], now)
+                    if replay is not None:
+                        outcomes.append(replay)
+                        unused += posting.ids
+                        continue
+                if mps is not None and posting.request_size > int(mps):
+                    raise too_large(posting.queue, mps)
+            except (MustSeal, PostTooLarge) as refused:
+                outcomes.append(refused)
+                unused += posting.ids
+                continue
+            for message_id, message in zip(posting.ids, posting.messages, strict=True):
+                seq += 1
+                ttl = default_ttl if message.ttl is None else message.ttl
+                delay = default_delay if message.delay is None else message.delay
+                header = r.posted(posting.client_id, ttl, now, seq, delay)
+                if inside:
+                    writes += r.post_commands(keys, message_id, header, message.body)
+                else:
+                    writes += r.header_commands(keys, message_id, header)
+                writes += r.index_commands(keys, message_id, header)
+                due = header.due
+                first_due = due if due and (not first_due or due < first_due) else first_due
+            if token is not None:
+                until = now + settings.idempotency_window * 1000
+                writes.append(("HSET", keys.idempotency, token, f"{until} {' '.join(posting.ids)}"))
+                this_batch[token] = posting.ids
+            outcomes.append(posting.ids)
+        indexed = any(o is p.ids for o, p in zip(outcomes, postings, strict=True))
+        if not indexed and not (unused and not inside):
+            return None, outcomes  # nothing to index, nothing to take back
+        if indexed:
+            writes.append(("SET", keys.seq, seq))
+            # in the transaction: followers hear of it exactly when it is visible
+            writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
+        if forget:
+            writes.append(("HDEL", keys.idempotency, *forget))
+        if unused and not inside:
+            writes.append(("DEL", *(keys.record(i) for i in unused)))
+        return writes, outcomes
+
+    return plan
 
 
 def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
@@ -50,6 +227,18 @@ def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Comman
 
 class WatchStore(RedisStore):
     name = "watch"
+    # where a post's bodies are written: ahead of the transaction (tuned) or in it
+    bodies_in_transaction = False
+
+    def __init__(self, transport: Transport, settings: Settings, clock: Clock) -> None:
+        super().__init__(transport, settings, clock)
+        self._combiner: Combiner[Posting, list[str]] = Combiner(
+            self._index_combined, MAX_COMBINED_POSTS
+        )
+
+    async def close(self) -> None:
+        await self._combiner.close()
+        await super().close()
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
@@ -106,68 +295,52 @@ class WatchStore(RedisStore):
         sealed: bool,
     ) -> list[str]:
         keys = self._keys(project, queue)
-        ids = [new_id() for _ in messages]
+        posting = Posting.make(
+            keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
+        )
+        return await self._combiner.submit(posting.keys.prefix, posting)
+
+    async def _index_combined(self, prefix: str, postings: list[Posting]) -> list[Outcome]:
+        self.counters.posts_combined += len(postings) - 1
+        return await self._index(postings)
+
+    async def _index(self, postings: list[Posting]) -> list[Outcome]:
+        """Index the postings (all to one queue) in one optimistic transaction:
+        per posting its ids, or the exception its request gets (MustSeal,
+        PostTooLarge). Bodies go in the transaction when
+        ``bodies_in_transaction``, else ahead of it (see _body_commands)."""
+        first = postings[0]
+        keys = first.keys
         settings = self._settings
         now = self._clock.now_ms()
-        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
+        inside = self.bodies_in_transaction
+        before = [] if inside else [c for p in postings for c in _body_commands(p, settings)]
+        tokens = [p.token for p in postings if p.token is not None]
 
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, list[str]]:
-            _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
-            require_sealed(encrypted, sealed)
-            forget: list[Any] = []
-            if token is not None:
-                seen, sample = replies[5], replies[6]
-                if seen is not None:
-                    until, *first_ids = r.text(seen).split()
-                    if int(until) > now:
-                        return None, first_ids
-                forget = [
-                    field
-                    for field, value in r.pairs(sample)
-                    if int(r.text(value).split()[0]) <= now
-                ]
-            if mps is not None and request_size > int(mps):
-                raise self._too_large(queue, mps)
-            default_ttl = int(dttl or settings.default_message_ttl)
-            default_delay = int(ddelay or 0)
-            seq = int(last) if last is not None else now * 1000
-            writes = gc_commands(keys, dead, now)
-            if not exists:
-                writes.append(("HSET", keys.meta, r.CREATED, now))
-            first_due = 0
-            for message_id, message in zip(ids, messages, strict=True):
-                seq += 1
-                ttl = default_ttl if message.ttl is None else message.ttl
-                delay = default_delay if message.delay is None else message.delay
-                header = r.posted(client_id, ttl, now, seq, delay)
-                writes += r.post_commands(keys, message_id, header, message.body)
-                writes.append(("ZADD", keys.index, seq, message_id))
-                writes.append(("ZADD", keys.expiry, header.expires, message_id))
-                due = header.due
-                first_due = due if due and (not first_due or due < first_due) else first_due
-            writes.append(("SET", keys.seq, seq))
-            # in the transaction: followers hear of it exactly when it is visible
-            writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
-            if token is not None:
-                record = f"{now + settings.idempotency_window * 1000} {' '.join(ids)}"
-                writes.append(("HSET", keys.idempotency, token, record))
-                if forget:
-                    writes.append(("HDEL", keys.idempotency, *forget))
-            return writes, ids
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large)
 
         reads: list[Command] = [
-            await self._registry_add(project, queue),
+            await self._registry_add(first.project, first.queue),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, *r.POST_SETTINGS),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
         ]
         watch = [keys.seq, keys.meta]
-        if token is not None:
-            reads.append(("HGET", keys.idempotency, token))
+        if tokens:
+            reads += [("HGET", keys.idempotency, token) for token in tokens]
             reads.append(("HRANDFIELD", keys.idempotency, 5, "WITHVALUES"))
             watch.append(keys.idempotency)
-        return await self._transport.optimistic(watch, reads, plan)
+        if before:  # the bodies written ahead, counted (the plan's last reply)
+            reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
+        try:
+            return await self._transport.optimistic(watch, reads, plan, before)
+        except TooMuchContention:
+            if before:  # a courtesy: they would expire anyway, unseen
+                with contextlib.suppress(Unavailable):
+                    dropped = [keys.record(i) for p in postings for i in p.ids]
+                    await self._transport.call([("DEL", *dropped)])
+            raise
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
@@ -390,3 +563,30 @@ def _claim_plan(
         return writes, (Claim(claim_id, ttl, grace, now, claimed), parked, dlq)
 
     return plan
+
+
+class NaiveWatchStore(WatchStore):
+    """The 2014 Zaqar-style post: one transaction per request, bodies inside
+    MULTI, no serialisation in the process (everything else as WatchStore)."""
+
+    name = "watch-naive"
+    bodies_in_transaction = True
+
+    async def _post(
+        self,
+        project: str,
+        queue: str,
+        client_id: str,
+        messages: list[NewMessage],
+        request_size: int,
+        idempotency_key: str | None,
+        sealed: bool,
+    ) -> list[str]:
+        keys = self._keys(project, queue)
+        posting = Posting.make(
+            keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
+        )
+        [outcome] = await self._index([posting])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
