@@ -81,10 +81,14 @@ def installed(home: Path) -> Path:
     probe = [str(bin_dir / "python"), "-c", "import zaqar, redis, gunicorn"]
     if (bin_dir / "gunicorn").exists() and _runs(probe):
         return bin_dir
-    home.mkdir(parents=True, exist_ok=True)
     print(f"   installing Zaqar into {venv} (once)", flush=True)
     log = home / "install.log"
-    with log.open("wb") as out:
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        out = log.open("wb")
+    except OSError as exc:
+        raise ZaqarUnavailable(f"cannot install into {home}: {exc.strerror}") from None
+    with out:
         steps = [
             [sys.executable, "-m", "venv", "--clear", str(venv)],
             [str(bin_dir / "pip"), "install", "--quiet", *REQUIREMENTS],
