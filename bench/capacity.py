@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import redis
 
 from bench.live import raise_open_files_limit
-from bench.service import Service, SuiteLike, WrkResult, process_tree, service, wrk
+from bench.service import Service, WrkResult, WrkSuite, process_tree, service, wrk
 
 BATCH_SIZES = (1, 10, 100, 1000)
 MANY_CLIENTS = 5000
@@ -66,7 +66,7 @@ def _cores(results: list[WrkResult], name: str) -> float:
 # -- workers ---------------------------------------------------------------------
 
 
-def part_workers(suite: SuiteLike) -> None:
+def part_workers(suite: WrkSuite) -> None:
     runs = (
         ("POST 1 message", "post.lua", "/v2/queues/bpost/messages"),
         ("GET page of 10", "get.lua", "/v2/queues/bget/messages?limit=10"),
@@ -115,7 +115,7 @@ class BatchStep:
     script_us: float  # µs inside the post script per message (INFO commandstats)
 
 
-def part_batch(suite: SuiteLike) -> None:
+def part_batch(suite: WrkSuite) -> None:
     client = redis.Redis.from_url(suite.redis.url)
     steps: dict[int, list[BatchStep]] = {size: [] for size in BATCH_SIZES}
     try:
@@ -166,7 +166,7 @@ def part_batch(suite: SuiteLike) -> None:
 # -- 5,000 clients ---------------------------------------------------------------
 
 
-def part_pool(suite: SuiteLike) -> None:
+def part_pool(suite: WrkSuite) -> None:
     limit = raise_open_files_limit()
     if limit < MANY_CLIENTS + 500:
         suite.add(f"{MANY_CLIENTS} vs {FEW_CLIENTS} clients", skipped=f"open files limit {limit}")

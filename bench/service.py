@@ -64,11 +64,16 @@ class SuiteLike(Protocol):
 
     workdir: Path
     redis: RedisServer
+
+    def add(self, name: str, **values: object) -> None: ...
+
+
+class WrkSuite(SuiteLike, Protocol):
+    """... and what the parts that drive wrk also use (bench/capacity.py, bench/zaqar.py)."""
+
     duration: float
     rounds: int
     connections: int
-
-    def add(self, name: str, **values: object) -> None: ...
 
 
 # -- wrk -------------------------------------------------------------------------

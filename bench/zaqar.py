@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.service import PRODUCER, SuiteLike, WrkResult, process_tree, service, wrk
+from bench.service import PRODUCER, WrkResult, WrkSuite, process_tree, service, wrk
 from feedsvc.redis_server import RedisServer, pick_free_port
 
 DEFAULT_HOME = Path.home() / ".cache" / "feedsvc-bench" / "zaqar"
@@ -185,7 +185,7 @@ def _prefill(url: str) -> None:
     _request(url + "/v2/queues/bget/messages", "POST", json.dumps(body).encode())
 
 
-def part_zaqar(suite: SuiteLike, home: Path) -> None:
+def part_zaqar(suite: WrkSuite, home: Path) -> None:
     try:
         with zaqar(home, suite.workdir) as (zaqar_url, gunicorn_pid, zaqar_redis):
             _prefill(zaqar_url)
@@ -196,7 +196,7 @@ def part_zaqar(suite: SuiteLike, home: Path) -> None:
 
 
 def _compare(
-    suite: SuiteLike, url: str, pid: int, zaqar_url: str, gunicorn_pid: int, zaqar_redis: int
+    suite: WrkSuite, url: str, pid: int, zaqar_url: str, gunicorn_pid: int, zaqar_redis: int
 ) -> None:
     sides = {
         "feedsvc": (url, {"service": process_tree(pid), "redis": [suite.redis.pid or 0]}),
