@@ -4,7 +4,7 @@
 ``workers``: POST and GET with ``--workers 1`` and ``--workers 2`` (both
 services up at once, measured alternately, ``rounds`` times; medians), the
 ratio 2/1, and the cores taken during each run by the feedsvc processes
-(the parent and its workers), redis-server and wrk. wrk runs with one
+(the parent and its workers; ``split``: each worker's), redis-server and wrk. wrk runs with one
 thread and 64 connections: one wrk thread sends well over what two workers
 answer (hello alone is ≈17k req/s per process against ≈7k POSTs), so a
 second thread would only take CPU from the two cores that wrk, Redis and
@@ -77,9 +77,13 @@ def part_workers(suite: WrkSuite) -> None:
         service(suite.redis.url, suite.workdir, "--workers", "2", log="feedsvc-w2.log") as two,
     ):
         services = {1: one, 2: two}
-        groups = {
-            n: {"feedsvc": process_tree(s.pid), "redis": redis_pids} for n, s in services.items()
-        }
+        # the supervisor, and each worker apart: how evenly the kernel spread
+        # the connections over the workers shows in their cores
+        groups: dict[int, dict[str, list[int]]] = {}
+        for n, svc in services.items():
+            supervisor, *workers = process_tree(svc.pid)
+            groups[n] = {"supervisor": [supervisor], "redis": redis_pids}
+            groups[n].update({f"worker{i}": [pid] for i, pid in enumerate(workers)})
         for what, script, path in runs:
             results: dict[int, list[WrkResult]] = {1: [], 2: []}
             for r in range(suite.rounds):
@@ -98,7 +102,12 @@ def part_workers(suite: WrkSuite) -> None:
             for n in (1, 2):
                 mid = _median_result(results[n], lambda x: x.rps)
                 values[f"p99_ms_{n}"] = mid.p99_ms
-                for name in ("feedsvc", "redis", "wrk", "other"):
+                names = sorted(k for k in groups[n] if k.startswith("worker"))
+                parent = _cores(results[n], "supervisor")
+                split = [_cores(results[n], k) for k in names] or [parent]  # it serves itself
+                values[f"feedsvc_cores_{n}"] = parent + sum(split) if names else parent
+                values[f"split_{n}"] = "/".join(f"{c:.2f}" for c in split)
+                for name in ("redis", "wrk", "other"):
                     values[f"{name}_cores_{n}"] = _cores(results[n], name)
                 values[f"errors_{n}"] = sum(x.errors for x in results[n])
             suite.add(f"{what}: workers 2/1", **values)
