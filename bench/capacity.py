@@ -22,7 +22,8 @@ First the highest POST rate with 100 connections (one message to one of
 1000 queues, default settings), then half of it offered by a paced wrk
 script (bench/wrk/paced.lua) with 100 and with 5,000 connections,
 alternately, ``rounds`` times: the rate achieved (it must equal the rate
-offered, else the service or wrk fell behind and latencies mean little),
+offered, else the service or wrk fell behind; the script drops the times
+it missed rather than send a burst),
 p50/p99, errors, the ratio of the p99s (medians), and the cores feedsvc,
 wrk and the rest of the machine took. The same paced load on ``GET
 /bench/hello`` (same process, no Redis) shows what wrk and the machine

@@ -4,9 +4,10 @@
 -- RATE requests/s (env RATE and THREADS, the -t given to wrk), whatever the
 -- number of connections. Each thread hands out send times spaced
 -- THREADS/RATE apart, one per request, to whichever connection is ready;
--- a connection waits for its time (wrk's delay()). When the service falls
--- behind, the late requests go at once, so the rate achieved says whether
--- it kept up. Latency is counted from the send, as wrk does. The first
+-- a connection waits for its time (wrk's delay()). Times already past are
+-- dropped rather than caught up with (a burst of late requests would make
+-- the tail it measures), so when the service, or wrk itself, falls behind
+-- the rate achieved falls short of the rate offered and says so. Latency is counted from the send, as wrk does. The first
 -- send is START_MS after the first connection (env, default 0): wrk opens
 -- every connection at once, and the service's work of accepting thousands
 -- of them should not count in the latencies of a steady load.
@@ -38,9 +39,8 @@ function delay()
   local now = now_ms()
   if due == nil then due = now + start end
   due = due + interval
-  local wait = due - now
-  if wait < 0 then return 0 end
-  return wait
+  if due < now then due = now end
+  return due - now
 end
 
 if post then
