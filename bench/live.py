@@ -52,7 +52,7 @@ import numpy as np
 import psutil
 import redis
 
-from bench.service import Service, SuiteLike
+from bench.service import CpuWindow, Service, SuiteLike
 from feedsvc.redis_server import pick_free_port
 
 HERE = Path(__file__).resolve().parent
@@ -241,48 +241,6 @@ def get_json(url: str, method: str = "GET", timeout: float = 10) -> Any:
 
 def rss(pid: int) -> int:
     return int(psutil.Process(pid).memory_info().rss)
-
-
-def machine_busy() -> float:
-    """Busy CPU seconds of the whole machine so far."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
-
-
-class CpuWindow:
-    """CPU seconds of some processes between start() and stop(), as % of a
-    core; ``other`` is the rest of the machine (this process, the kernel,
-    and whatever else ran: on a shared machine, someone else's work)."""
-
-    def __init__(self, groups: dict[str, list[int]]) -> None:
-        self.groups = groups
-        self._start: dict[str, float] = {}
-        self._t0 = 0.0
-        self._busy0 = 0.0
-        self.percent: dict[str, float] = {}
-
-    @staticmethod
-    def _seconds(pids: list[int]) -> float:
-        total = 0.0
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                t = psutil.Process(pid).cpu_times()
-                total += t.user + t.system
-        return total
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._busy0 = machine_busy()
-        self._start = {k: self._seconds(v) for k, v in self.groups.items()}
-
-    def stop(self) -> dict[str, float]:
-        elapsed = time.monotonic() - self._t0
-        self.percent = {
-            k: 100 * (self._seconds(v) - self._start[k]) / elapsed for k, v in self.groups.items()
-        }
-        machine = 100 * (machine_busy() - self._busy0) / elapsed
-        self.percent["other"] = machine - sum(self.percent.values())
-        return self.percent
 
 
 def wait_for_idle(max_wait: float = 120.0, busy_below: float = 25.0) -> float:

@@ -10,10 +10,13 @@ noise; ratios are what to read.
     python -m bench post get             # some parts
     python -m bench --duration 3 --rounds 1 post
 
-Parts: post, get, loop, pool, batch, coalesce, drivers, cluster (a local
-3-primary Redis Cluster), rtt (needs root: network namespace + tc netem),
-idle and fanout (live followers over SSE; bench/live.py), wake (a long poll
-woken by a post), webhook (a subscription's webhook deliveries;
+Parts: post, get, loop, workers (``--workers 2`` against 1), zaqar (real
+Zaqar side by side; bench/zaqar.py), pool (5,000 against 100 clients at
+half the highest rate), batch (messages/s at 1 to 1000 per POST; these
+three in bench/capacity.py), coalesce, drivers, cluster (a local 3-primary
+Redis Cluster), rtt (needs root: network namespace + tc netem), idle and
+fanout (live followers over SSE; bench/live.py), wake (a long poll woken
+by a post), webhook (a subscription's webhook deliveries;
 bench/webhook.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
@@ -23,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 import statistics
@@ -38,22 +40,13 @@ from pathlib import Path
 import psutil
 import redis
 
-from bench.service import Service
+from bench.service import Service, WrkResult, service, wrk
+from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
 from feedsvc.redis_server import RedisServer, pick_free_port
 
 HERE = Path(__file__).resolve().parent
-WRK_DIR = HERE / "wrk"
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
-
-
-@dataclass
-class WrkResult:
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
-    requests: int
 
 
 @dataclass
@@ -62,73 +55,12 @@ class Row:
     values: dict[str, str] = field(default_factory=dict)
 
 
-def _ms(text: str) -> float:
-    number = float(re.sub(r"[a-z]+$", "", text))
-    if text.endswith("us"):
-        return number / 1000
-    if text.endswith("ms"):
-        return number
-    if text.endswith("s"):
-        return number * 1000
-    return number
-
-
-def wrk(
-    url: str,
-    script: str | None,
-    connections: int,
-    duration: float,
-    threads: int = 1,
-    env: dict[str, str] | None = None,
-) -> WrkResult:
-    args = [
-        "wrk",
-        f"-t{threads}",
-        f"-c{connections}",
-        f"-d{round(duration)}s",
-        "--latency",
-        "--timeout",
-        "10s",
-    ]
-    if script:
-        args += ["-s", str(WRK_DIR / script)]
-    out = subprocess.run(
-        [*args, url],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **(env or {})},
-        timeout=duration + 60,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    errors = 0
-    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
-        errors += int(m.group(1))
-    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
-        errors += sum(int(g) for g in m.groups())
-    return WrkResult(rps, p50, p99, errors, requests)
-
-
-@contextlib.contextmanager
-def service(redis_url: str, workdir: Path, *flags: str) -> Iterator[Service]:
-    with Service(redis_url, workdir / "feedsvc.log", *flags) as svc:
-        svc.request("PUT", "/v2/queues/bget")
-        svc.request(
-            "POST",
-            "/v2/queues/bget/messages",
-            {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
-        )
-        yield svc
-
-
 class Suite:
     def __init__(self, args: argparse.Namespace) -> None:
         self.duration: float = args.duration
         self.rounds: int = args.rounds
         self.connections: int = args.connections
+        self.zaqar_home: Path = args.zaqar_home
         self.workdir = Path(tempfile.mkdtemp(prefix="feedsvc-bench-"))
         self.redis = RedisServer(self.workdir / "redis", appendonly=False)
         self.rows: list[Row] = []
@@ -220,46 +152,6 @@ class Suite:
         uv, aio = statistics.median(results["uvloop"]), statistics.median(results["asyncio"])
         self.add("POST: uvloop vs asyncio", uvloop_rps=uv, asyncio_rps=aio, ratio=uv / aio)
 
-    def part_pool(self) -> None:
-        # the watch driver takes pool connections for every POST (the lua
-        # driver's POSTs share the coalescer's connection): the pool test
-        with service(self.redis.url, self.workdir, "--pool-size", "32", "--driver", "watch") as svc:
-            path = "/v2/queues/bpool/messages"
-            small = wrk(svc.url + path, "post_spread.lua", 100, self.duration, threads=2)
-            large = wrk(svc.url + path, "post_spread.lua", 5000, self.duration, threads=2)
-            self.add(
-                "5000 vs 100 clients, pool 32",
-                rps_100=small.rps,
-                rps_5000=large.rps,
-                p50_100_ms=small.p50_ms,
-                p99_100_ms=small.p99_ms,
-                p50_5000_ms=large.p50_ms,
-                p99_5000_ms=large.p99_ms,
-                p99_ratio=large.p99_ms / small.p99_ms,
-                tail_100=small.p99_ms / small.p50_ms,
-                tail_5000=large.p99_ms / large.p50_ms,
-                errors_100=small.errors,
-                errors_5000=large.errors,
-            )
-
-    def part_batch(self) -> None:
-        with service(self.redis.url, self.workdir, "--max-messages-per-post", "1000") as svc:
-            for size in (1, 10, 100, 1000):
-                result = wrk(
-                    svc.url + "/v2/queues/bbatch/messages",
-                    "post_batch.lua",
-                    self.connections,
-                    self.duration,
-                    env={"BATCH": str(size)},
-                )
-                self.add(
-                    f"POST batches of {size}",
-                    rps=result.rps,
-                    msgs_per_s=result.rps * size,
-                    p99_ms=result.p99_ms,
-                    errors=result.errors,
-                )
-
     def part_coalesce(self) -> None:
         for flag in ("--coalesce", "--no-coalesce"):
             with service(self.redis.url, self.workdir, flag) as svc:
@@ -342,6 +234,26 @@ class Suite:
                     p99_ms=one.p99_ms,
                 )
             self.part_drivers(url, label=" (RTT 0.25 ms)")
+
+    def part_pool(self) -> None:
+        from bench.capacity import part_pool
+
+        part_pool(self)
+
+    def part_batch(self) -> None:
+        from bench.capacity import part_batch
+
+        part_batch(self)
+
+    def part_workers(self) -> None:
+        from bench.capacity import part_workers
+
+        part_workers(self)
+
+    def part_zaqar(self) -> None:
+        from bench.zaqar import part_zaqar
+
+        part_zaqar(self, self.zaqar_home)
 
     def part_idle(self) -> None:
         from bench.live import part_idle
@@ -498,8 +410,8 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 
 PARTS = [
-    "post", "get", "loop", "pool", "batch", "coalesce", "drivers", "cluster", "rtt", "idle",
-    "fanout", "wake", "webhook",
+    "post", "get", "loop", "workers", "zaqar", "pool", "batch", "coalesce", "drivers", "cluster",
+    "rtt", "idle", "fanout", "wake", "webhook",
 ]  # fmt: skip
 
 
@@ -513,6 +425,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3, help="hello/target pairs per ratio")
     parser.add_argument("--connections", type=int, default=64, help="wrk connections")
+    parser.add_argument(
+        "--zaqar-home",
+        type=Path,
+        default=DEFAULT_ZAQAR_HOME,
+        help="where the zaqar part installs Zaqar once (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):
         print("bench: wrk is not on PATH (Debian: apt install wrk)", file=sys.stderr)

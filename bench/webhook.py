@@ -53,7 +53,6 @@ import redis
 from bench.live import (
     PRODUCER_ID,
     PROJECT,
-    CpuWindow,
     Producer,
     bench_server,
     commandstats,
@@ -62,7 +61,7 @@ from bench.live import (
     ms,
     wait_for_idle,
 )
-from bench.service import Service, SuiteLike
+from bench.service import CpuWindow, Service, SuiteLike
 
 HERE = Path(__file__).resolve().parent
 FAST_RATES = (50.0, 200.0, float("inf"))

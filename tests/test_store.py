@@ -80,6 +80,30 @@ async def test_post_then_list_returns_bodies_verbatim(store: FeedStore, project:
     assert page.next_marker == page.messages[-1].seq
 
 
+async def test_one_large_post_is_indexed_whole_in_order_with_its_own_expiries(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    """A post bigger than the lua driver indexes per Redis call (1,000 at a
+    time) still indexes every message, in post order, each expiring by its
+    own ttl, and moves the queue's sequence by exactly its size."""
+    keys = QueueKeys.of(project, "q")
+    [first] = await store.post_messages(project, "q", WRITER, [msg("before")])
+    client = direct_client(redis_url)
+    try:
+        seq_before = int(await client.get(keys.seq) or 0)
+        batch = [msg({"n": i}, ttl=60 + i % 7) for i in range(2345)]
+        ids = await store.post_messages(project, "q", WRITER, batch)
+        assert int(await client.get(keys.seq) or 0) == seq_before + 2345
+        created = int(await client.hget(keys.message(ids[0]), "c") or 0)
+        for i in (0, 999, 1000, 1001, 2344):
+            expires = await client.zscore(keys.expiry, ids[i])
+            assert expires == created + (60 + i % 7) * 1000
+    finally:
+        await client.aclose()
+    seen, _ = await read_all(store, project, "q", limit=20)
+    assert seen == [first, *ids]
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 10, 19, 20])
 async def test_paging_sees_every_message_once_in_order(
     store: FeedStore, project: str, limit: int

@@ -1,0 +1,103 @@
+"""The tools of bench/capacity.py and bench/zaqar.py: wrk's report read
+right, the CPU of a process tree and of wrk (a reaped child) counted, and
+the zaqar part skipped with a reason when Zaqar cannot be installed. Speed
+itself is never asserted here."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import zaqar
+from bench.service import CpuWindow, parse_wrk, process_tree
+
+WRK_REPORT = """\
+Running 7s test @ http://127.0.0.1:4242/v2/queues/bpool/messages
+  2 threads and 5000 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    12.51ms   40.20ms   1.20s    97.00%
+    Req/Sec     1.02k   210.00     1.50k    70.00%
+  Latency Distribution
+     50%  645.00us
+     75%    1.20ms
+     90%    3.10ms
+     99%    1.02s
+  10234 requests in 7.01s, 2.10MB read
+  Socket errors: connect 3, read 1, write 0, timeout 2
+  Non-2xx or 3xx responses: 4
+Requests/sec:   1459.98
+Transfer/sec:    306.70KB
+"""
+
+BURN = "import time\nwhile time.process_time() < 0.3: pass\n"
+# a parent with a child that sleeps (the test kills both)
+SPAWN = """\
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+time.sleep(60)
+"""
+
+
+def test_wrk_report_is_read_with_units_errors_and_its_own_duration() -> None:
+    result = parse_wrk(WRK_REPORT)
+    assert result.rps == 1459.98
+    assert result.p50_ms == 0.645
+    assert result.p99_ms == 1020.0
+    assert result.requests == 10234
+    assert result.seconds == 7.01  # the paced part divides by it, less the warm-up
+    assert result.errors == 3 + 1 + 2 + 4
+
+
+@pytest.mark.process
+def test_the_cpu_of_a_reaped_child_and_of_a_process_tree_is_counted() -> None:
+    window = CpuWindow({}, reaped="wrk")
+    window.start()
+    subprocess.run([sys.executable, "-c", BURN], check=True)  # reaped inside the window
+    percent = window.stop()
+    assert percent["wrk"] > 0
+    assert set(percent) == {"wrk", "other"}
+
+    parent = subprocess.Popen([sys.executable, "-c", SPAWN])
+    try:
+        deadline = time.monotonic() + 30
+        while len(process_tree(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tree = process_tree(parent.pid)
+        assert tree[0] == parent.pid and len(tree) == 2
+        children = tree[1:]
+    finally:
+        parent.kill()
+        parent.wait()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    assert process_tree(parent.pid) == []
+    assert process_tree(None) == []
+
+
+class FakeSuite:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+
+    def add(self, name: str, **values: object) -> None:
+        self.rows.append((name, values))
+
+
+def test_the_zaqar_part_is_skipped_with_a_reason_when_zaqar_cannot_be_installed(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "not-a-directory"
+    home.write_text("")
+    suite = FakeSuite(tmp_path)
+    zaqar.part_zaqar(suite, home)  # type: ignore[arg-type]
+    [(name, values)] = suite.rows
+    assert name == "feedsvc vs Zaqar"
+    assert "cannot install into" in str(values["skipped"])
