@@ -222,7 +222,9 @@ def id_list(query: MultiMapping[str], name: str, most: int) -> list[str] | None:
 
     Malformed ids are kept: they match nothing.
     """
-    values = [raw for raw in query.getall(name, []) if raw]
+    if name not in query:  # nearly every request: skip getall()'s list
+        return None
+    values = [raw for raw in query.getall(name) if raw]
     if not values:
         return None
     ids = [part for raw in values for part in raw.split(",") if part]
