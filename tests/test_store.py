@@ -94,7 +94,9 @@ async def test_one_large_post_is_indexed_whole_in_order_with_its_own_expiries(
         batch = [msg({"n": i}, ttl=60 + i % 7) for i in range(2345)]
         ids = await store.post_messages(project, "q", WRITER, batch)
         assert int(await client.get(keys.seq) or 0) == seq_before + 2345
-        created = int(await client.hget(keys.message(ids[0]), "c") or 0)
+        raw = await client.get(keys.record(ids[0]))
+        assert isinstance(raw, bytes)
+        created = record.Header.decode(raw).created
         for i in (0, 999, 1000, 1001, 2344):
             expires = await client.zscore(keys.expiry, ids[i])
             assert expires == created + (60 + i % 7) * 1000
