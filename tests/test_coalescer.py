@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.coalescer import Coalescer, CoalescerBusy
+from feedsvc.storage.coalescer import EARLY_WRITE, Coalescer, CoalescerBusy
 
 
 @pytest.fixture
@@ -49,6 +49,26 @@ async def test_each_caller_gets_its_own_replies(coalescer: Coalescer) -> None:
     assert results == [[i, str(i).encode()] for i in range(600)]
     assert coalescer.calls == 600
     assert coalescer.batches < 600, "concurrent calls were not coalesced"
+
+
+async def test_a_large_call_is_written_at_once_with_what_came_before_it(
+    coalescer: Coalescer,
+) -> None:
+    """A call of EARLY_WRITE commands or more (a big post) is written when it
+    is submitted, with the calls of the same loop turn before it, in order:
+    Redis starts on it while the loop is still busy (parsing the next big
+    body) instead of after the turn. Small calls still wait for the turn."""
+    p = prefix()
+    await coalescer.execute([("PING",)])  # connected
+    written = coalescer.batches
+    small = coalescer.submit([("SET", p + "k", "before")])
+    assert coalescer.batches == written  # a small call waits for the turn
+    big = coalescer.submit([("APPEND", p + "k", "+")] * EARLY_WRITE)
+    assert coalescer.batches == written + 1  # written with the small one, no await between
+    after = coalescer.submit([("GET", p + "k")])
+    assert await small == [b"OK"]
+    assert (await big)[-1] == len("before") + EARLY_WRITE
+    assert await after == [b"before" + b"+" * EARLY_WRITE]
 
 
 async def test_error_replies_stay_with_their_caller(
