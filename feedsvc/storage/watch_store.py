@@ -298,6 +298,10 @@ class WatchStore(RedisStore):
         posting = Posting.make(
             keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
         )
+        return await self._post_one(posting)
+
+    async def _post_one(self, posting: Posting) -> list[str]:
+        """Index a posting with the other posts to its queue in this process."""
         return await self._combiner.submit(posting.keys.prefix, posting)
 
     async def _index_combined(self, prefix: str, postings: list[Posting]) -> list[Outcome]:
@@ -572,20 +576,8 @@ class NaiveWatchStore(WatchStore):
     name = "watch-naive"
     bodies_in_transaction = True
 
-    async def _post(
-        self,
-        project: str,
-        queue: str,
-        client_id: str,
-        messages: list[NewMessage],
-        request_size: int,
-        idempotency_key: str | None,
-        sealed: bool,
-    ) -> list[str]:
-        keys = self._keys(project, queue)
-        posting = Posting.make(
-            keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
-        )
+    async def _post_one(self, posting: Posting) -> list[str]:
+        """Index a posting in a transaction of its own."""
         [outcome] = await self._index([posting])
         if isinstance(outcome, Exception):
             raise outcome
