@@ -67,10 +67,6 @@ def _int(low: int | None = None, high: int | None = None, default: int | None = 
     return schema
 
 
-def _json_body(schema: Schema, description: str) -> Schema:
-    return {"description": description, "content": {JSON: {"schema": schema}}}
-
-
 def _query(name: str, schema: Schema, description: str) -> Schema:
     return {
         "name": name,

@@ -32,6 +32,7 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MustSeal
@@ -124,6 +125,7 @@ class LuaStore(RedisStore):
 
     async def _post(
         self,
+        keys: QueueKeys,
         project: str,
         queue: str,
         client_id: str,
@@ -132,7 +134,6 @@ class LuaStore(RedisStore):
         idempotency_key: str | None,
         sealed: bool,
     ) -> list[str]:
-        keys = self._keys(project, queue)
         script = load_script("post")
         ids = [new_id() for _ in messages]
         settings = self._settings

@@ -272,7 +272,7 @@ class RedisStore(ClaimUpkeep):
             ]
             try:
                 return await self._post(
-                    project, queue, client_id, batch, request_size, idempotency_key, sealed
+                    keys, project, queue, client_id, batch, request_size, idempotency_key, sealed
                 )
             except MustSeal:
                 self._learn_sealing(keys, True)
@@ -281,6 +281,7 @@ class RedisStore(ClaimUpkeep):
 
     async def _post(
         self,
+        keys: QueueKeys,
         project: str,
         queue: str,
         client_id: str,
@@ -289,7 +290,8 @@ class RedisStore(ClaimUpkeep):
         idempotency_key: str | None,
         sealed: bool,
     ) -> list[str]:
-        """The driver's post; MustSeal if the queue is encrypted and not sealed."""
+        """The driver's post (keys: the queue's, which the caller has made);
+        MustSeal if the queue is encrypted and not sealed."""
         raise NotImplementedError
 
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:

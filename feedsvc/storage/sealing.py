@@ -70,10 +70,6 @@ class BodySealer:
         self._aead = None if secret is None else _aead(secret)
         self._openers = [] if self._aead is None else [self._aead, *map(_aead, old)]
 
-    @property
-    def available(self) -> bool:
-        return self._aead is not None
-
     def seal(self, body: bytes) -> bytes:
         if self._aead is None:
             raise EncryptionUnavailable(

@@ -286,6 +286,7 @@ class WatchStore(RedisStore):
 
     async def _post(
         self,
+        keys: QueueKeys,
         project: str,
         queue: str,
         client_id: str,
@@ -294,7 +295,6 @@ class WatchStore(RedisStore):
         idempotency_key: str | None,
         sealed: bool,
     ) -> list[str]:
-        keys = self._keys(project, queue)
         posting = Posting.make(
             keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
         )
