@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from feedsvc.app import create_app
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.embedded import EmbeddedRedis
+from feedsvc.process_setup import raise_open_files_limit, settle_heap
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServerError, RedisServerNotFound
 from feedsvc.workers import bind, run_workers
@@ -107,12 +107,9 @@ async def serve(
             settings.driver,
             type(asyncio.get_running_loop()).__module__,
         )
-    # Everything made so far (modules, the app, its routes, the store) lives
-    # as long as the process: keep it out of the collector's way, so that a
-    # full collection walks only what requests made (shorter pauses, a
-    # shorter latency tail)
-    gc.collect()
-    gc.freeze()
+    # everything made so far lives as long as the process: out of the
+    # collector's way, which is set for many keep-alive clients
+    settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,6 +132,7 @@ async def serve(
 def run_serve(settings: Settings) -> int:
     """Run ``feedsvc serve``: its exit code (2: a setting this machine cannot honour)."""
     embedded: EmbeddedRedis | None = None
+    raise_open_files_limit()  # a client is a descriptor (workers inherit it)
     try:
         # first, so that an address we cannot have costs nothing
         sock = bind(settings)

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     # create_app: wires the api to a store
     ("feedsvc.app",),
     # running processes: drain on SIGTERM, --workers, the embedded redis-server
-    # and its data dir, the ready file
+    # and its data dir, the ready file, the process's open files and collector
     (
         "feedsvc.drain",
         "feedsvc.workers",
@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
         "feedsvc.data_dir",
         "feedsvc.embedded",
         "feedsvc.readiness",
+        "feedsvc.process_setup",
     ),
     # the command line
     ("feedsvc.cli", "feedsvc.__main__"),

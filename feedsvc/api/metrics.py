@@ -3,8 +3,12 @@
 HTTP requests are timed by a middleware (a histogram per method, route and
 status, whose ``_count`` is the request count); the store's own numbers
 (Redis calls and their time, WATCH retries and conflicts, NOSCRIPT reloads,
-pool use, coalesced batches) are read at scrape time. Each app has its own
-registry, so several apps in one process (tests) do not collide.
+pool use, coalesced batches) are read at scrape time, and so are the
+process's own (``process_*``: CPU, memory, open files) and its Python's
+(``python_gc_*``: the cycle collector's runs per generation, see
+:mod:`feedsvc.heap`; ``python_info``), as any Python service exports them.
+Each app has its own registry, so several apps in one process (tests) do not
+collide.
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from collections.abc import Iterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -115,6 +127,9 @@ def setup_metrics(app: web.Application) -> None:
     app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
     registry.register(DeliveryCollector(app))
+    GCCollector(registry=registry)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
 
 
 # Methods counted by name; any other (a client may send any token) counts as

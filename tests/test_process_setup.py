@@ -1,0 +1,125 @@
+"""A serving process set up for many clients (:mod:`feedsvc.process_setup`).
+
+Its soft open files limit is raised to the hard one, so a service started
+with a low one (1,024 is common) still serves more clients than that.
+
+Many connections do not make the cycle collector walk the whole heap:
+aiohttp keeps a connection's last request and response (and the objects
+they hold) alive until its next request arrives. With thousands of
+keep-alive clients each request so leaves a few dozen objects that outlive
+the collector's young generations; Python's default thresholds then make it
+collect the oldest generation, every object of the process, every few
+thousand requests: pauses of tens to hundreds of milliseconds that stopped
+every request at once (see :mod:`feedsvc.heap`). The test holds many
+connections, sends requests round them and reads, from ``/metrics``, how
+often the oldest generation was collected meanwhile: never, with feedsvc's
+thresholds; several times with Python's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from feedsvc.testing import ServiceProcess
+from tests.test_metrics import sample
+
+#: Keep-alive clients held open: each keeps its last request's objects alive.
+CLIENTS = 1000
+#: Requests sent round the clients (CLIENTS at a time).
+ROUNDS = 20
+
+
+#: A soft open files limit the service is started with, below CLIENTS.
+LOW_LIMIT = 256
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sample(text, name, **labels)
+
+
+def full_collections(url: str) -> float:
+    return metric(url, "python_gc_collections_total", generation="2")
+
+
+def allow_clients() -> None:
+    """This process (the clients' side) may open CLIENTS connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < CLIENTS + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, CLIENTS + 200), hard))
+
+
+async def _post(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], n: int) -> int:
+    reader, writer = stream
+    body = b'{"messages":[{"ttl":300,"body":{"n":1}}]}'
+    writer.write(
+        f"POST /v2/queues/heap{n % 50}/messages HTTP/1.1\r\nHost: t\r\n"
+        f"Client-ID: {uuid.UUID(int=n)}\r\nX-Project-ID: heap\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1])
+
+
+async def _load(host: str, port: int, rounds: int) -> list[int]:
+    """The statuses of rounds x CLIENTS posts, CLIENTS connections at a time."""
+    streams = [await asyncio.open_connection(host, port) for _ in range(CLIENTS)]
+    try:
+        statuses: list[int] = []
+        for _ in range(rounds):
+            async with asyncio.timeout(60):  # a refused client fails, not hangs
+                statuses += await asyncio.gather(*(_post(s, i) for i, s in enumerate(streams)))
+        return statuses
+    finally:
+        for _, writer in streams:
+            writer.close()
+
+
+@pytest.mark.process
+def test_a_low_open_files_limit_is_raised_to_serve_more_clients(
+    redis_url: str, tmp_path: Path
+) -> None:
+    allow_clients()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < CLIENTS + 200:
+        pytest.skip(f"the hard open files limit here is {hard}")
+    # python -m feedsvc serve, started with a soft limit of LOW_LIMIT
+    low_start = (
+        "import resource, runpy, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({LOW_LIMIT}, {hard})); "
+        "sys.argv = ['feedsvc', *sys.argv[1:]]; "
+        "runpy.run_module('feedsvc', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", low_start, "serve"]
+    with ServiceProcess(
+        "--redis-url", redis_url, command=command, log_path=tmp_path / "serve.log"
+    ) as svc:
+        assert metric(svc.url, "process_max_fds") == hard
+        statuses = asyncio.run(_load(svc.host, svc.port, rounds=1))
+    assert statuses == [201] * CLIENTS
+
+
+@pytest.mark.process
+def test_many_keep_alive_clients_cause_no_full_collection(redis_url: str, tmp_path: Path) -> None:
+    allow_clients()
+    with ServiceProcess("--redis-url", redis_url, log_path=tmp_path / "serve.log") as svc:
+        before = full_collections(svc.url)
+        statuses = asyncio.run(_load(svc.host, svc.port, ROUNDS))
+        after = full_collections(svc.url)
+    assert statuses == [201] * (CLIENTS * ROUNDS)
+    assert after - before == 0
