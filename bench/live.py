@@ -53,6 +53,7 @@ import psutil
 import redis
 
 from bench.service import CpuWindow, Service, SuiteLike
+from feedsvc import process_setup
 from feedsvc.redis_server import pick_free_port
 
 HERE = Path(__file__).resolve().parent
@@ -75,13 +76,11 @@ GRACE_S = 1.0
 
 
 def raise_open_files_limit() -> int:
-    """10,000 streams are 10,000 descriptors in the server: children inherit it."""
+    """10,000 streams are 10,000 descriptors in the server: children inherit it.
+    The soft limit now in force."""
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    process_setup.raise_open_files_limit()
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import re
-import resource
 import sys
 import time
 from array import array
@@ -39,6 +37,8 @@ from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
+
+from feedsvc import process_setup
 
 EVENT = re.compile(
     rb"id: (\d+)\r?\nevent: message\r?\n"
@@ -243,13 +243,6 @@ async def serve(args: argparse.Namespace) -> None:
         say(totals)
 
 
-def raise_open_files_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sse_client", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
@@ -259,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, required=True)
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop by itself then")
     args = parser.parse_args(argv)
-    raise_open_files_limit()
+    process_setup.raise_open_files_limit()
     import uvloop
 
     uvloop.run(serve(args))
