@@ -47,8 +47,9 @@ process, busy collecting, then served less than half of what it serves to
 The young generations keep Python's thresholds. A first threshold of 20,000
 instead of 700 made their collections rarer and longer (median 4-6 ms
 instead of 0.1-0.2 ms with 5,000 clients) and spent less time collecting,
-but in three alternating rounds neither the rate served to 64 clients nor
-the 5,000 clients' p99 moved by more than the run-to-run noise.
+but neither the rate served to 64 clients nor the 5,000 clients' p99 moved
+by more than the run-to-run noise (three alternating rounds by hand, and
+``python -m bench pool`` twice on each side).
 """
 
 from __future__ import annotations
