@@ -22,11 +22,12 @@ aiohttp keeps a connection's last request and response, and the few dozen
 objects they hold, alive until the connection's next request arrives, so
 each request leaves objects that outlive the young generations and are moved
 into the oldest, there to be freed by their reference count a second later.
-Measured with 5,000 paced clients (docs/BENCHMARKS.md, "5,000 clients"):
-about 38 live objects per connection, the oldest generation collected every
-few seconds, each time a pause of 20-330 ms in which no request moved; the
-process, busy collecting, then served less than half of what it serves to
-100 clients, and the latency grew until clients timed out.
+Measured with 5,000 paced clients (docs/BENCHMARKS.md, "The cause: the
+cycle collector"): about 38 live objects per connection, the oldest
+generation collected every few seconds, each time a pause of 20-330 ms in
+which no request moved; the process, busy collecting, then served less than
+half of what it serves to 100 clients, and the latency grew until clients
+timed out.
 
 :func:`settle_heap` therefore
 
@@ -39,10 +40,10 @@ process, busy collecting, then served less than half of what it serves to
   minutes apart rather than seconds. Nothing is left uncollected: garbage
   cycles are almost always found young, where nothing changed; a cycle that
   became garbage after it was moved to the oldest generation waits for that
-  collection. Posts and pages made no garbage cycles at all (looked for
-  with ``gc.DEBUG_SAVEALL`` under load). ``tests/test_process_setup.py``
-  counts the collections; ``python_gc_*`` in ``/metrics`` shows them in
-  production.
+  collection. Posts of messages made no garbage cycles at all, nor did
+  the bench's hello (looked for with ``gc.DEBUG_SAVEALL`` under load).
+  ``tests/test_process_setup.py`` counts the collections; ``python_gc_*``
+  in ``/metrics`` shows them in production.
 
 The young generations keep Python's thresholds. A first threshold of 20,000
 instead of 700 made their collections rarer and longer (median 4-6 ms

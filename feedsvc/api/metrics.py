@@ -6,9 +6,9 @@ status, whose ``_count`` is the request count); the store's own numbers
 pool use, coalesced batches) are read at scrape time, and so are the
 process's own (``process_*``: CPU, memory, open files) and its Python's
 (``python_gc_*``: the cycle collector's runs per generation, see
-:mod:`feedsvc.heap`; ``python_info``), as any Python service exports them.
-Each app has its own registry, so several apps in one process (tests) do not
-collide.
+:mod:`feedsvc.process_setup`; ``python_info``), as any Python service
+exports them. Each app has its own registry, so several apps in one process
+(tests) do not collide.
 """
 
 from __future__ import annotations
