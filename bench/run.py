@@ -10,7 +10,8 @@ noise; ratios are what to read.
     python -m bench post get             # some parts
     python -m bench --duration 3 --rounds 1 post
 
-Parts: post, get, loop, workers (``--workers 2`` against 1), zaqar (real
+Parts: post, get, ladder (what a POST and a GET cost above hello, rung by
+rung), loop, workers (``--workers 2`` against 1), zaqar (real
 Zaqar side by side; bench/zaqar.py), pool (5,000 against 100 clients at
 half the highest rate), batch (messages/s at 1 to 1000 per POST; these
 three in bench/capacity.py), coalesce, drivers, cluster (a local 3-primary
@@ -135,6 +136,41 @@ class Suite:
             client.close()
         cpu = (after.user + after.system) - (before.user + before.system)
         return float(stats.get("usec_per_call", 0.0)), cpu * 1e6 / max(run.requests, 1)
+
+    #: The ladder's rungs: (label, path, wrk script), each one step nearer a
+    #: real request than the one before it (handlers.bench_* say what each is)
+    LADDER = (
+        ("ladder: hello", "/bench/hello", None),
+        ("ladder: hello + Redis PING", "/bench/ping", None),
+        ("ladder: POST body, no Redis", "/bench/post", "post.lua"),
+        ("ladder: POST 1 message", "/v2/queues/bpost/messages", "post.lua"),
+        ("ladder: a page, no Redis", "/bench/page", None),
+        ("ladder: GET 10-message page", "/v2/queues/bget/messages?limit=10", "get.lua"),
+    )
+
+    def part_ladder(self) -> None:
+        """Where a POST's and a GET's cost above hello goes: each rung of
+        LADDER in turn, every round, with the feedsvc process's CPU time per
+        request; medians over rounds, ratios to the same round's hello."""
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in self.LADDER}
+        with service(self.redis.url, self.workdir) as svc:
+            proc = psutil.Process(svc.pid)
+            for _ in range(self.rounds):
+                hello_rps = 0.0
+                for label, path, script in self.LADDER:
+                    before = proc.cpu_times()
+                    run = wrk(svc.url + path, script, self.connections, self.duration)
+                    after = proc.cpu_times()
+                    assert run.errors == 0, f"{label}: {run.errors} errors"
+                    cpu = (after.user + after.system) - (before.user + before.system)
+                    hello_rps = hello_rps or run.rps
+                    runs[label].append((run.rps / hello_rps, cpu * 1e6 / max(run.requests, 1)))
+        for label, measured in runs.items():
+            self.add(
+                label,
+                ratio=statistics.median(r for r, _ in measured),
+                cpu_us_per_request=statistics.median(c for _, c in measured),
+            )
 
     def part_loop(self) -> None:
         results = {}
@@ -410,8 +446,8 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 
 PARTS = [
-    "post", "get", "loop", "workers", "zaqar", "pool", "batch", "coalesce", "drivers", "cluster",
-    "rtt", "idle", "fanout", "wake", "webhook",
+    "post", "get", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce", "drivers",
+    "cluster", "rtt", "idle", "fanout", "wake", "webhook",
 ]  # fmt: skip
 
 

@@ -305,7 +305,9 @@ class Settings:
     bench_routes: bool = _opt(
         False,
         "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
-        "benchmarks compare against in the same process and event loop",
+        "benchmarks compare against in the same process and event loop; and the "
+        "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
+        "POST /bench/post, GET /bench/page)",
     )
     log_format: str = _opt(
         "text", "log lines as plain text or as JSON objects", choices=("text", "json")

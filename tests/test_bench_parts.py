@@ -1,6 +1,7 @@
 """The tools of bench/capacity.py and bench/zaqar.py: wrk's report read
-right, the CPU of a process tree and of wrk (a reaped child) counted, and
-the zaqar part skipped with a reason when Zaqar cannot be installed. Speed
+right, the CPU of a process tree and of wrk (a reaped child) counted, the
+zaqar part skipped with a reason when Zaqar cannot be installed, and the
+ladder's --bench-routes answering as the requests they stand for. Speed
 itself is never asserted here."""
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from bench import zaqar
+from bench.run import Suite
 from bench.service import CpuWindow, parse_wrk, process_tree
+from feedsvc.app import create_app
+from tests.conftest import make_settings
 
 WRK_REPORT = """\
 Running 7s test @ http://127.0.0.1:4242/v2/queues/bpool/messages
@@ -101,3 +108,36 @@ def test_the_zaqar_part_is_skipped_with_a_reason_when_zaqar_cannot_be_installed(
     [(name, values)] = suite.rows
     assert name == "feedsvc vs Zaqar"
     assert "cannot install into" in str(values["skipped"])
+
+
+@pytest.mark.parametrize("driver", ["lua"])
+async def test_the_ladders_rungs_answer_as_the_requests_they_stand_for(
+    redis_url: str, driver: str, headers: dict[str, str]
+) -> None:
+    """bench's ladder reads its rungs' costs as steps towards a real POST and
+    GET: each must answer with no error, and the ceilings with what the
+    real request sends (a post's 201 and Location; a page's size)."""
+    settings = make_settings(redis_url, driver=driver, bench_routes=True)
+    async with TestClient(TestServer(create_app(settings))) as http:
+        queue_path = "/v2/queues/bget/messages"
+        seed = {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]}
+        bget = {**headers, "X-Project-ID": "bench"}
+        assert (await http.post(queue_path, json=seed, headers=bget)).status == 201
+        reader = {**bget, "Client-ID": str(uuid.uuid4())}
+        answers = {}
+        for label, path, script in Suite.LADDER:
+            method = "POST" if script == "post.lua" else "GET"
+            body = {"messages": [{"ttl": 300, "body": {"event": "x"}}]}
+            response = await http.request(
+                method, path, json=body if method == "POST" else None, headers=reader
+            )
+            assert response.status < 300, (label, response.status, await response.text())
+            answers[path] = (response, await response.read())
+    ceiling, ceiling_body = answers["/bench/post"]
+    [resource] = orjson.loads(ceiling_body)["resources"]
+    assert ceiling.status == 201
+    assert ceiling.headers["Location"] == "/bench/post?ids=" + resource.rsplit("/", 1)[1]
+    page_body = answers["/bench/page"][1]
+    real_page = answers["/v2/queues/bget/messages?limit=10"][1]
+    assert len(orjson.loads(page_body)["messages"]) == len(orjson.loads(real_page)["messages"])
+    assert abs(len(page_body) - len(real_page)) < len(real_page) // 10

@@ -229,6 +229,55 @@ async def bench_hello(request: web.Request) -> web.Response:
     return json_response({"hello": "world"})
 
 
+#: What bench_page answers: the size and shape of a page of 10 messages of
+#: ``{"n": i, "pad": "x" * 100}``, as the bench's GET reads (≈ 2 KB).
+_BENCH_PAGE = orjson.dumps(
+    {
+        "messages": [
+            {
+                "id": f"{i:024x}",
+                "href": f"/v2/queues/bget/messages/{i:024x}",
+                "ttl": 3600,
+                "age": 0,
+                "body": {"n": i, "pad": "x" * 100},
+            }
+            for i in range(10)
+        ],
+        "links": [{"rel": "next", "href": "/v2/queues/bget/messages?marker=10&limit=10"}],
+    }
+)
+
+
+async def bench_post(request: web.Request) -> web.Response:
+    """The ceiling of a POST without Redis (--bench-routes): the body read and
+    parsed, one id made, a 201 answered as a post's, with nothing checked,
+    stored or published. What a POST costs above hello that this does not is
+    feedsvc's own work."""
+    document = orjson.loads(await request.read())
+    path = request.path
+    ids = [os.urandom(12).hex() for _ in document["messages"]]
+    return web.Response(
+        status=201,
+        body=orjson.dumps({"resources": [f"{path}/{i}" for i in ids]}),
+        content_type="application/json",
+        headers={"Location": f"{path}?ids={','.join(ids)}"},
+    )
+
+
+async def bench_ping(request: web.Request) -> web.Response:
+    """Hello after one round trip to Redis (--bench-routes): a PING through
+    the store's transport, coalesced with other requests' calls as theirs are.
+    What it costs above hello is what any request pays to wait on Redis."""
+    await feed_store(request).ping()
+    return json_response({"hello": "world"})
+
+
+async def bench_page(request: web.Request) -> web.Response:
+    """The ceiling of a GET without Redis (--bench-routes): a page of 10
+    messages' worth of JSON, built once, sent as is."""
+    return web.Response(body=_BENCH_PAGE, content_type="application/json")
+
+
 # -- queues ------------------------------------------------------------------
 
 

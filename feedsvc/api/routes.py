@@ -68,3 +68,6 @@ def add_routes(app: web.Application, bench_routes: bool = False) -> None:
     app.router.add_get("/console/{asset}", console.get_console_asset)
     if bench_routes:
         app.router.add_get("/bench/hello", h.bench_hello)
+        app.router.add_post("/bench/post", h.bench_post)
+        app.router.add_get("/bench/page", h.bench_page)
+        app.router.add_get("/bench/ping", h.bench_ping)
