@@ -266,7 +266,7 @@ async def test_aiohttp_waiter(served: Served) -> None:
     try:
         with canary(
             "RequestHandler._waiter (set, not done, while waiting for a request head)",
-            "feedsvc/drain.py (is_idle), feedsvc/api/protocol.py (_head_overdue)",
+            "feedsvc/drain.py (is_idle), feedsvc/api/protocol.py (_head_check)",
             "aiohttp",
         ):
             await until(has_connection(served))

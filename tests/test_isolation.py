@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.keys import escape_project
+from feedsvc.storage.keys import KINDS, QueueKeys, escape_project
 from tests.conftest import PROCESS_DRIVERS, make_settings
 
 pytestmark = pytest.mark.process  # a redis-server of its own
@@ -434,3 +434,23 @@ def test_no_key_pattern_is_left_unescaped() -> None:
         escaped = escape_project(project)
         assert not set(escaped) & set("{}/"), project
         assert seen.setdefault(escaped, project) == project, (project, seen[escaped])
+
+
+def test_the_keys_of_a_queue_are_those_of_its_project_name_and_kind_only() -> None:
+    """QueueKeys.of remembers the keys it made: each answer is still the one
+    for exactly the names asked (no other project's, queue's or kind's), and
+    the keys every script gets are the queue's, in the scripts' order."""
+    made: dict[str, tuple[str, str, str]] = {}
+    for project in [*TRICKY_PROJECTS, "p", "P"]:
+        for queue in ("q", "Q", "q-1"):
+            for kind in KINDS:
+                names = (project, queue, kind)
+                keys = QueueKeys.of(*names)
+                assert keys == QueueKeys.of(*names)
+                assert keys.prefix.endswith(f"{{{escape_project(project)}/{queue}}}")
+                assert keys.prefix.startswith("fs:t:" if kind == "topic" else "fs:{")
+                assert made.setdefault(keys.prefix, names) == names
+                expected = [keys.meta, keys.seq, keys.index, keys.expiry, keys.claimed, keys.claims]
+                assert keys.fixed() == expected
+                keys.fixed().append("changed by a caller")
+                assert keys.fixed() == expected

@@ -196,6 +196,14 @@ def test_unindexed_record_is_never_a_live_message() -> None:
     assert record.live_messages(["a" * 24], raw, now=0) == [None]
 
 
+@pytest.mark.parametrize("author", ["", "me", "3381af92-2b9e-11e3-b191-71861300734c"])
+def test_an_unindexed_record_is_a_header_of_zeros(author: str) -> None:
+    body = b'{"event": "x"}'
+    expected = record.Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body)
+    assert record.unindexed(author, body) == expected
+    assert record.Header.decode(expected) == record.Header(0, 0, 0, 0, 0, 0, 0, "", author)
+
+
 def test_row_decoder_hides_unindexed_and_expired_messages() -> None:
     # a legacy row: no record, a hash of fields
     row = [b"{}", b"60", b"1000", b"61000", None, b"", b"0", b"0", b"me", b"0"]

@@ -261,7 +261,12 @@ class Header:
 
 def unindexed(author: str, body: bytes) -> bytes:
     """The record a body is written as before post.lua indexes it (seq 0)."""
-    return Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body)
+    # the same as Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body), whose
+    # fixed part, all zeros, is made once (formatting it cost each post 2.6 µs)
+    return _UNINDEXED + author.encode() + NEWLINE + body
+
+
+_UNINDEXED: Final = Header(0, 0, 0, 0, 0, 0, 0, "", "").fixed()
 
 
 def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0) -> Header:
