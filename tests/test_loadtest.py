@@ -435,6 +435,8 @@ def _compare_row(producers: int, shape: str, workers: int, driver: str, rps: flo
     }  # fmt: skip
 
 
+# a process test: matplotlib runs fc-list while its font cache is not yet built
+@pytest.mark.process
 @pytest.mark.usefixtures("keep_sigterm")
 def test_compare_report_puts_the_three_drivers_side_by_side_per_cell(tmp_path: Path) -> None:
     """python -m loadtest report: each (producers, shape, workers) cell lists
