@@ -86,7 +86,7 @@ class Suite:
             name, {k: (f"{v:.2f}" if isinstance(v, float) else str(v)) for k, v in values.items()}
         )
         self.rows.append(row)
-        print(f"{name:<34}" + "  ".join(f"{k}={v}" for k, v in row.values.items()), flush=True)
+        print(f"{name:<34} " + "  ".join(f"{k}={v}" for k, v in row.values.items()), flush=True)
 
     # -- parts ---------------------------------------------------------------
 

@@ -2,13 +2,15 @@
 
 Zaqar 23.0.1 with its Redis driver runs under gunicorn (2 workers x 8
 gthread threads) against a Redis server of its own, next to one ``feedsvc
-serve`` process (default settings) on the suite's Redis. Both are driven
+serve`` process (default settings) and one ``feedsvc serve --workers 2``
+(as many processes as gunicorn's) on the suite's Redis. All are driven
 by the same wrk scripts: POST one message (bench/wrk/post.lua), and GET a
 page of 10 with ``echo=true`` from a queue holding 20 messages
 (bench/wrk/get.lua), with ``wrk -t2 -c32`` (Zaqar serves 16 requests at
-once; 32 connections keep each thread busy with one more queued). The two
-take turns, ``rounds`` times; the rows give the medians, the ratio
-feedsvc/Zaqar, and the cores each side took during its own runs (the
+once; 32 connections keep each thread busy with one more queued). They
+take turns, ``rounds`` times; the rows give the medians, the ratios
+feedsvc/Zaqar (``ratio`` for one process, ``ratio_workers`` for two), and
+the cores each side took during its own runs (the
 service's processes and its Redis), wrk's and the rest of the machine's, so
 that the reader sees who was the ceiling.
 
@@ -189,26 +191,45 @@ def part_zaqar(suite: WrkSuite, home: Path) -> None:
     try:
         with zaqar(home, suite.workdir) as (zaqar_url, gunicorn_pid, zaqar_redis):
             _prefill(zaqar_url)
-            with service(suite.redis.url, suite.workdir, log="feedsvc-zaqar.log") as svc:
-                _compare(suite, svc.url, svc.pid, zaqar_url, gunicorn_pid, zaqar_redis)
+            with (
+                service(suite.redis.url, suite.workdir, log="feedsvc-zaqar.log") as svc,
+                service(
+                    suite.redis.url, suite.workdir, "--workers", str(WORKERS),
+                    log="feedsvc-zaqar-workers.log",
+                ) as svc2,
+            ):  # fmt: skip
+                feedsvcs = {"feedsvc": svc.pid, "feedsvc_workers": svc2.pid}
+                urls = {"feedsvc": svc.url, "feedsvc_workers": svc2.url}
+                _compare(suite, urls, feedsvcs, zaqar_url, gunicorn_pid, zaqar_redis)
     except ZaqarUnavailable as exc:
         suite.add("feedsvc vs Zaqar", skipped=str(exc))
 
 
 def _compare(
-    suite: WrkSuite, url: str, pid: int, zaqar_url: str, gunicorn_pid: int, zaqar_redis: int
+    suite: WrkSuite,
+    urls: dict[str, str],
+    pids: dict[str, int],
+    zaqar_url: str,
+    gunicorn_pid: int,
+    zaqar_redis: int,
 ) -> None:
+    """Each feedsvc side (urls and pids by name: one process, and as many
+    worker processes as Zaqar's gunicorn has) against Zaqar, in turns."""
+    redis = [suite.redis.pid or 0]
     sides = {
-        "feedsvc": (url, {"service": process_tree(pid), "redis": [suite.redis.pid or 0]}),
-        "zaqar": (zaqar_url, {"service": process_tree(gunicorn_pid), "redis": [zaqar_redis]}),
+        name: (urls[name], {"service": process_tree(pid), "redis": redis})
+        for name, pid in pids.items()
     }
+    sides["zaqar"] = (zaqar_url, {"service": process_tree(gunicorn_pid), "redis": [zaqar_redis]})
+    order = list(sides)
     for what, script, path in (
         ("POST 1 message", "post.lua", "/v2/queues/bpost/messages"),
         ("GET page of 10, echo", "get.lua", GET_PATH),
     ):
-        results: dict[str, list[WrkResult]] = {"feedsvc": [], "zaqar": []}
+        results: dict[str, list[WrkResult]] = {side: [] for side in sides}
         for r in range(suite.rounds):
-            for side in ("feedsvc", "zaqar") if r % 2 == 0 else ("zaqar", "feedsvc"):
+            # each side takes each place in the order in turn
+            for side in order[r % len(order) :] + order[: r % len(order)]:
                 base, groups = sides[side]
                 results[side].append(
                     wrk(
@@ -239,6 +260,13 @@ def _compare(
             "ratio": rps["feedsvc"] / max(1e-9, rps["zaqar"]),
             "ratio_per_core": per_core["feedsvc"] / max(1e-9, per_core["zaqar"]),
         }
+        if "feedsvc_workers" in rps:
+            # as many processes as Zaqar's gunicorn runs
+            values["feedsvc_workers_rps"] = rps["feedsvc_workers"]
+            values["ratio_workers"] = rps["feedsvc_workers"] / max(1e-9, rps["zaqar"])
+            values["ratio_workers_per_core"] = per_core["feedsvc_workers"] / max(
+                1e-9, per_core["zaqar"]
+            )
         for side, done in results.items():
             values[f"{side}_p99_ms"] = statistics.median(x.p99_ms for x in done)
             values[f"{side}_errors"] = sum(x.errors for x in done)
