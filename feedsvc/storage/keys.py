@@ -57,8 +57,20 @@ def registry_key(project: str, kind: Kind = "queue") -> str:
     return f"{NAMESPACE}:p:{{{escape_project(project)}}}:{kind}s"
 
 
+SEQ_SUFFIX = ":seq"
+INDEX_SUFFIX = ":idx"
+EXPIRY_SUFFIX = ":exp"
+CLAIMED_SUFFIX = ":claimed"
+CLAIMS_SUFFIX = ":claims"
 #: The keys every queue script gets as KEYS[1..n] (QueueKeys.fixed), in order.
-FIXED_SUFFIXES = (META_SUFFIX, ":seq", ":idx", ":exp", ":claimed", ":claims")
+FIXED_SUFFIXES = (
+    META_SUFFIX,
+    SEQ_SUFFIX,
+    INDEX_SUFFIX,
+    EXPIRY_SUFFIX,
+    CLAIMED_SUFFIX,
+    CLAIMS_SUFFIX,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,23 +100,23 @@ class QueueKeys:
 
     @property
     def seq(self) -> str:
-        return self.prefix + ":seq"
+        return self.prefix + SEQ_SUFFIX
 
     @property
     def index(self) -> str:
-        return self.prefix + ":idx"
+        return self.prefix + INDEX_SUFFIX
 
     @property
     def expiry(self) -> str:
-        return self.prefix + ":exp"
+        return self.prefix + EXPIRY_SUFFIX
 
     @property
     def claimed(self) -> str:
-        return self.prefix + ":claimed"
+        return self.prefix + CLAIMED_SUFFIX
 
     @property
     def claims(self) -> str:
-        return self.prefix + ":claims"
+        return self.prefix + CLAIMS_SUFFIX
 
     @property
     def feed(self) -> str:
