@@ -439,6 +439,37 @@ async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redi
         await client.aclose()
 
 
+async def test_post_script_indexes_nothing_when_a_body_is_missing(
+    lua_store: LuaStore, project: str, redis_url: str
+) -> None:
+    """All or nothing: if Redis lost one of a post's bodies before the script
+    ran (evicted, or its SET failed), no message of the post is indexed, the
+    queue's counter does not move, and the bodies that are there stay
+    unindexed (they expire by themselves). The store turns the empty reply
+    into a 503 (LuaStore._post)."""
+    keys = QueueKeys.of(project, "q")
+    await lua_store.post_messages(project, "q", WRITER, [msg(0)])  # the queue exists
+    script = load_script("post")
+    present, lost = "ab" * 12, "cd" * 12
+    client = direct_client(redis_url)
+    try:
+        await client.set(keys.record(present), record.unindexed(WRITER, b"1"), ex=60)
+        seq_before = await client.get(keys.seq)
+        for order in ((present, lost), (lost, present)):
+            all_keys = [*keys.fixed(), *(keys.record(i) for i in order)]
+            per_message = [arg for i in order for arg in (i, "", "")]
+            reply = await client.evalsha(
+                script.sha, len(all_keys), *all_keys, 1, 3600, 0, 0, "", 0, "0", *per_message
+            )
+            assert reply == []
+        assert await client.get(keys.seq) == seq_before
+        assert await client.zscore(keys.index, present) is None
+        assert await client.zcard(keys.index) == 1
+        assert await client.get(keys.record(present)) == record.unindexed(WRITER, b"1")
+    finally:
+        await client.aclose()
+
+
 async def test_orphan_body_is_never_listed(store: FeedStore, project: str, redis_url: str) -> None:
     keys = QueueKeys.of(project, "q")
     client = direct_client(redis_url)
