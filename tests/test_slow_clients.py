@@ -153,6 +153,28 @@ async def test_a_keep_alive_client_with_idle_gaps_is_served(service: LiveService
 
 @pytest.mark.process
 @pytest.mark.timeout(60)
+async def test_heads_in_time_back_to_back_are_never_cut(service: LiveService) -> None:
+    """Requests one after another for several --client-timeouts, each head
+    sent in two parts within the timeout: the clock of each head counts from
+    its own first byte, however long ago the connection's timer was set
+    (one timer per connection moves itself on), so none is cut."""
+    request = b"GET /v2/ping HTTP/1.1\r\nHost: slow\r\n\r\n"
+    pause = CLIENT_TIMEOUT * 0.3
+    served = 0
+    async with connection(service.port) as (reader, writer):
+        for _ in range(round(4 * CLIENT_TIMEOUT / pause)):
+            writer.write(request[:10])
+            await writer.drain()
+            await asyncio.sleep(pause)
+            writer.write(request[10:])
+            status, _ = await read_response(reader)
+            assert status == 204
+            served += 1
+    assert served * pause >= 3 * CLIENT_TIMEOUT
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("second", [False, True], ids=["first-request", "second-request"])
 async def test_a_slow_body_is_a_408(service: LiveService, second: bool) -> None:
     body = b'{"messages": [{"body": "sent slowly"}]}'
