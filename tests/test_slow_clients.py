@@ -22,9 +22,10 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import uvloop
 from aiohttp import web
 
-from feedsvc.api.protocol import FeedAppRunner
+from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
 from feedsvc.redis_server import RedisServer
 from tests.test_faults import LiveService, report
 
@@ -171,6 +172,41 @@ async def test_heads_in_time_back_to_back_are_never_cut(service: LiveService) ->
             assert status == 204
             served += 1
     assert served * pause >= 3 * CLIENT_TIMEOUT
+
+
+class CountingHandler(JsonErrorRequestHandler):
+    """Counts the runs of its head timer's check."""
+
+    checks = 0
+
+    def _head_check(self) -> None:
+        self.checks += 1
+        super()._head_check()
+
+
+async def _never_called(request: web.BaseRequest) -> web.StreamResponse:
+    raise AssertionError("no request reaches this handler")
+
+
+async def _checks_for_one_deadline(head_timeout: float) -> int:
+    """How often the timer checks a head whose clock was restarted once."""
+    loop = asyncio.get_running_loop()
+    server = web.Server(_never_called)
+    handler = CountingHandler(server, loop=loop, head_timeout=head_timeout)
+    handler._start_head_clock()
+    await asyncio.sleep(head_timeout / 10)
+    handler._start_head_clock()  # the timer, due sooner, must move on
+    await asyncio.sleep(head_timeout * 1.5)
+    handler._stop_head_clock()
+    return handler.checks
+
+
+def test_a_head_timer_that_moves_on_checks_once_more_not_in_a_loop() -> None:
+    """uvloop keeps time in whole milliseconds: a timer rescheduled for a
+    deadline less than a millisecond away ran again at once, hundreds of
+    times, until the millisecond turned. (Served on uvloop, so tested on it.)"""
+    counts = [uvloop.run(_checks_for_one_deadline(0.3)) for _ in range(5)]
+    assert max(counts) <= 3, counts
 
 
 @pytest.mark.process

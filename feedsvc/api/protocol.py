@@ -152,8 +152,11 @@ class JsonErrorRequestHandler(web.RequestHandler):
             return
         loop = asyncio.get_running_loop()
         deadline = self._head_since + self._head_timeout
-        if loop.time() < deadline:  # the clock started again since
-            self._head_timer = loop.call_at(deadline, self._head_check)
+        now = loop.time()
+        if now < deadline:  # the clock started again since
+            # at least a millisecond on: uvloop keeps time in whole ms, and a
+            # timer due in less would run again at once until the ms turns
+            self._head_timer = loop.call_at(max(deadline, now + 0.001), self._head_check)
             return
         waiter = self._waiter
         if waiter is not None and not waiter.done():  # no request is being handled
