@@ -254,14 +254,8 @@ async def bench_post(request: web.Request) -> web.Response:
     stored or published. What a POST costs above hello that this does not is
     feedsvc's own work."""
     document = orjson.loads(await request.read())
-    path = request.path
     ids = [os.urandom(12).hex() for _ in document["messages"]]
-    return web.Response(
-        status=201,
-        body=orjson.dumps({"resources": [f"{path}/{i}" for i in ids]}),
-        content_type="application/json",
-        headers={"Location": f"{path}?ids={','.join(ids)}"},
-    )
+    return posted_response(request.path, ids)
 
 
 async def bench_ping(request: web.Request) -> web.Response:
@@ -402,7 +396,12 @@ async def post_messages(request: web.Request) -> web.Response:
     ids = await feed_store(request).post_messages(
         project, queue, client, messages, len(raw), idempotency_key
     )
-    base = f"{feed_path(request, queue)}/messages"
+    return posted_response(f"{feed_path(request, queue)}/messages", ids)
+
+
+def posted_response(base: str, ids: list[str]) -> web.Response:
+    """201 for posted messages: their hrefs under base (a feed's messages
+    path), and a Location naming them all."""
     body = orjson.dumps({"resources": [f"{base}/{i}" for i in ids]})
     return web.Response(
         status=201,
