@@ -24,7 +24,7 @@ from feedsvc.embedded import EmbeddedRedis
 from feedsvc.process_setup import raise_open_files_limit, settle_heap
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServerError, RedisServerNotFound
-from feedsvc.workers import bind, run_workers
+from feedsvc.workers import BACKLOG, bind, run_workers
 
 log = logging.getLogger("feedsvc")
 
@@ -93,9 +93,9 @@ async def serve(
     await runner.setup()
     site: web.BaseSite
     if sock is None:
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=2048)
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=BACKLOG)
     else:
-        site = web.SockSite(runner, sock)
+        site = web.SockSite(runner, sock, backlog=BACKLOG)
     await site.start()
     for address in runner.addresses:
         host, port = address[0], address[1]

@@ -51,6 +51,15 @@ KILL_AFTER_GRACE = 5.0
 ServeOn = Callable[[Settings, socket.socket, Callable[[str, int], None]], None]
 
 
+#: Connections the kernel completes and queues for the service to accept (a
+#: client beyond it has its SYN dropped, and tries again only after one
+#: second, then three, seven ...): as many as the kernel allows, which caps
+#: it at ``net.core.somaxconn`` (4096 by default since Linux 5.4). Given to
+#: every listen() of the socket: the event loop's create_server() calls
+#: listen() again, with its own default of 100 or 128 unless told.
+BACKLOG = 65535
+
+
 def bind(settings: Settings) -> socket.socket:
     """The listening socket for --host and --port.
 
@@ -66,7 +75,7 @@ def bind(settings: Settings) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((settings.host, settings.port))
-        sock.listen(2048)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         where = f"[{settings.host}]" if family == socket.AF_INET6 else settings.host

@@ -10,17 +10,26 @@ keep-alive clients each request so leaves a few dozen objects that outlive
 the collector's young generations; Python's default thresholds then make it
 collect the oldest generation, every object of the process, every few
 thousand requests: pauses of tens to hundreds of milliseconds that stopped
-every request at once (see :mod:`feedsvc.heap`). The test holds many
+every request at once (see :mod:`feedsvc.process_setup`). The test holds many
 connections, sends requests round them and reads, from ``/metrics``, how
 often the oldest generation was collected meanwhile: never, with feedsvc's
 thresholds; several times with Python's.
+
+A burst of clients connecting at once all get in at the first try: the
+listening socket's backlog is the one feedsvc asks for, not the event loop's
+default of 128 (which create_server() set again on the bound socket).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
+import selectors
+import signal
+import socket
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -123,3 +132,55 @@ def test_many_keep_alive_clients_cause_no_full_collection(redis_url: str, tmp_pa
         after = full_collections(svc.url)
     assert statuses == [201] * (CLIENTS * ROUNDS)
     assert after - before == 0
+
+
+#: Clients that connect at once (a restart, a load balancer's reconnects).
+BURST = 1000
+
+
+def _handshakes_done(clients: list[socket.socket]) -> list[socket.socket]:
+    """The clients whose connect completed within half a second: a
+    handshake on loopback takes microseconds, a dropped SYN is sent again
+    only after one second."""
+    done: list[socket.socket] = []
+    with selectors.DefaultSelector() as selector:
+        for client in clients:
+            selector.register(client, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + 0.5
+        while len(done) < len(clients) and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                selector.unregister(key.fileobj)
+                done.append(key.fileobj)  # type: ignore[arg-type]
+    return done
+
+
+@pytest.mark.process
+def test_a_burst_of_clients_connecting_while_the_service_is_busy_all_get_in(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The kernel completes handshakes and queues them until the service
+    accepts, as many as the listening socket's backlog; a client beyond it
+    has its SYN dropped and tries again after a second, then three. The
+    service is stopped while BURST clients connect (as a busy event loop
+    accepts nothing); every one of them must complete its handshake at the
+    first attempt, well before the kernel's first retry."""
+    allow_clients()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    if somaxconn < BURST:
+        pytest.skip(f"net.core.somaxconn is {somaxconn} here")
+    with ServiceProcess("--redis-url", redis_url, log_path=tmp_path / "serve.log") as svc:
+        os.kill(svc.pid, signal.SIGSTOP)
+        clients: list[socket.socket] = []
+        try:
+            for _ in range(BURST):
+                client = socket.socket()
+                client.setblocking(False)
+                client.connect_ex((svc.host, svc.port))
+                clients.append(client)
+            connected = _handshakes_done(clients)
+            refused = [c for c in connected if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
+        finally:
+            os.kill(svc.pid, signal.SIGCONT)
+            for client in clients:
+                client.close()
+    assert (len(connected), refused) == (BURST, [])
