@@ -21,7 +21,7 @@ from feedsvc.app import create_app
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.embedded import EmbeddedRedis
-from feedsvc.process_setup import raise_open_files_limit, settle_heap
+from feedsvc.process_setup import YoungCollections, raise_open_files_limit, settle_heap
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServerError, RedisServerNotFound
 from feedsvc.workers import BACKLOG, bind, run_workers
@@ -112,6 +112,8 @@ async def serve(
     settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    young_collections = YoungCollections(loop)
+    young_collections.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
         # a worker ignores SIGINT: its supervisor decides when it stops
         if signal.getsignal(sig) is not signal.SIG_IGN:
@@ -127,6 +129,7 @@ async def serve(
             on_stopping()
         await drain.run()
         await runner.cleanup()
+        young_collections.stop()
 
 
 def run_serve(settings: Settings) -> int:

@@ -23,6 +23,7 @@ default of 128 (which create_server() set again on the bound socket).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import resource
 import selectors
@@ -32,10 +33,12 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from feedsvc.process_setup import YoungCollections
 from feedsvc.testing import ServiceProcess
 from tests.test_metrics import sample
 
@@ -184,3 +187,101 @@ def test_a_burst_of_clients_connecting_while_the_service_is_busy_all_get_in(
             for client in clients:
                 client.close()
     assert (len(connected), refused) == (BURST, [])
+
+
+# -- the young generations on a clock (process_setup.YoungCollections) ----------
+
+#: Keep-alive connections simulated: each keeps its last request's objects.
+HELD = 2000
+
+
+def _young() -> int:
+    return len(gc.get_objects(0))
+
+
+#: Objects (the collector tracks) a request makes and its connection keeps.
+MADE = 11
+
+
+def _requests(held: list[list[list[int]]], count: int) -> None:
+    """count requests round the held connections: each makes its MADE
+    objects and frees the previous request's, as aiohttp's connections do."""
+    for n in range(count):
+        held[n % HELD] = [[n] for _ in range(MADE - 1)]
+
+
+@pytest.fixture
+def held() -> Iterator[list[list[list[int]]]]:
+    """HELD connections' objects, made and moved out of the young generations."""
+    objects: list[list[list[int]]] = [[] for _ in range(HELD)]
+    _requests(objects, HELD)
+    gc.collect()
+    yield objects
+    gc.collect()
+
+
+@pytest.fixture
+def clock() -> Iterator[YoungCollections]:
+    """A clock of young collections (ticked by hand here)."""
+    loop = asyncio.new_event_loop()
+    yield YoungCollections(loop)
+    loop.close()
+
+
+def test_requests_that_free_as_much_as_they_make_grow_the_young_generation_uncollected(
+    held: list[list[list[int]]],
+) -> None:
+    """Why the clock: Python's count is net, so it never fires here."""
+    before = sum(s["collections"] for s in gc.get_stats())
+    _requests(held, 10 * HELD)
+    assert sum(s["collections"] for s in gc.get_stats()) == before
+    # every held object is young: made since, and never collected
+    assert _young() >= HELD * MADE
+
+
+def test_a_tick_collects_the_young_generation_python_left(
+    held: list[list[list[int]]], clock: YoungCollections
+) -> None:
+    _requests(held, 10 * HELD)
+    clock.collect()
+    assert _young() < HELD
+
+
+def test_a_tick_after_a_collection_of_pythons_own_collects_nothing(
+    held: list[list[list[int]]], clock: YoungCollections
+) -> None:
+    gc.collect(0)  # Python collected since the last tick
+    _requests(held, HELD)
+    clock.collect()
+    assert _young() >= HELD * MADE
+    clock.collect()  # and the next tick does
+    assert _young() < HELD
+
+
+def test_a_tick_collects_the_middle_generation_when_python_would(
+    held: list[list[list[int]]], clock: YoungCollections
+) -> None:
+    middle = gc.get_threshold()[1]
+    collected = gc.get_stats()[1]["collections"]
+    ticks = 0
+    while gc.get_stats()[1]["collections"] == collected and ticks < middle + 2:
+        _requests(held, 100)
+        clock.collect()
+        ticks += 1
+    # as Python: once the youngest was collected more than `middle` times
+    assert (ticks, gc.get_stats()[1]["collections"]) == (middle + 2, collected + 1)
+
+
+@pytest.mark.process
+def test_a_serving_process_collects_its_young_generation_on_a_clock(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Idle, Python's count never fires; the clock's ticks do."""
+    with ServiceProcess("--redis-url", redis_url, log_path=tmp_path / "serve.log") as svc:
+        first = metric(svc.url, "python_gc_collections_total", generation="0")
+        for _ in range(100):
+            time.sleep(0.1)
+            if metric(svc.url, "python_gc_collections_total", generation="0") >= first + 20:
+                break
+        latest = metric(svc.url, "python_gc_collections_total", generation="0")
+    assert latest >= first + 20
