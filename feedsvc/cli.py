@@ -112,7 +112,9 @@ async def serve(
     settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    young_collections = YoungCollections(loop)
+    server = runner.server
+    assert server is not None  # set up above
+    young_collections = YoungCollections(loop, lambda: server.requests_count)
     young_collections.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
         # a worker ignores SIGINT: its supervisor decides when it stops

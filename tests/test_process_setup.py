@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from feedsvc.process_setup import YoungCollections
+from feedsvc.process_setup import YOUNG_EVERY, YoungCollections
 from feedsvc.testing import ServiceProcess
 from tests.test_metrics import sample
 
@@ -224,7 +224,7 @@ def held() -> Iterator[list[list[list[int]]]]:
 def clock() -> Iterator[YoungCollections]:
     """A clock of young collections (ticked by hand here)."""
     loop = asyncio.new_event_loop()
-    yield YoungCollections(loop)
+    yield YoungCollections(loop, lambda: 0)
     loop.close()
 
 
@@ -272,16 +272,37 @@ def test_a_tick_collects_the_middle_generation_when_python_would(
     assert (ticks, gc.get_stats()[1]["collections"]) == (middle + 2, collected + 1)
 
 
+def test_the_clock_slows_down_while_nothing_is_served_and_not_while_requests_arrive() -> None:
+    served = [0]
+    loop = asyncio.new_event_loop()
+    try:
+        clock = YoungCollections(loop, lambda: served[0])
+        idle = [clock.tick() for _ in range(10)]
+        served[0] += 1
+        busy = [clock.tick()]
+        served[0] += 1
+        busy.append(clock.tick())
+    finally:
+        loop.close()
+    assert idle == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0, 1.0, 1.0]
+    assert busy == [YOUNG_EVERY, YOUNG_EVERY]
+
+
 @pytest.mark.process
 def test_a_serving_process_collects_its_young_generation_on_a_clock(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """Idle, Python's count never fires; the clock's ticks do."""
+    """Requests that free what they make: Python's count seldom fires, the
+    clock's ticks do."""
     with ServiceProcess("--redis-url", redis_url, log_path=tmp_path / "serve.log") as svc:
         first = metric(svc.url, "python_gc_collections_total", generation="0")
-        for _ in range(100):
-            time.sleep(0.1)
-            if metric(svc.url, "python_gc_collections_total", generation="0") >= first + 20:
+        probes = 0
+        while probes < 1000:
+            for _ in range(20):
+                with urllib.request.urlopen(f"{svc.url}/v2/ping", timeout=30):
+                    probes += 1
+                time.sleep(0.005)
+            young = metric(svc.url, "python_gc_collections_total", generation="0")
+            if young >= first + 30:
                 break
-        latest = metric(svc.url, "python_gc_collections_total", generation="0")
-    assert latest >= first + 20
+    assert young >= first + 30
