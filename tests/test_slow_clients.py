@@ -334,3 +334,35 @@ async def test_a_silent_connection_is_cut(slow: tuple[Slow, int]) -> None:
     _, port = slow
     async with connection(port) as (reader, _), asyncio.timeout(CLOSE_BOUND):
         assert await reader.read() == b""
+
+
+async def test_a_head_behind_a_declined_upgrade_leaves_the_connection_idle_not_timed(
+    slow: tuple[Slow, int],
+) -> None:
+    """A request asking for an Upgrade that the handler declines: bytes sent
+    behind it wait, unparsed, until its answer, and aiohttp parses them then
+    (not in data_received). The head they hold is whole: once it is served,
+    the connection is an idle keep-alive one, not one whose next head is
+    late."""
+    served, port = slow
+    upgrade = (
+        b"GET /slow HTTP/1.1\r\nHost: slow\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    request = b"GET / HTTP/1.1\r\nHost: slow\r\n\r\n"
+    async with connection(port) as (reader, writer):
+        writer.write(upgrade)
+        await asyncio.wait_for(served.entered.wait(), ANSWER_BOUND)
+        writer.write(request)  # behind the upgrade, in a packet of its own
+        assert await read_response(reader) == (200, b"ok")
+        assert await read_response(reader) == (200, b"ok")
+        # idle for several head timeouts (the keep-alive timeout is 60 s) ...
+        closed = asyncio.ensure_future(reader.read())
+        done, _ = await asyncio.wait({closed}, timeout=HEAD_TIMEOUT * 6)
+        closed.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closed
+        assert not done, "an idle keep-alive connection was cut by the head clock"
+        # ... and still served
+        writer.write(request)
+        assert await read_response(reader) == (200, b"ok")

@@ -126,10 +126,16 @@ class JsonErrorRequestHandler(web.RequestHandler):
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        heads = self._request_count
         try:
             return await super().finish_response(request, resp, start_time)
         finally:
-            if self._head_since is not None:
+            if self._request_count != heads and self._messages:
+                # bytes held back behind a declined Upgrade, parsed just now
+                # (not in data_received): the head they began is whole
+                self._stop_head_clock()
+                self._body = self._messages[-1][1]
+            elif self._head_since is not None:
                 # the next head began while this request was handled: its time
                 # counts from now, when the client has its answer
                 self._start_head_clock()
