@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from feedsvc.process_setup import YOUNG_EVERY, YoungCollections
+from feedsvc.process_setup import YOUNG_EVERY, YOUNG_EVERY_IDLE, YoungCollections
 from feedsvc.testing import ServiceProcess
 from tests.test_metrics import sample
 
@@ -284,8 +284,28 @@ def test_the_clock_slows_down_while_nothing_is_served_and_not_while_requests_arr
         busy.append(clock.tick())
     finally:
         loop.close()
-    assert idle == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0, 1.0, 1.0]
+    assert idle == [0.02, 0.04, 0.08] + [YOUNG_EVERY_IDLE] * 7
     assert busy == [YOUNG_EVERY, YOUNG_EVERY]
+
+
+def test_a_tick_collects_the_oldest_generation_once_its_count_is_due(
+    held: list[list[list[int]]], clock: YoungCollections
+) -> None:
+    """Python weighs the oldest generation only at collections of its own,
+    which the clock's leave few occasions for: the clock does it too."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], 1, 1)  # the oldest after 2 of the middle
+    try:
+        collected = gc.get_stats()[2]["collections"]
+        ticks = 0
+        while gc.get_stats()[2]["collections"] == collected and ticks < 10:
+            _requests(held, 100)
+            clock.collect()
+            ticks += 1
+    finally:
+        gc.set_threshold(*thresholds)
+    # young, young, middle, young, young, middle, then the oldest
+    assert (ticks, gc.get_stats()[2]["collections"]) == (7, collected + 1)
 
 
 @pytest.mark.process
@@ -293,7 +313,8 @@ def test_a_serving_process_collects_its_young_generation_on_a_clock(
     redis_url: str, tmp_path: Path
 ) -> None:
     """Requests that free what they make: Python's count seldom fires, the
-    clock's ticks do."""
+    clock's ticks do (with the clock not started, these 1,000 pings made no
+    collection at all when this test was written)."""
     with ServiceProcess("--redis-url", redis_url, log_path=tmp_path / "serve.log") as svc:
         first = metric(svc.url, "python_gc_collections_total", generation="0")
         probes = 0

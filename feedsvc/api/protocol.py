@@ -126,13 +126,16 @@ class JsonErrorRequestHandler(web.RequestHandler):
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        # bytes held back behind an Upgrade request are parsed by aiohttp's
+        # finish_response (not data_received) once the upgrade is declined
+        held_back = self._upgraded and not self._messages and self._payload_parser is None
         heads = self._request_count
         try:
             return await super().finish_response(request, resp, start_time)
         finally:
-            if self._request_count != heads and self._messages:
-                # bytes held back behind a declined Upgrade, parsed just now
-                # (not in data_received): the head they began is whole
+            if held_back and self._request_count != heads and self._messages:
+                # the head they began is whole (the start of another after it
+                # in the same bytes starts no clock, as in data_received)
                 self._stop_head_clock()
                 self._body = self._messages[-1][1]
             elif self._head_since is not None:
