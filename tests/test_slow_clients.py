@@ -240,9 +240,15 @@ async def test_a_slow_body_is_a_408(service: LiveService, second: bool) -> None:
 HEAD_TIMEOUT = 0.5
 
 
+#: An answer larger than loopback's socket buffers: its writing waits for
+#: the client to read.
+BIG = 64 * 1024 * 1024
+
+
 class Slow:
     """An app whose /slow answers after some head timeouts and whose /stream
-    sends an event every EVERY seconds for as long; / answers at once."""
+    sends an event every EVERY seconds for as long; / answers at once, and
+    /big with BIG bytes."""
 
     def __init__(self) -> None:
         self.entered = asyncio.Event()
@@ -250,9 +256,13 @@ class Slow:
         self.app.router.add_get("/", self.fast)
         self.app.router.add_get("/slow", self.slow)
         self.app.router.add_get("/stream", self.stream)
+        self.app.router.add_get("/big", self.big)
 
     async def fast(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def big(self, request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * BIG)
 
     async def slow(self, request: web.Request) -> web.Response:
         self.entered.set()
@@ -366,3 +376,29 @@ async def test_a_head_behind_a_declined_upgrade_leaves_the_connection_idle_not_t
         # ... and still served
         writer.write(request)
         assert await read_response(reader) == (200, b"ok")
+
+
+async def test_a_head_begun_while_an_answer_waits_for_the_client_to_read_is_timed(
+    slow: tuple[Slow, int],
+) -> None:
+    """A whole head, then the start of another, arrive while a large answer
+    waits for the client to read it: the whole one is served, and the
+    unfinished one is cut, not held until the keep-alive timeout."""
+    _, port = slow
+    request = b"GET / HTTP/1.1\r\nHost: slow\r\n\r\n"
+    async with connection(port) as (reader, writer):
+        writer.write(b"GET /big HTTP/1.1\r\nHost: slow\r\n\r\n")
+        await reader.readexactly(1)  # the answer has begun ...
+        await asyncio.sleep(HEAD_TIMEOUT)  # ... and filled the buffers
+        writer.write(request)
+        await writer.drain()
+        await asyncio.sleep(HEAD_TIMEOUT / 5)
+        writer.write(request[:5])
+        await writer.drain()
+        async with asyncio.timeout(ANSWER_BOUND):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) == BIG
+            await reader.readexactly(BIG)
+        assert await read_response(reader) == (200, b"ok")
+        async with asyncio.timeout(CLOSE_BOUND):
+            assert await reader.read() == b"", "answered half a head"
