@@ -125,17 +125,23 @@ class Suite:
         in the list script (INFO commandstats: the run's only EVALSHA) and
         the feedsvc process's CPU time, in µs per call."""
         client = redis.Redis.from_url(self.redis.url)
-        proc = psutil.Process(svc.pid)
         try:
             client.config_resetstat()
-            before = proc.cpu_times()
-            run = wrk(svc.url + path, "get.lua", self.connections, self.duration)
-            after = proc.cpu_times()
+            _, cpu_us = self.wrk_with_cpu(psutil.Process(svc.pid), svc.url + path, "get.lua")
             stats = client.info("commandstats").get("cmdstat_evalsha", {})
         finally:
             client.close()
+        return float(stats.get("usec_per_call", 0.0)), cpu_us
+
+    def wrk_with_cpu(
+        self, proc: psutil.Process, url: str, script: str | None
+    ) -> tuple[WrkResult, float]:
+        """One wrk run, and proc's CPU time in µs per request it served."""
+        before = proc.cpu_times()
+        run = wrk(url, script, self.connections, self.duration)
+        after = proc.cpu_times()
         cpu = (after.user + after.system) - (before.user + before.system)
-        return float(stats.get("usec_per_call", 0.0)), cpu * 1e6 / max(run.requests, 1)
+        return run, cpu * 1e6 / max(run.requests, 1)
 
     #: The ladder's rungs: (label, path, wrk script), each one step nearer a
     #: real request than the one before it (handlers.bench_* say what each is)
@@ -158,13 +164,10 @@ class Suite:
             for _ in range(self.rounds):
                 hello_rps = 0.0
                 for label, path, script in self.LADDER:
-                    before = proc.cpu_times()
-                    run = wrk(svc.url + path, script, self.connections, self.duration)
-                    after = proc.cpu_times()
+                    run, cpu_us = self.wrk_with_cpu(proc, svc.url + path, script)
                     assert run.errors == 0, f"{label}: {run.errors} errors"
-                    cpu = (after.user + after.system) - (before.user + before.system)
                     hello_rps = hello_rps or run.rps
-                    runs[label].append((run.rps / hello_rps, cpu * 1e6 / max(run.requests, 1)))
+                    runs[label].append((run.rps / hello_rps, cpu_us))
         for label, measured in runs.items():
             self.add(
                 label,
