@@ -38,6 +38,7 @@ from feedsvc.storage.base import (
     MessagePage,
     MessageSummary,
     Parent,
+    new_id,
 )
 
 API_VERSION = "2"
@@ -254,7 +255,7 @@ async def bench_post(request: web.Request) -> web.Response:
     stored or published. What a POST costs above hello that this does not is
     feedsvc's own work."""
     document = orjson.loads(await request.read())
-    ids = [os.urandom(12).hex() for _ in document["messages"]]
+    ids = [new_id() for _ in document["messages"]]
     return posted_response(request.path, ids)
 
 

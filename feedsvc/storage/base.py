@@ -58,6 +58,7 @@ Invariants, kept by both drivers:
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -91,6 +92,11 @@ def checkpoint() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
+
+
+def new_id() -> str:
+    """A message or claim id: 96 random bits as 24 lowercase hex digits."""
+    return os.urandom(12).hex()
 
 
 def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:

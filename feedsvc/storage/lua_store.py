@@ -29,11 +29,12 @@ from feedsvc.storage.base import (
     Message,
     MessagePage,
     NewMessage,
+    new_id,
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
+from feedsvc.storage.redis_store import RedisStore, idempotency_token
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MustSeal
 

@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
@@ -55,11 +54,6 @@ log = logging.getLogger("feedsvc")
 #: encrypted meanwhile (see ``RedisStore.post_messages``).
 SEALING_MEMORY_MS = 1000
 SEALING_MEMORY_SIZE = 10000
-
-
-def new_id() -> str:
-    """A message or claim id: 96 random bits as 24 lowercase hex digits."""
-    return os.urandom(12).hex()
 
 
 def idempotency_token(client_id: str, key: str) -> str:

@@ -59,13 +59,14 @@ from feedsvc.storage.base import (
     Message,
     MessagePage,
     NewMessage,
+    new_id,
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
-from feedsvc.storage.redis_store import RedisStore, idempotency_token, new_id
+from feedsvc.storage.redis_store import RedisStore, idempotency_token
 from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.transport import Transport
 
