@@ -226,6 +226,17 @@ async def test_request_ids_differ(http: Client, headers: Headers) -> None:
     assert first.headers[REQUEST_ID] != second.headers[REQUEST_ID]
 
 
+def test_the_message_routes_are_the_first_tried_under_a_feed() -> None:
+    """aiohttp tries a path's candidate resources in the order they were
+    added; the message routes carry nearly all the traffic, so a POST or a
+    GET of messages finds its resource at the first try (routes.FEED)."""
+    app = create_app(make_settings("redis://127.0.0.1:1/0"))
+    for prefix in ("/v2/queues", "/v2/topics"):
+        under = [r.canonical for r in app.router.resources() if r.canonical.startswith(prefix)]
+        feed = prefix + ("/{queue}" if prefix == "/v2/queues" else "/{topic}")
+        assert under[:2] == [f"{feed}/messages", f"{feed}/messages/{{message_id}}"], under
+
+
 # -- headers -----------------------------------------------------------------------
 
 V2_ROUTES = [

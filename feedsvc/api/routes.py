@@ -15,18 +15,24 @@ QUEUE = "/v2/queues/{queue}"
 TOPIC = "/v2/topics/{topic}"
 
 # What queues and topics both answer, below their own path.
+# aiohttp finds a path's resource by trying, in the order they were added,
+# every resource under its longest static prefix (/v2/queues for all of
+# these): each one tried costs ≈ 0.25 µs. The message routes, which carry
+# nearly all the traffic, come first (the whole-path lookup of a POST or a
+# GET of messages: 3.3 → 1.7 µs). A path's methods stay together: aiohttp
+# adds a method to the last resource only when the path is the same.
 FEED: list[tuple[str, str, Handler]] = [
+    ("POST", "/messages", h.post_messages),
+    ("GET", "/messages", streams.get_messages),
+    ("DELETE", "/messages", h.delete_messages),
+    ("GET", "/messages/{message_id}", h.get_message),
+    ("DELETE", "/messages/{message_id}", h.delete_message),
     ("PUT", "", h.create_queue),
     ("GET", "", h.get_queue),
     ("PATCH", "", h.patch_queue),
     ("DELETE", "", h.delete_queue),
     ("POST", "/purge", h.purge_queue),
     ("GET", "/stats", h.get_queue_stats),
-    ("POST", "/messages", h.post_messages),
-    ("GET", "/messages", streams.get_messages),
-    ("DELETE", "/messages", h.delete_messages),
-    ("GET", "/messages/{message_id}", h.get_message),
-    ("DELETE", "/messages/{message_id}", h.delete_message),
     ("POST", "/subscriptions", subs.create_subscription),
     ("GET", "/subscriptions", subs.list_subscriptions),
     ("GET", "/subscriptions/{subscription_id}", subs.get_subscription),
@@ -42,15 +48,15 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/v2/ping", h.ping),
     ("GET", "/v2/health", h.get_health),
     ("GET", "/v2/openapi.json", openapi.get_openapi),
-    ("GET", "/v2/queues", h.list_queues),
     *[(method, QUEUE + path, handler) for method, path, handler in FEED],
+    ("GET", "/v2/queues", h.list_queues),  # after a queue's routes: see FEED
     ("POST", QUEUE + "/share", signed_urls.share_queue),
     ("POST", QUEUE + "/claims", h.post_claim),
     ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
-    ("GET", "/v2/topics", h.list_queues),
     *[(method, TOPIC + path, handler) for method, path, handler in FEED],
+    ("GET", "/v2/topics", h.list_queues),
 ]
 
 
