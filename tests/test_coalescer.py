@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.coalescer import EARLY_WRITE, Coalescer, CoalescerBusy
+from feedsvc.storage.coalescer import EARLY_CALLS, EARLY_WRITE, Coalescer, CoalescerBusy
 
 
 @pytest.fixture
@@ -69,6 +69,28 @@ async def test_a_large_call_is_written_at_once_with_what_came_before_it(
     assert await small == [b"OK"]
     assert (await big)[-1] == len("before") + EARLY_WRITE
     assert await after == [b"before" + b"+" * EARLY_WRITE]
+
+
+async def test_a_full_batch_is_written_without_waiting_for_the_turn(
+    client: aioredis.Redis, coalescer: Coalescer
+) -> None:
+    """Once EARLY_CALLS calls are pending they are written at once (Redis
+    starts on them while the loop still handles the turn's other requests);
+    the turn's later calls make the next batch, written after them, so every
+    caller still gets its own replies in order."""
+    key = prefix() + "list"
+    await coalescer.execute([("PING",)])  # connected
+    written = coalescer.batches
+    first = [coalescer.submit([("RPUSH", key, i)]) for i in range(EARLY_CALLS - 1)]
+    assert coalescer.batches == written  # not yet: fewer than EARLY_CALLS pending
+    first.append(coalescer.submit([("RPUSH", key, EARLY_CALLS - 1)]))
+    assert coalescer.batches == written + 1  # written within the turn, no await between
+    rest = [coalescer.submit([("RPUSH", key, i)]) for i in range(EARLY_CALLS, EARLY_CALLS + 5)]
+    assert coalescer.batches == written + 1  # the rest wait for the end of the turn
+    replies = await asyncio.gather(*first, *rest)
+    assert coalescer.batches == written + 2
+    assert replies == [[i + 1] for i in range(EARLY_CALLS + 5)]
+    assert await client.lrange(key, 0, -1) == [str(i).encode() for i in range(EARLY_CALLS + 5)]
 
 
 async def test_error_replies_stay_with_their_caller(

@@ -1,7 +1,8 @@
 """Coalesce concurrent Redis calls onto one pipelined connection (auto-pipelining).
 
 Requests that arrive in the same event-loop turn put their commands into one
-pending batch; a flusher packs the whole batch with hiredis and writes it to
+pending batch (written early once it holds ``EARLY_CALLS`` calls, or one call
+of ``EARLY_WRITE`` commands); a flusher packs the whole batch with hiredis and writes it to
 a dedicated connection in one socket write, without waiting for the replies
 to earlier batches (ioredis-style auto-pipelining). A reader task parses the
 replies with hiredis as they stream back and hands each caller its own
@@ -69,6 +70,18 @@ MAX_IN_FLIGHT = 1024
 #: bodies can take many milliseconds, and Redis would sit idle meanwhile
 #: (batches of 1,000 messages were slower than batches of 100 for that).
 EARLY_WRITE = 256
+#: Likewise, once this many calls are pending they are written at once, and
+#: the rest of the turn's calls make the next batch. Without this cap a turn
+#: that handles a few dozen requests (about 44 per batch with 64 keep-alive
+#: clients) kept Redis waiting until its end, a millisecond or more; Redis
+#: then ran the whole batch while the process, with nothing left to do,
+#: waited for it (90-95 % busy at full load). With the cap Redis starts on
+#: the first calls while the process still handles the others (99-100 %
+#: busy): POSTs 11,150-11,160 → 12,340-12,460 a second and GETs of a page
+#: 10,250-10,390 → 10,850-10,960, at the same CPU per request. A cap of 16
+#: cost 6 µs more per POST (more writes, and more wake-ups of the reader,
+#: each serving fewer callers). docs/BENCHMARKS.md has the runs.
+EARLY_CALLS = 32
 
 
 class CoalescerBusy(RedisConnectionError):
@@ -189,14 +202,15 @@ class Coalescer:
 
     def _admit(self, call: _Call) -> None:
         self._admitted += 1
-        self._pending.append(call)
-        if len(call.commands) >= EARLY_WRITE and self._write_now():
+        pending = self._pending
+        pending.append(call)
+        if (len(call.commands) >= EARLY_WRITE or len(pending) >= EARLY_CALLS) and self._write_now():
             return
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
 
     def _write_now(self) -> bool:
-        """Write what is pending at once (see EARLY_WRITE), if connected and the
+        """Write what is pending at once (see EARLY_WRITE and EARLY_CALLS), if connected and the
         write buffer has room; else leave it to the flusher, which connects
         and waits for the buffer to drain."""
         writer = self._writer
