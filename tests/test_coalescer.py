@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -310,6 +311,69 @@ async def test_a_slow_redis_pushes_back_on_writes(own_server: RedisServer) -> No
         thaw(own_server)
         await coalescer.close()
         await redis.aclose()
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_nothing_is_written_early_while_the_flusher_waits_for_the_buffer(
+    own_server: RedisServer,
+) -> None:
+    """While the flusher waits for the write buffer to drain, a full batch
+    (EARLY_CALLS calls) waits too: written at once, batches could keep the
+    buffer from ever draining and the flusher would give up on the
+    connection. The high-water mark is raised once the flusher waits, so
+    that the buffer is below it and only the wait holds the batch back."""
+    redis = aioredis.Redis.from_url(own_server.url)
+    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
+    value = b"x" * (1 << 20)
+    try:
+        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        freeze(own_server)
+        futures: list[asyncio.Future[list[object]]] = []
+        while coalescer.drain_waits == 0:
+            futures.append(coalescer.submit([("SET", f"big:{len(futures)}", value)]))
+            await asyncio.sleep(0)
+            assert len(futures) < 256, "the flusher never waited for the buffer"
+        transport = coalescer._writer.transport  # type: ignore[union-attr]
+        transport.set_write_buffer_limits(high=transport.get_write_buffer_size() + (1 << 30))
+        written = coalescer.calls
+        small = [coalescer.submit([("INCR", "small")]) for _ in range(EARLY_CALLS)]
+        await asyncio.sleep(0)
+        assert coalescer.calls == written, "a batch was written while the flusher waited"
+        thaw(own_server)
+        async with asyncio.timeout(30):
+            assert [await f for f in futures] == [[b"OK"]] * len(futures)
+            assert [await f for f in small] == [[i + 1] for i in range(EARLY_CALLS)]
+        assert coalescer.in_flight == 0
+    finally:
+        thaw(own_server)
+        await coalescer.close()
+        await redis.aclose()
+
+
+def test_a_full_batch_after_a_lost_connection_waits_for_the_next_one(redis_url: str) -> None:
+    """uvloop's write() raises once the transport is closed (asyncio's lets it
+    pass): a full batch submitted after the connection was lost and before
+    its reader noticed must go on the next connection, not raise out of
+    submit() or leave calls counted in flight. Run on uvloop, as served."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
+        try:
+            assert await coalescer.execute([("PING",)]) == [b"PONG"]
+            coalescer.drop_connection()  # as a failover does (Node.reconnect)
+            await asyncio.sleep(0)
+            futures = [coalescer.submit([("ECHO", i)]) for i in range(EARLY_CALLS)]
+            async with asyncio.timeout(10):
+                replies = await asyncio.gather(*futures)
+            assert replies == [[str(i).encode()] for i in range(EARLY_CALLS)]
+            assert coalescer.in_flight == 0
+        finally:
+            await coalescer.close()
+            await redis.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
 
 
 @pytest.mark.process  # a redis-server of its own

@@ -30,10 +30,10 @@ Guarantees:
   (waiting to be written or for their replies); callers beyond that wait for
   room in arrival order, at most ``room_timeout``, and then fail with
   :class:`CoalescerBusy` (a ``ConnectionError``: a 503 with Retry-After).
-* **A slow Redis pushes back.** When the socket's write buffer is above its
-  high-water mark after a batch, the flusher waits for it to drain before
-  writing the next one, so new calls collect in the (bounded) pending batch
-  instead of in an unbounded buffer.
+* **A slow Redis pushes back.** No batch is written while the socket's
+  write buffer is above its high-water mark: the flusher waits for it to
+  drain, and batches full early wait for the flusher meanwhile, so new calls
+  collect in the (bounded) pending batch instead of in an unbounded buffer.
 * A caller that gives up before its batch is written is left out of it;
   after that its replies are read and dropped (its room is held until
   then), so a cancelled request never leaves the connection out of step.
@@ -79,8 +79,8 @@ EARLY_WRITE = 256
 #: the first calls while the process still handles the others (99-100 %
 #: busy): POSTs 11,150-11,160 → 12,340-12,460 a second and GETs of a page
 #: 10,250-10,390 → 10,850-10,960, at the same CPU per request. A cap of 16
-#: cost 6 µs more per POST (more writes, and more wake-ups of the reader,
-#: each serving fewer callers). docs/BENCHMARKS.md has the runs.
+#: cost 6-7 µs more per POST than one of 32 (more writes, and more wake-ups
+#: of the reader, each serving fewer callers). docs/BENCHMARKS.md has the runs.
 EARLY_CALLS = 32
 
 
@@ -169,6 +169,7 @@ class Coalescer:
         self.calls = 0
         self.refused = 0  # calls failed with CoalescerBusy
         self.drain_waits = 0  # times the flusher waited for the write buffer to drain
+        self._draining = False  # the flusher waits for the write buffer to drain
 
     @property
     def in_flight(self) -> int:
@@ -214,10 +215,11 @@ class Coalescer:
         write buffer has room; else leave it to the flusher, which connects
         and waits for the buffer to drain."""
         writer = self._writer
-        if writer is None or len(self._pending) > self._max_batch:
+        if writer is None or self._draining or len(self._pending) > self._max_batch:
             return False
         transport = writer.transport
-        if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
+        # a lost connection is the flusher's to replace (uvloop's write() raises on it)
+        if transport.is_closing() or self._above_high_water(transport):
             return False
         batch, self._pending = self._pending, []
         self._write(writer, batch)
@@ -266,10 +268,12 @@ class Coalescer:
                             call.future.set_exception(exc)
                     self._release(len(batch))
                     continue
+                if self._above_high_water(writer.transport):
+                    await self._push_back(writer)
+                    continue  # the connection may have gone meanwhile: look again
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
                 self._write(writer, batch)
-                await self._push_back(writer)
         finally:
             self._flusher = None
 
@@ -298,13 +302,16 @@ class Coalescer:
         if dropped:
             self._release(dropped)
 
+    @staticmethod
+    def _above_high_water(transport: asyncio.WriteTransport) -> bool:
+        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+
     async def _push_back(self, writer: asyncio.StreamWriter) -> None:
-        """Wait while the socket's write buffer is above its high-water mark."""
+        """Wait for the socket's write buffer to drain (it is above its
+        high-water mark); nothing is written meanwhile."""
         transport = writer.transport
-        _, high = transport.get_write_buffer_limits()
-        if transport.get_write_buffer_size() <= high:
-            return
         self.drain_waits += 1
+        self._draining = True
         # Bytes stuck in the buffer belong to written calls, so the reader's
         # timer (the oldest call's deadline) fails the connection and aborts
         # the transport before the newest call's deadline; that wakes drain().
@@ -317,9 +324,13 @@ class Coalescer:
             transport.abort()  # the reader sees the connection end and fails its callers
         except OSError:
             pass  # the connection is gone: the reader fails its callers
+        finally:
+            self._draining = False
 
     async def _connected(self, deadline: float) -> asyncio.StreamWriter:
         """The connection's writer; connecting (by deadline) if there is none."""
+        if self._writer is not None and self._writer.transport.is_closing():
+            await self._lost(deadline)
         if self._conn is None or self._writer is None:
             conn = self._make_connection()
             try:
@@ -335,6 +346,22 @@ class Coalescer:
             self._overdue = None
             self._reader = asyncio.create_task(self._read(conn, stream))
         return self._writer
+
+    async def _lost(self, deadline: float) -> None:
+        """The connection was lost (Redis closed it, drop_connection(), a
+        push-back that gave up), and its reader has not yet let go of it:
+        wait until it has, having failed what was written on it, so that
+        the next batch goes on a new connection (uvloop's write() raises on a
+        closed one)."""
+        reader = self._reader
+        if reader is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.wait({reader})
+            except TimeoutError:
+                raise RedisTimeoutError("Timeout waiting for a lost connection to close") from None
+        if self._writer is not None and self._writer.transport.is_closing():
+            raise RedisConnectionError("The connection to Redis was lost")
 
     # -- reading ---------------------------------------------------------------
 
