@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import hiredis
@@ -101,6 +101,10 @@ def _reply_error(message: str) -> Exception:
     return error
 
 
+def _above_high_water(transport: asyncio.WriteTransport) -> bool:
+    return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+
+
 def _streams(conn: AbstractConnection) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """The connected socket's streams. redis-py has no public handle on them
     (private attributes, watched by tests/test_canaries.py)."""
@@ -133,6 +137,13 @@ class _Waiter:
         self.remaining = count
         self.replies: list[Any] = []
         self.deadline = deadline
+
+
+def _fail_all(calls: Iterable[_Call | _Waiter], exc: Exception) -> None:
+    """Fail each call whose caller still waits."""
+    for call in calls:
+        if not call.future.done():
+            call.future.set_exception(exc)
 
 
 class Coalescer:
@@ -211,15 +222,13 @@ class Coalescer:
             self._flusher = asyncio.create_task(self._flush())
 
     def _write_now(self) -> bool:
-        """Write what is pending at once (see EARLY_WRITE and EARLY_CALLS), if connected and the
-        write buffer has room; else leave it to the flusher, which connects
-        and waits for the buffer to drain."""
+        """Write what is pending at once (EARLY_WRITE, EARLY_CALLS) if connected and
+        the write buffer has room; else leave it to the flusher."""
         writer = self._writer
         if writer is None or self._draining or len(self._pending) > self._max_batch:
             return False
-        transport = writer.transport
         # a lost connection is the flusher's to replace (uvloop's write() raises on it)
-        if transport.is_closing() or self._above_high_water(transport):
+        if writer.transport.is_closing() or _above_high_water(writer.transport):
             return False
         batch, self._pending = self._pending, []
         self._write(writer, batch)
@@ -263,12 +272,10 @@ class Coalescer:
                     writer = await self._connected(min(call.deadline for call in self._pending))
                 except Exception as exc:
                     batch, self._pending = self._pending, []
-                    for call in batch:
-                        if not call.future.done():
-                            call.future.set_exception(exc)
+                    _fail_all(batch, exc)
                     self._release(len(batch))
                     continue
-                if self._above_high_water(writer.transport):
+                if _above_high_water(writer.transport):
                     await self._push_back(writer)
                     continue  # the connection may have gone meanwhile: look again
                 batch = self._pending[: self._max_batch]
@@ -302,10 +309,6 @@ class Coalescer:
         if dropped:
             self._release(dropped)
 
-    @staticmethod
-    def _above_high_water(transport: asyncio.WriteTransport) -> bool:
-        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
-
     async def _push_back(self, writer: asyncio.StreamWriter) -> None:
         """Wait for the socket's write buffer to drain (it is above its
         high-water mark); nothing is written meanwhile."""
@@ -328,9 +331,16 @@ class Coalescer:
             self._draining = False
 
     async def _connected(self, deadline: float) -> asyncio.StreamWriter:
-        """The connection's writer; connecting (by deadline) if there is none."""
-        if self._writer is not None and self._writer.transport.is_closing():
-            await self._lost(deadline)
+        """The connection's writer; connecting (by deadline) if there is none.
+        A lost one (Redis closed it, drop_connection(), a push-back that gave
+        up) is replaced once its reader has failed what was written on it:
+        uvloop's write() raises on a closed connection."""
+        if self._reader is not None and self._writer and self._writer.transport.is_closing():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.wait({self._reader})
+            except TimeoutError:
+                raise RedisTimeoutError("Timeout waiting for a lost connection to close") from None
         if self._conn is None or self._writer is None:
             conn = self._make_connection()
             try:
@@ -346,22 +356,6 @@ class Coalescer:
             self._overdue = None
             self._reader = asyncio.create_task(self._read(conn, stream))
         return self._writer
-
-    async def _lost(self, deadline: float) -> None:
-        """The connection was lost (Redis closed it, drop_connection(), a
-        push-back that gave up), and its reader has not yet let go of it:
-        wait until it has, having failed what was written on it, so that
-        the next batch goes on a new connection (uvloop's write() raises on a
-        closed one)."""
-        reader = self._reader
-        if reader is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await asyncio.wait({reader})
-            except TimeoutError:
-                raise RedisTimeoutError("Timeout waiting for a lost connection to close") from None
-        if self._writer is not None and self._writer.transport.is_closing():
-            raise RedisConnectionError("The connection to Redis was lost")
 
     # -- reading ---------------------------------------------------------------
 
@@ -417,9 +411,7 @@ class Coalescer:
                 # unsent bytes go too, which also wakes a flusher waiting in drain()
                 writer.transport.abort()
         waiting, self._waiting = self._waiting, deque()
-        for waiter in waiting:
-            if not waiter.future.done():
-                waiter.future.set_exception(exc)
+        _fail_all(waiting, exc)
         self._release(len(waiting))
 
     def drop_connection(self) -> None:
@@ -449,9 +441,7 @@ class Coalescer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         pending, self._pending = self._pending, []
-        for call in pending:
-            if not call.future.done():
-                call.future.set_exception(RedisConnectionError("The coalescer was closed"))
+        _fail_all(pending, RedisConnectionError("The coalescer was closed"))
         self._admitted -= len(pending)
         if conn is not None:
             await conn.disconnect(nowait=True)
