@@ -1,14 +1,14 @@
 """Coalesce concurrent Redis calls onto one pipelined connection (auto-pipelining).
 
 Requests that arrive in the same event-loop turn put their commands into one
-pending batch (written early once it holds ``EARLY_CALLS`` calls, or one call
-of ``EARLY_WRITE`` commands); a flusher packs the whole batch with hiredis and writes it to
-a dedicated connection in one socket write, without waiting for the replies
-to earlier batches (ioredis-style auto-pipelining). A reader task parses the
-replies with hiredis as they stream back and hands each caller its own
-slice, in order. Per request this removes redis-py's fixed costs (a pool
-checkout, a pipeline object, a timeout context per reply); what is left is
-one ``pack_command`` and a few reply objects.
+pending batch (written early once it holds ``EARLY_CALLS`` calls, or one
+call of ``EARLY_WRITE`` commands); a flusher packs the whole batch with
+hiredis and writes it to a dedicated connection in one socket write, without
+waiting for the replies to earlier batches (ioredis-style auto-pipelining).
+A reader task parses the replies with hiredis as they stream back and hands
+each caller its own slice, in order. Per request this removes redis-py's
+fixed costs (a pool checkout, a pipeline object, a timeout context per
+reply); what is left is one ``pack_command`` and a few reply objects.
 
 Guarantees:
 
@@ -310,8 +310,7 @@ class Coalescer:
             self._release(dropped)
 
     async def _push_back(self, writer: asyncio.StreamWriter) -> None:
-        """Wait for the socket's write buffer to drain (it is above its
-        high-water mark); nothing is written meanwhile."""
+        """Wait while the write buffer drains; nothing is written meanwhile."""
         transport = writer.transport
         self.drain_waits += 1
         self._draining = True
@@ -323,6 +322,7 @@ class Coalescer:
         try:
             async with asyncio.timeout_at(newest):
                 await writer.drain()
+                await asyncio.sleep(0)  # drain() returns at once if the transport never paused
         except TimeoutError:
             transport.abort()  # the reader sees the connection end and fails its callers
         except OSError:
