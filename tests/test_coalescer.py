@@ -350,6 +350,32 @@ async def test_nothing_is_written_early_while_the_flusher_waits_for_the_buffer(
         await redis.aclose()
 
 
+def test_a_call_pending_when_the_connection_is_lost_goes_on_the_next_one(
+    redis_url: str,
+) -> None:
+    """The flusher does not write on a connection lost since the call was
+    submitted (uvloop's write() raises on it, and the flusher would die with
+    the call unanswered): it waits for the reader to let go of it, and
+    connects anew. Run on uvloop, as served."""
+
+    async def scenario() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
+        try:
+            assert await coalescer.execute([("PING",)]) == [b"PONG"]
+            future = coalescer.submit([("ECHO", "after")])
+            coalescer.drop_connection()  # in the same turn, before the flusher runs
+            async with asyncio.timeout(10):
+                assert await future == [b"after"]
+            assert coalescer.in_flight == 0
+        finally:
+            await coalescer.close()
+            await redis.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
+
+
 def test_a_full_batch_after_a_lost_connection_waits_for_the_next_one(redis_url: str) -> None:
     """uvloop's write() raises once the transport is closed (asyncio's lets it
     pass): a full batch submitted after the connection was lost and before
@@ -374,6 +400,35 @@ def test_a_full_batch_after_a_lost_connection_waits_for_the_next_one(redis_url: 
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_a_full_batch_waits_while_the_write_buffer_is_above_its_mark(
+    own_server: RedisServer,
+) -> None:
+    """A batch full early is not written while the write buffer is above its
+    high-water mark, even before the flusher has started to wait for it."""
+    redis = aioredis.Redis.from_url(own_server.url)
+    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
+    value = b"x" * (1 << 20)
+    try:
+        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        freeze(own_server)
+        # 32 MiB in one early write: far more than the kernel's socket buffers take
+        big = [coalescer.submit([("SET", f"big:{i}", value)]) for i in range(EARLY_CALLS)]
+        written = coalescer.calls
+        assert written == 1 + EARLY_CALLS
+        small = [coalescer.submit([("INCR", "small")]) for _ in range(EARLY_CALLS)]
+        assert coalescer.calls == written, "a batch was written above the high-water mark"
+        thaw(own_server)
+        async with asyncio.timeout(30):
+            assert [await f for f in big] == [[b"OK"]] * EARLY_CALLS
+            assert [await f for f in small] == [[i + 1] for i in range(EARLY_CALLS)]
+        assert coalescer.in_flight == 0
+    finally:
+        thaw(own_server)
+        await coalescer.close()
+        await redis.aclose()
 
 
 @pytest.mark.process  # a redis-server of its own
