@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
+import uvloop
 
+from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.errors import Unavailable
 from feedsvc.redis_server import pick_free_port
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
+from feedsvc.storage.transport import Transport
 from tests.cluster import LocalCluster
 from tests.conftest import make_settings
 
@@ -212,3 +216,32 @@ async def test_a_lost_subscription_wakes_followers_and_comes_back(
     finally:
         await store.close()
         server.stop()
+
+
+def test_a_write_on_a_connection_reset_under_it_is_a_503_under_uvloop(redis_url: str) -> None:
+    """uvloop's write() raises RuntimeError on a transport the peer has reset
+    (asyncio's lets the write pass): redis-py lets it through while it
+    connects, when Redis dies between the TCP handshake and HELLO (seen once
+    in the kill -9 test). It is Redis trouble, a 503; any other RuntimeError
+    is still a bug."""
+
+    async def scenario() -> None:
+        transport = Transport(make_settings(redis_url), SYSTEM_CLOCK)
+        client = aioredis.Redis.from_url(redis_url)
+        conn = client.connection_pool.make_connection()
+        try:
+            await conn.connect()
+            conn._writer.transport.abort()  # type: ignore[union-attr]  # as a reset does
+            with pytest.raises(Unavailable):
+                async with transport.errors():
+                    await conn.send_command("PING")
+            with pytest.raises(RuntimeError, match="a bug"):
+                async with transport.errors():
+                    raise RuntimeError("a bug")
+        finally:
+            await conn.disconnect(nowait=True)
+            await client.aclose()
+            await transport.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())

@@ -80,7 +80,16 @@ _CLUSTER_TROUBLE = (
     rexc.RedisClusterException,  # no node reachable yet, slots not covered, ...
 )
 _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
-_TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError)
+# RuntimeError: uvloop's write() on a transport the peer has reset (Redis
+# killed as redis-py connects); asyncio's would have let it pass. Only that
+# one is trouble (_closed_transport); any other RuntimeError stays a bug.
+_TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError, RuntimeError)
+
+
+def _closed_transport(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
 # Commands that only read: sent again once if their connection was found closed.
 READ_ONLY = frozenset(
     {"PING", "GET", "EXISTS", "HGET", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
@@ -205,7 +214,7 @@ class Transport(OptimisticTransactions):
         """The 503 that Redis trouble means, or None: not trouble, a bug."""
         if isinstance(exc, CoalescerBusy):  # Redis is slow, not gone
             return PoolExhausted(f"No room among the calls in flight to Redis: {exc}")
-        if isinstance(exc, _LOST):
+        if isinstance(exc, _LOST) or _closed_transport(exc):
             await self._servers.lost()
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         if isinstance(exc, _CLUSTER_TROUBLE):
