@@ -228,10 +228,11 @@ def test_a_write_on_a_connection_reset_under_it_is_a_503_under_uvloop(redis_url:
     async def scenario() -> None:
         transport = Transport(make_settings(redis_url), SYSTEM_CLOCK)
         client = aioredis.Redis.from_url(redis_url)
-        conn = client.connection_pool.make_connection()
+        conn = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.connect()
-            conn._writer.transport.abort()  # type: ignore[union-attr]  # as a reset does
+            assert conn._writer is not None
+            conn._writer.transport.abort()  # as a reset does
             with pytest.raises(Unavailable):
                 async with transport.errors():
                     await conn.send_command("PING")
