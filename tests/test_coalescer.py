@@ -5,6 +5,7 @@ give up break nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -285,14 +286,26 @@ def thaw(server: RedisServer) -> None:
     os.kill(server.pid, signal.SIGCONT)
 
 
-@pytest.mark.process  # a redis-server of its own
-async def test_a_slow_redis_pushes_back_on_writes(own_server: RedisServer) -> None:
-    redis = aioredis.Redis.from_url(own_server.url)
+@contextlib.asynccontextmanager
+async def connected(server: RedisServer) -> AsyncIterator[tuple[Coalescer, aioredis.Redis]]:
+    """A coalescer connected to server, which the test may freeze, and a
+    client of the server; at the end the server is thawed, both closed."""
+    redis = aioredis.Redis.from_url(server.url)
     coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
-    value = b"x" * (1 << 20)
-    count = 64  # 64 MiB: far more than the kernel's socket buffers hold
     try:
         assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        yield coalescer, redis
+    finally:
+        thaw(server)
+        await coalescer.close()
+        await redis.aclose()
+
+
+@pytest.mark.process  # a redis-server of its own
+async def test_a_slow_redis_pushes_back_on_writes(own_server: RedisServer) -> None:
+    value = b"x" * (1 << 20)
+    count = 64  # 64 MiB: far more than the kernel's socket buffers hold
+    async with connected(own_server) as (coalescer, redis):
         freeze(own_server)
         futures = []
         for i in range(count):
@@ -307,10 +320,6 @@ async def test_a_slow_redis_pushes_back_on_writes(own_server: RedisServer) -> No
             assert [await f for f in futures] == [[b"OK"]] * count
         assert coalescer.calls == count + 1
         assert await redis.dbsize() == count
-    finally:
-        thaw(own_server)
-        await coalescer.close()
-        await redis.aclose()
 
 
 @pytest.mark.process  # a redis-server of its own
@@ -322,11 +331,8 @@ async def test_nothing_is_written_early_while_the_flusher_waits_for_the_buffer(
     buffer from ever draining and the flusher would give up on the
     connection. The high-water mark is raised once the flusher waits, so
     that the buffer is below it and only the wait holds the batch back."""
-    redis = aioredis.Redis.from_url(own_server.url)
-    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
     value = b"x" * (1 << 20)
-    try:
-        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+    async with connected(own_server) as (coalescer, _):
         freeze(own_server)
         futures: list[asyncio.Future[list[object]]] = []
         while coalescer.drain_waits == 0:
@@ -344,62 +350,58 @@ async def test_nothing_is_written_early_while_the_flusher_waits_for_the_buffer(
             assert [await f for f in futures] == [[b"OK"]] * len(futures)
             assert [await f for f in small] == [[i + 1] for i in range(EARLY_CALLS)]
         assert coalescer.in_flight == 0
-    finally:
-        thaw(own_server)
-        await coalescer.close()
-        await redis.aclose()
+
+
+def on_uvloop(redis_url: str, scenario: Callable[[Coalescer], Awaitable[None]]) -> None:
+    """Run scenario with a connected coalescer on uvloop, as the service runs
+    (its write() raises on a closed transport, where asyncio's lets it pass)."""
+
+    async def main() -> None:
+        redis = aioredis.Redis.from_url(redis_url)
+        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
+        try:
+            assert await coalescer.execute([("PING",)]) == [b"PONG"]
+            await scenario(coalescer)
+        finally:
+            await coalescer.close()
+            await redis.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
 
 
 def test_a_call_pending_when_the_connection_is_lost_goes_on_the_next_one(
     redis_url: str,
 ) -> None:
     """The flusher does not write on a connection lost since the call was
-    submitted (uvloop's write() raises on it, and the flusher would die with
-    the call unanswered): it waits for the reader to let go of it, and
-    connects anew. Run on uvloop, as served."""
+    submitted (the flusher would die with the call unanswered): it waits
+    for the reader to let go of it, and connects anew."""
 
-    async def scenario() -> None:
-        redis = aioredis.Redis.from_url(redis_url)
-        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
-        try:
-            assert await coalescer.execute([("PING",)]) == [b"PONG"]
-            future = coalescer.submit([("ECHO", "after")])
-            coalescer.drop_connection()  # in the same turn, before the flusher runs
-            async with asyncio.timeout(10):
-                assert await future == [b"after"]
-            assert coalescer.in_flight == 0
-        finally:
-            await coalescer.close()
-            await redis.aclose()
+    async def scenario(coalescer: Coalescer) -> None:
+        future = coalescer.submit([("ECHO", "after")])
+        coalescer.drop_connection()  # in the same turn, before the flusher runs
+        async with asyncio.timeout(10):
+            assert await future == [b"after"]
+        assert coalescer.in_flight == 0
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(scenario())
+    on_uvloop(redis_url, scenario)
 
 
 def test_a_full_batch_after_a_lost_connection_waits_for_the_next_one(redis_url: str) -> None:
-    """uvloop's write() raises once the transport is closed (asyncio's lets it
-    pass): a full batch submitted after the connection was lost and before
-    its reader noticed must go on the next connection, not raise out of
-    submit() or leave calls counted in flight. Run on uvloop, as served."""
+    """A full batch submitted after the connection was lost and before its
+    reader noticed goes on the next connection: it does not raise out of
+    submit() nor leave calls counted in flight."""
 
-    async def scenario() -> None:
-        redis = aioredis.Redis.from_url(redis_url)
-        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
-        try:
-            assert await coalescer.execute([("PING",)]) == [b"PONG"]
-            coalescer.drop_connection()  # as a failover does (Node.reconnect)
-            await asyncio.sleep(0)
-            futures = [coalescer.submit([("ECHO", i)]) for i in range(EARLY_CALLS)]
-            async with asyncio.timeout(10):
-                replies = await asyncio.gather(*futures)
-            assert replies == [[str(i).encode()] for i in range(EARLY_CALLS)]
-            assert coalescer.in_flight == 0
-        finally:
-            await coalescer.close()
-            await redis.aclose()
+    async def scenario(coalescer: Coalescer) -> None:
+        coalescer.drop_connection()  # as a failover does (Node.reconnect)
+        await asyncio.sleep(0)
+        futures = [coalescer.submit([("ECHO", i)]) for i in range(EARLY_CALLS)]
+        async with asyncio.timeout(10):
+            replies = await asyncio.gather(*futures)
+        assert replies == [[str(i).encode()] for i in range(EARLY_CALLS)]
+        assert coalescer.in_flight == 0
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(scenario())
+    on_uvloop(redis_url, scenario)
 
 
 @pytest.mark.process  # a redis-server of its own
@@ -408,11 +410,8 @@ async def test_a_full_batch_waits_while_the_write_buffer_is_above_its_mark(
 ) -> None:
     """A batch full early is not written while the write buffer is above its
     high-water mark, even before the flusher has started to wait for it."""
-    redis = aioredis.Redis.from_url(own_server.url)
-    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
     value = b"x" * (1 << 20)
-    try:
-        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+    async with connected(own_server) as (coalescer, _):
         freeze(own_server)
         # 32 MiB in one early write: far more than the kernel's socket buffers take
         big = [coalescer.submit([("SET", f"big:{i}", value)]) for i in range(EARLY_CALLS)]
@@ -425,10 +424,6 @@ async def test_a_full_batch_waits_while_the_write_buffer_is_above_its_mark(
             assert [await f for f in big] == [[b"OK"]] * EARLY_CALLS
             assert [await f for f in small] == [[i + 1] for i in range(EARLY_CALLS)]
         assert coalescer.in_flight == 0
-    finally:
-        thaw(own_server)
-        await coalescer.close()
-        await redis.aclose()
 
 
 @pytest.mark.process  # a redis-server of its own
