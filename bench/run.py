@@ -81,6 +81,29 @@ class Suite:
         mid = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
         return hellos[mid], targets[mid], statistics.median(ratios)
 
+    def paired_with_bare(
+        self, svc: Service, bare_url: str, script: str, path: str
+    ) -> tuple[WrkResult, WrkResult, float, WrkResult, float]:
+        """paired(), with the bare hello (bench/bare_hello.py) measured in each
+        round too: (hello, target, median target/hello, bare hello, median
+        target/bare hello)."""
+        c = self.connections
+        rounds: list[tuple[WrkResult, WrkResult, WrkResult]] = []
+        for _ in range(self.rounds):
+            bare = wrk(bare_url + "/bench/hello", None, c, self.duration)
+            hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
+            target = wrk(svc.url + path, script, c, self.duration)
+            rounds.append((bare, hello, target))
+        by_hello = sorted(rounds, key=lambda r: r[2].rps / r[1].rps)[len(rounds) // 2]
+        by_bare = sorted(rounds, key=lambda r: r[2].rps / r[0].rps)[len(rounds) // 2]
+        return (
+            by_hello[1],
+            by_hello[2],
+            statistics.median(t.rps / h.rps for _, h, t in rounds),
+            by_bare[0],
+            statistics.median(t.rps / b.rps for b, _, t in rounds),
+        )
+
     def add(self, name: str, **values: object) -> None:
         row = Row(
             name, {k: (f"{v:.2f}" if isinstance(v, float) else str(v)) for k, v in values.items()}
@@ -91,28 +114,36 @@ class Suite:
     # -- parts ---------------------------------------------------------------
 
     def part_post(self) -> None:
-        with service(self.redis.url, self.workdir) as svc:
-            hello, post, ratio = self.paired(svc, "post.lua", "/v2/queues/bpost/messages")
+        with bare_hello() as bare_url, service(self.redis.url, self.workdir) as svc:
+            hello, post, ratio, bare, ratio_bare = self.paired_with_bare(
+                svc, bare_url, "post.lua", "/v2/queues/bpost/messages"
+            )
             self.add(
                 "POST 1 message (lua)",
                 rps=post.rps,
                 hello_rps=hello.rps,
                 ratio=ratio,
+                bare_hello_rps=bare.rps,
+                ratio_bare=ratio_bare,
                 p50_ms=post.p50_ms,
                 p99_ms=post.p99_ms,
                 errors=post.errors,
             )
 
     def part_get(self) -> None:
-        with service(self.redis.url, self.workdir) as svc:
+        with bare_hello() as bare_url, service(self.redis.url, self.workdir) as svc:
             path = "/v2/queues/bget/messages?limit=10"
-            hello, get, ratio = self.paired(svc, "get.lua", path)
+            hello, get, ratio, bare, ratio_bare = self.paired_with_bare(
+                svc, bare_url, "get.lua", path
+            )
             redis_us, cpu_us = self.get_costs(svc, path)
             self.add(
                 "GET 10-message page (lua)",
                 rps=get.rps,
                 hello_rps=hello.rps,
                 ratio=ratio,
+                bare_hello_rps=bare.rps,
+                ratio_bare=ratio_bare,
                 p50_ms=get.p50_ms,
                 p99_ms=get.p99_ms,
                 errors=get.errors,
@@ -325,6 +356,21 @@ class Suite:
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps([{"name": r.name, **r.values} for r in self.rows], indent=1))
         print(f"\nwrote {out}")
+
+
+@contextlib.contextmanager
+def bare_hello() -> Iterator[str]:
+    """The URL of bench/bare_hello.py, running in a process of its own."""
+    port = pick_free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.bare_hello", str(port)], cwd=HERE.parent
+    )
+    try:
+        _wait_port("127.0.0.1", port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 @contextlib.contextmanager

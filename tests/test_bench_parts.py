@@ -15,12 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench import zaqar
-from bench.run import Suite
+from bench.run import Suite, bare_hello
 from bench.service import CpuWindow, parse_wrk, process_tree
 from feedsvc.app import create_app
 from tests.conftest import make_settings
@@ -141,3 +142,27 @@ async def test_the_ladders_rungs_answer_as_the_requests_they_stand_for(
     real_page = answers["/v2/queues/bget/messages?limit=10"][1]
     assert len(orjson.loads(page_body)["messages"]) == len(orjson.loads(real_page)["messages"])
     assert abs(len(page_body) - len(real_page)) < len(real_page) // 10
+
+
+@pytest.mark.parametrize("driver", ["lua"])
+async def test_the_bare_hello_answers_what_feedsvcs_hello_answers(
+    redis_url: str, driver: str
+) -> None:
+    """The post and get parts read bench/bare_hello.py against feedsvc's own
+    /bench/hello as "what feedsvc's middlewares cost": that holds only while
+    both send the same document with the same content type, and the bare one
+    runs no middleware (an error shaped by feedsvc would be JSON)."""
+    settings = make_settings(redis_url, driver=driver, bench_routes=True)
+    async with TestClient(TestServer(create_app(settings))) as http:
+        ours = await http.get("/bench/hello")
+        ours_body = await ours.read()
+    with bare_hello() as url:
+        async with aiohttp.ClientSession(url) as session:
+            async with session.get("/bench/hello") as bare:
+                bare_body = await bare.read()
+                bare_type = bare.content_type
+            async with session.get("/v2/queues") as unknown:
+                unknown_type = unknown.content_type
+    assert bare_body == ours_body
+    assert bare_type == ours.content_type == "application/json"
+    assert unknown_type == "text/plain"  # aiohttp's own 404: nothing of feedsvc's in the way
