@@ -14,10 +14,9 @@ from typing import Any
 from aiohttp import web
 from redis.utils import HIREDIS_AVAILABLE
 
-from feedsvc.api.metrics import metrics_middleware, setup_metrics
-from feedsvc.api.middleware import error_middleware
+from feedsvc.api.metrics import setup_metrics
+from feedsvc.api.middleware import request_middleware
 from feedsvc.api.routes import add_routes
-from feedsvc.api.signed_urls import signed_url_middleware
 from feedsvc.appkeys import (
     AUTH_TOKENS,
     CLOCK,
@@ -75,7 +74,7 @@ def create_app(
     # Zaqar's post-size limit applies to the whole request body; aiohttp
     # refuses a larger body while reading it, before buffering it whole.
     app = web.Application(
-        middlewares=[metrics_middleware, error_middleware, signed_url_middleware],
+        middlewares=[request_middleware],
         client_max_size=settings.max_messages_post_size,
     )
     app[SETTINGS] = settings

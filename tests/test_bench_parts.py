@@ -144,6 +144,7 @@ async def test_the_ladders_rungs_answer_as_the_requests_they_stand_for(
     assert abs(len(page_body) - len(real_page)) < len(real_page) // 10
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("driver", ["lua"])
 async def test_the_bare_hello_answers_what_feedsvcs_hello_answers(
     redis_url: str, driver: str

@@ -14,7 +14,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from feedsvc.api.middleware import request_middleware
+from feedsvc.app import create_app
 from feedsvc.testing import ServiceProcess
+from tests.conftest import make_settings
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -82,6 +85,31 @@ async def test_unmatched_routes_are_one_label(
     text = await (await http.get("/metrics")).text()
     name = "feedsvc_http_request_duration_seconds_count"
     assert sample(text, name, route="unmatched", status="404") == 2
+
+
+async def test_a_refused_signed_url_is_answered_and_counted_as_any_error(
+    http: TestClient[web.Request, web.Application], headers: dict[str, str]
+) -> None:
+    """The pre-signed URL check runs inside the error handling and the
+    metrics (one middleware since they were merged): its 404 is JSON with
+    the request id, and counted with the status sent."""
+    signed = {**headers, "URL-Signature": "0" * 64, "URL-Paths": "/v2/queues/m/messages",
+              "URL-Methods": "GET", "URL-Expires": "2099-01-01T00:00:00"}  # fmt: skip
+    response = await http.get("/v2/queues/m/messages", headers=signed)
+    assert response.status == 404
+    assert (await response.json())["title"] == "Not found"
+    assert response.headers["X-Openstack-Request-Id"].startswith("req-")
+    text = await (await http.get("/metrics")).text()
+    name = "feedsvc_http_request_duration_seconds_count"
+    route = "/v2/queues/{queue}/messages"
+    assert sample(text, name, method="GET", route=route, status="404") == 1
+
+
+def test_feedsvc_runs_one_middleware() -> None:
+    """aiohttp runs each middleware as a coroutine layer of its own, on every
+    request; feedsvc's work around a handler is one (docs/BENCHMARKS.md)."""
+    app = create_app(make_settings("redis://127.0.0.1:1/0"))
+    assert list(app.middlewares) == [request_middleware]
 
 
 @pytest.mark.process

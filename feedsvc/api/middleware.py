@@ -1,4 +1,5 @@
-"""The one place where errors become HTTP answers.
+"""feedsvc's one middleware (``request_middleware``), and the one place
+where errors become HTTP answers.
 
 Domain errors (``feedsvc.errors``) carry their status; aiohttp's own HTTP
 errors (unknown route, wrong method, body too large, a body whose chunking or
@@ -13,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 
 import orjson
 from aiohttp import web
@@ -20,6 +22,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 
+from feedsvc.api.metrics import observe_request
+from feedsvc.api.signed_urls import mark_signed
 from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.api")
@@ -52,12 +56,11 @@ def error_response(status: int, title: str, description: str, request_id: str) -
     return response
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = request[REQUEST_ID] = new_request_id()
-    try:
-        response = await handler(request)
-    except FeedError as exc:
+def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.Response | None:
+    """The answer to what a handler raised, or None: a bug (logged here, 500)
+    is answered, anything that is not an Exception never reaches here, and a
+    web.HTTPException below 400 (a redirect) is None: raised on."""
+    if isinstance(exc, FeedError):
         answer = error_response(exc.status, exc.title, exc.description, request_id)
         if isinstance(exc, Unauthorized):
             answer.headers["WWW-Authenticate"] = "Bearer"
@@ -67,9 +70,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             answer.headers["Retry-After"] = str(exc.retry_after)
             log.warning("%s %s -> 503 (%s) [%s]", request.method, request.path, exc, request_id)
         return answer
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            return None
         description = exc.text if exc.text and exc.status != 404 else exc.reason
         if exc.status == 413:
             description = "The request body is larger than this service accepts."
@@ -78,7 +81,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             if name in exc.headers:
                 answer.headers[name] = exc.headers[name]
         return answer
-    except (HttpProcessingError, RequestPayloadError) as exc:
+    if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
         # The body's framing or content encoding is broken (a bad chunk,
         # gzip that is not): the client's fault, and the connection cannot
         # carry another request.
@@ -87,17 +90,47 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         answer = error_response(400, BadRequest.title, description, request_id)
         answer.force_close()
         return answer
-    except ConnectionResetError:
+    if isinstance(exc, ConnectionResetError):
         # the client went away while we read its request: nobody to answer
         log.debug("%s %s: client disconnected [%s]", request.method, request.path, request_id)
         return web.Response(status=499, reason="Client Closed Request")
-    except Exception:
-        log.exception("unhandled error in %s %s [%s]", request.method, request.path, request_id)
-        return error_response(
-            500,
-            "Internal server error",
-            f"The service failed unexpectedly; request id {request_id}.",
-            request_id,
-        )
-    response.headers[REQUEST_ID_HEADER] = request_id
-    return response
+    log.error(
+        "unhandled error in %s %s [%s]", request.method, request.path, request_id, exc_info=exc
+    )
+    return error_response(
+        500,
+        "Internal server error",
+        f"The service failed unexpectedly; request id {request_id}.",
+        request_id,
+    )
+
+
+@web.middleware
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """feedsvc's one middleware, run on every request: its id, its pre-signed
+    URL checked (``signed_urls.mark_signed``), errors answered as JSON, and
+    the request counted in the metrics (``metrics.observe_request``, with the
+    status sent, 500 for whatever left unanswered).
+
+    One function rather than a middleware for each: aiohttp calls each
+    middleware as a coroutine of its own, about 0.7 µs a layer on every
+    request (docs/BENCHMARKS.md).
+    """
+    started = time.perf_counter()
+    request_id = request[REQUEST_ID] = new_request_id()
+    status = 500
+    try:
+        try:
+            mark_signed(request)
+            response = await handler(request)
+        except Exception as exc:
+            answer = _error_answer(request, exc, request_id)
+            if answer is None:
+                raise
+            status = answer.status
+            return answer
+        response.headers[REQUEST_ID_HEADER] = request_id
+        status = response.status
+        return response
+    finally:
+        observe_request(request, status, started)

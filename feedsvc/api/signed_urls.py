@@ -15,7 +15,7 @@ bearer token, for those methods and for those paths and what lies below them
 (a messages path covers each message), until it expires.
 
 A request that carries any ``URL-*`` header is checked by
-:func:`signed_url_middleware` before anything else, and is 404 (as in Zaqar)
+:func:`mark_signed` before anything else, and is 404 (as in Zaqar)
 unless the signature holds for its method and path: a missing, wrong or
 expired signature, another path or method, a service without a key, all the
 same. It is never served as if it were unsigned.
@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
@@ -120,10 +119,10 @@ def verified_project(request: web.Request) -> str:
     return project
 
 
-@web.middleware
-async def signed_url_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Checks a signed request before its handler runs, and marks it for
-    ``validation.caller`` (which then asks for no bearer token)."""
+def mark_signed(request: web.Request) -> None:
+    """Checks a signed request before its handler runs (404 unless it holds),
+    and marks it for ``validation.caller`` (which then asks for no bearer
+    token). Run by ``feedsvc.api.middleware`` on every request."""
     headers = request.headers
     # spelt out: cheaper than a loop, on every request
     if (
@@ -137,7 +136,6 @@ async def signed_url_middleware(request: web.Request, handler: Handler) -> web.S
         # always set: validation.caller reads it as request[...], and a
         # request.get() of a missing key raises (and catches) a KeyError
         request[v.SIGNED_PROJECT] = ""  # no project is empty
-    return await handler(request)
 
 
 def _string_list(document: dict[str, Any], name: str, allowed: Sequence[str]) -> list[str] | None:
