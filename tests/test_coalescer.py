@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import uuid
@@ -20,7 +21,14 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.coalescer import EARLY_CALLS, EARLY_WRITE, Coalescer, CoalescerBusy
+from feedsvc.storage.coalescer import (
+    EARLY_CALLS,
+    EARLY_WRITE,
+    MIN_EARLY_CALLS,
+    BatchCap,
+    Coalescer,
+    CoalescerBusy,
+)
 
 
 @pytest.fixture
@@ -32,7 +40,9 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 @pytest.fixture
 async def coalescer(client: aioredis.Redis) -> AsyncIterator[Coalescer]:
-    made = Coalescer(client.connection_pool.make_connection, 5.0)
+    # the batch cap held at EARLY_CALLS: the early-write tests count on it
+    # (BatchCap's own tests are below)
+    made = Coalescer(client.connection_pool.make_connection, 5.0, cap_window=math.inf)
     yield made
     await made.close()
 
@@ -93,6 +103,56 @@ async def test_a_full_batch_is_written_without_waiting_for_the_turn(
     assert coalescer.batches == written + 2
     assert replies == [[i + 1] for i in range(EARLY_CALLS + 5)]
     assert await client.lrange(key, 0, -1) == [str(i).encode() for i in range(EARLY_CALLS + 5)]
+
+
+def test_the_batch_cap_is_half_the_most_calls_in_flight_lately() -> None:
+    """BatchCap: half the most calls in flight over the last window, within
+    MIN_EARLY_CALLS..EARLY_CALLS; each window starts from nothing, and a
+    rise raises the cap at once."""
+    cap = BatchCap(1.0)
+    assert cap.calls == EARLY_CALLS  # until a first window has ended
+    cap.observe(63, 0.5)
+    assert cap.calls == EARLY_CALLS
+    cap.observe(0, 1.0)  # the first window ends: 63 at most
+    assert cap.calls == 32
+    for in_flight in (5, 31, 12):
+        cap.observe(in_flight, 1.5)
+    assert cap.calls == 32  # a window lasts its second
+    cap.observe(0, 2.0)
+    assert cap.calls == 16  # the 63 of the window before is forgotten
+    cap.observe(3, 3.0)
+    assert cap.calls == MIN_EARLY_CALLS  # (not 2)
+    cap.observe(40, 3.2)
+    assert cap.calls == 20  # a rise is followed at once, within the window
+    cap.observe(900, 4.0)  # ends the window begun at 3.0, which it belongs to
+    assert cap.calls == EARLY_CALLS  # (not 450)
+    held = BatchCap(math.inf)
+    held.observe(2, 1e9)
+    assert held.calls == EARLY_CALLS
+
+
+async def test_with_few_calls_in_flight_a_smaller_batch_is_written_early(
+    client: aioredis.Redis,
+) -> None:
+    """With 16 calls in flight (16 clients, say), the cap is 8: a turn's
+    first 8 calls go to Redis while the process handles the next 8, instead
+    of all 16 at the end of the turn (the cap of EARLY_CALLS would wait)."""
+    key = prefix() + "list"
+    coalescer = Coalescer(client.connection_pool.make_connection, 5.0, cap_window=0.0)
+    try:
+        await coalescer.execute([("PING",)])  # connected
+        written = coalescer.batches
+        first = [coalescer.submit([("RPUSH", key, i)]) for i in range(MIN_EARLY_CALLS - 1)]
+        assert coalescer.batches == written
+        first.append(coalescer.submit([("RPUSH", key, MIN_EARLY_CALLS - 1)]))
+        assert coalescer.batches == written + 1  # 8 pending of 8 in flight: written
+        rest = [coalescer.submit([("RPUSH", key, i)]) for i in range(MIN_EARLY_CALLS, 16)]
+        assert coalescer.batches == written + 2  # and the next 8, within the turn
+        replies = await asyncio.gather(*first, *rest)
+        assert replies == [[i + 1] for i in range(16)]
+        assert await client.lrange(key, 0, -1) == [str(i).encode() for i in range(16)]
+    finally:
+        await coalescer.close()
 
 
 async def test_error_replies_stay_with_their_caller(
@@ -291,7 +351,7 @@ async def connected(server: RedisServer) -> AsyncIterator[tuple[Coalescer, aiore
     """A coalescer connected to server, which the test may freeze, and a
     client of the server; at the end the server is thawed, both closed."""
     redis = aioredis.Redis.from_url(server.url)
-    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0)
+    coalescer = Coalescer(redis.connection_pool.make_connection, 60.0, cap_window=math.inf)
     try:
         assert await coalescer.execute([("PING",)]) == [b"PONG"]
         yield coalescer, redis
@@ -358,7 +418,7 @@ def on_uvloop(redis_url: str, scenario: Callable[[Coalescer], Awaitable[None]]) 
 
     async def main() -> None:
         redis = aioredis.Redis.from_url(redis_url)
-        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0)
+        coalescer = Coalescer(redis.connection_pool.make_connection, 5.0, cap_window=math.inf)
         try:
             assert await coalescer.execute([("PING",)]) == [b"PONG"]
             await scenario(coalescer)

@@ -1,7 +1,7 @@
 """Coalesce concurrent Redis calls onto one pipelined connection (auto-pipelining).
 
 Requests that arrive in the same event-loop turn put their commands into one
-pending batch (written early once it holds ``EARLY_CALLS`` calls, or one
+pending batch (written early once it holds ``BatchCap.calls`` calls, or one
 call of ``EARLY_WRITE`` commands); a flusher packs the whole batch with
 hiredis and writes it to a dedicated connection in one socket write, without
 waiting for the replies to earlier batches (ioredis-style auto-pipelining).
@@ -71,7 +71,8 @@ MAX_IN_FLIGHT = 1024
 #: (batches of 1,000 messages were slower than batches of 100 for that).
 EARLY_WRITE = 256
 #: Likewise, once this many calls are pending they are written at once, and
-#: the rest of the turn's calls make the next batch. Without this cap a turn
+#: the rest of the turn's calls make the next batch: the most, when at least
+#: twice as many calls are in flight (BatchCap). Without this cap a turn
 #: that handles a few dozen requests (about 44 per batch with 64 keep-alive
 #: clients) kept Redis waiting until its end, a millisecond or more; Redis
 #: then ran the whole batch while the process, with nothing left to do,
@@ -82,6 +83,45 @@ EARLY_WRITE = 256
 #: cost 6-7 µs more per POST than one of 32 (more writes, and more wake-ups
 #: of the reader, each serving fewer callers). docs/BENCHMARKS.md has the runs.
 EARLY_CALLS = 32
+#: The fewest (BatchCap): smaller batches cost more per call than they save.
+MIN_EARLY_CALLS = 8
+#: Seconds over which BatchCap takes the most calls in flight: long enough
+#: to see the most (with 64 clients of GETs, a tenth of a second often saw
+#: 56-60 of them), and a rise is followed at once anyway.
+CAP_WINDOW = 1.0
+
+
+class BatchCap:
+    """How many pending calls are written at once: half the most calls in
+    flight over the last ``window`` seconds, from MIN_EARLY_CALLS to
+    EARLY_CALLS, so that the process builds one batch while Redis runs the
+    one before.
+
+    A fixed cap of 32 suits 64 or more calls in flight, but with 32 (say 32
+    keep-alive clients) a turn rarely collects 32 calls, and Redis ran each
+    whole batch while the process waited for it: a cap of 16 served 20-30 %
+    more POSTs there, and 10 % fewer with 64 clients (docs/BENCHMARKS.md).
+    A window of ``math.inf`` keeps the cap at EARLY_CALLS.
+    """
+
+    __slots__ = ("_peak", "_until", "_window", "calls")
+
+    def __init__(self, window: float = CAP_WINDOW) -> None:
+        self.calls = EARLY_CALLS
+        self._window = window
+        self._peak = 0
+        self._until = window  # loop time at which the first window ends
+
+    def observe(self, in_flight: int, now: float) -> None:
+        """Called with the calls in flight as each is submitted, at loop time
+        now. The cap rises at once with them, and falls when a window ends."""
+        if in_flight > self._peak:
+            self._peak = in_flight
+            self.calls = max(self.calls, min(EARLY_CALLS, (in_flight + 1) // 2))
+        if now >= self._until:
+            self.calls = min(EARLY_CALLS, max(MIN_EARLY_CALLS, (self._peak + 1) // 2))
+            self._peak = 0
+            self._until = now + self._window
 
 
 class CoalescerBusy(RedisConnectionError):
@@ -154,10 +194,11 @@ class Coalescer:
         max_batch: int = 4096,
         max_in_flight: int = MAX_IN_FLIGHT,
         room_timeout: float | None = None,
+        cap_window: float = CAP_WINDOW,
     ) -> None:
         """reply_timeout bounds each call from submit to its replies;
         room_timeout (at most reply_timeout, which it defaults to) bounds the
-        wait for one of the max_in_flight places."""
+        wait for one of the max_in_flight places; cap_window is BatchCap's."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self._make_connection = make_connection
@@ -167,6 +208,7 @@ class Coalescer:
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._admitted = 0  # calls in _pending or _waiting
+        self._cap = BatchCap(cap_window)
         self._queued: deque[_Call] = deque()  # waiting for room, in arrival order
         self._pending: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -176,8 +218,7 @@ class Coalescer:
         self._waiting: deque[_Waiter] = deque()
         # the reader's reply timer, re-aimed at the oldest written call's deadline
         self._overdue: asyncio.Timeout | None = None
-        self.batches = 0
-        self.calls = 0
+        self.batches = self.calls = 0
         self.refused = 0  # calls failed with CoalescerBusy
         self.drain_waits = 0  # times the flusher waited for the write buffer to drain
         self._draining = False  # the flusher waits for the write buffer to drain
@@ -202,6 +243,7 @@ class Coalescer:
         future: asyncio.Future[list[Any]] = loop.create_future()
         now = loop.time()
         call = _Call(commands, future, now + self._reply_timeout)
+        self._cap.observe(self._admitted, now)
         self._admit_queued()
         if not self._queued and self._admitted < self._max_in_flight:
             self._admit(call)
@@ -216,14 +258,14 @@ class Coalescer:
         self._admitted += 1
         pending = self._pending
         pending.append(call)
-        if (len(call.commands) >= EARLY_WRITE or len(pending) >= EARLY_CALLS) and self._write_now():
+        full = len(pending) >= self._cap.calls or len(call.commands) >= EARLY_WRITE
+        if full and self._write_now():
             return
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
 
     def _write_now(self) -> bool:
-        """Write what is pending at once (EARLY_WRITE, EARLY_CALLS) if connected and
-        the write buffer has room; else leave it to the flusher."""
+        """Write the pending calls now if connected and below high water (else the flusher will)."""
         writer = self._writer
         if writer is None or self._draining or len(self._pending) > self._max_batch:
             return False
@@ -415,8 +457,7 @@ class Coalescer:
         self._release(len(waiting))
 
     def drop_connection(self) -> None:
-        """Close the connection now (the calls written on it fail with a
-        ConnectionError); the next call connects anew."""
+        """Close the connection now (calls written on it fail); the next call reconnects."""
         if self._writer is not None:
             self._writer.transport.abort()
 
@@ -428,8 +469,7 @@ class Coalescer:
         for call in queued:
             if call.timer is not None:
                 call.timer.cancel()
-            if not call.future.done():
-                call.future.set_exception(RedisConnectionError("The coalescer was closed"))
+        _fail_all(queued, RedisConnectionError("The coalescer was closed"))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._reply_timeout
         while self._admitted and loop.time() < deadline:  # noqa: ASYNC110 - shutdown only
