@@ -359,18 +359,24 @@ class Suite:
 
 
 @contextlib.contextmanager
-def bare_hello() -> Iterator[str]:
-    """The URL of bench/bare_hello.py, running in a process of its own."""
+def _serving(module: str, *args: str) -> Iterator[int]:
+    """``python -m module PORT *args``, a server of the bench's own, until the
+    block ends; yields the free port it listens on."""
     port = pick_free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.bare_hello", str(port)], cwd=HERE.parent
-    )
+    server = subprocess.Popen([sys.executable, "-m", module, str(port), *args], cwd=HERE.parent)
     try:
         _wait_port("127.0.0.1", port)
-        yield f"http://127.0.0.1:{port}"
+        yield port
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def bare_hello() -> Iterator[str]:
+    """The URL of bench/bare_hello.py, running in a process of its own."""
+    with _serving("bench.bare_hello") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager
@@ -383,17 +389,10 @@ def remote_redis(workdir: Path) -> Iterator[str]:
         return
     server = RedisServer(workdir / "far-redis", appendonly=False)
     server.start()
-    port = pick_free_port()
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "bench.delay_proxy", str(port), str(server.port), "125"],
-        cwd=HERE.parent,
-    )
     try:
-        _wait_port("127.0.0.1", port)
-        yield f"redis://127.0.0.1:{port}/0"
+        with _serving("bench.delay_proxy", str(server.port), "125") as port:
+            yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
         server.stop()
 
 
