@@ -86,7 +86,9 @@ class Suite:
     ) -> tuple[WrkResult, WrkResult, float, WrkResult, float]:
         """paired(), with the bare hello (bench/bare_hello.py) measured in each
         round too: (hello, target, median target/hello, bare hello, median
-        target/bare hello)."""
+        target/bare hello). hello and target are the runs of the round whose
+        target/hello is the median, bare hello that of the round whose
+        target/bare is: they may be different rounds."""
         c = self.connections
         rounds: list[tuple[WrkResult, WrkResult, WrkResult]] = []
         for _ in range(self.rounds):
@@ -365,11 +367,15 @@ def _serving(module: str, *args: str) -> Iterator[int]:
     port = pick_free_port()
     server = subprocess.Popen([sys.executable, "-m", module, str(port), *args], cwd=HERE.parent)
     try:
-        _wait_port("127.0.0.1", port)
+        _wait_port("127.0.0.1", port, server)
         yield port
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 @contextlib.contextmanager
@@ -396,9 +402,13 @@ def remote_redis(workdir: Path) -> Iterator[str]:
         server.stop()
 
 
-def _wait_port(host: str, port: int) -> None:
+def _wait_port(host: str, port: int, server: subprocess.Popen[bytes] | None = None) -> None:
+    """Until something listens on host:port (the server started for it, which
+    must not have exited meanwhile)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"{server.args!r} exited with {server.returncode} before listening")
         with contextlib.suppress(OSError), socket.create_connection((host, port), 1):
             return
         time.sleep(0.05)

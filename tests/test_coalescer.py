@@ -107,28 +107,35 @@ async def test_a_full_batch_is_written_without_waiting_for_the_turn(
 
 def test_the_batch_cap_is_half_the_most_calls_in_flight_lately() -> None:
     """BatchCap: half the most calls in flight over the last window, within
-    MIN_EARLY_CALLS..EARLY_CALLS; each window starts from nothing, and a
-    rise raises the cap at once."""
+    MIN_EARLY_CALLS..EARLY_CALLS; each window starts from nothing, a rise
+    raises the cap at once, and a quiet spell forgets what came before it."""
     cap = BatchCap(1.0)
-    assert cap.calls == EARLY_CALLS  # until a first window has ended
-    cap.observe(63, 0.5)
-    assert cap.calls == EARLY_CALLS
-    cap.observe(0, 1.0)  # the first window ends: 63 at most
+    assert cap.calls == EARLY_CALLS  # until the first call
+    now = 5000.0  # loop time counts from boot, not from 0
+    cap.observe(0, now)  # the first call, with nothing in flight
+    assert cap.calls == MIN_EARLY_CALLS
+    cap.observe(63, now + 0.5)
+    assert cap.calls == 32  # a rise is followed at once, within the window
+    cap.observe(0, now + 1.0)  # the first window ends: 63 at most
     assert cap.calls == 32
     for in_flight in (5, 31, 12):
-        cap.observe(in_flight, 1.5)
+        cap.observe(in_flight, now + 1.5)
     assert cap.calls == 32  # a window lasts its second
-    cap.observe(0, 2.0)
+    cap.observe(0, now + 2.0)
     assert cap.calls == 16  # the 63 of the window before is forgotten
-    cap.observe(3, 3.0)
+    cap.observe(3, now + 3.0)
     assert cap.calls == MIN_EARLY_CALLS  # (not 2)
-    cap.observe(40, 3.2)
-    assert cap.calls == 20  # a rise is followed at once, within the window
-    cap.observe(900, 4.0)  # ends the window begun at 3.0, which it belongs to
+    cap.observe(40, now + 3.2)
+    assert cap.calls == 20
+    cap.observe(900, now + 4.0)  # ends the window begun at +3.0, which it belongs to
     assert cap.calls == EARLY_CALLS  # (not 450)
+    cap.observe(60, now + 4.5)
+    cap.observe(1, now + 60.0)  # after a quiet minute: the 60 says nothing
+    assert cap.calls == MIN_EARLY_CALLS
     held = BatchCap(math.inf)
-    held.observe(2, 1e9)
-    assert held.calls == EARLY_CALLS
+    for in_flight, at in ((0, now), (2, now + 1e9)):
+        held.observe(in_flight, at)
+        assert held.calls == EARLY_CALLS
 
 
 async def test_with_few_calls_in_flight_a_smaller_batch_is_written_early(

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -101,7 +102,8 @@ class BatchCap:
     keep-alive clients) a turn rarely collects 32 calls, and Redis ran each
     whole batch while the process waited for it: a cap of 16 served 20-30 %
     more POSTs there, and 10 % fewer with 64 clients (docs/BENCHMARKS.md).
-    A window of ``math.inf`` keeps the cap at EARLY_CALLS.
+    The cap is EARLY_CALLS until the first call; a window of ``math.inf``
+    keeps it there.
     """
 
     __slots__ = ("_peak", "_until", "_window", "calls")
@@ -110,7 +112,9 @@ class BatchCap:
         self.calls = EARLY_CALLS
         self._window = window
         self._peak = 0
-        self._until = window  # loop time at which the first window ends
+        # loop time at which the window ends: at the first call (which finds
+        # it a whole window old), unless windows are endless
+        self._until = -window if math.isfinite(window) else math.inf
 
     def observe(self, in_flight: int, now: float) -> None:
         """Called with the calls in flight as each is submitted, at loop time
@@ -119,6 +123,10 @@ class BatchCap:
             self._peak = in_flight
             self.calls = max(self.calls, min(EARLY_CALLS, (in_flight + 1) // 2))
         if now >= self._until:
+            if now >= self._until + self._window:
+                # no call for a whole window (or none yet): what was in
+                # flight before a quiet spell says nothing about after it
+                self._peak = in_flight
             self.calls = min(EARLY_CALLS, max(MIN_EARLY_CALLS, (self._peak + 1) // 2))
             self._peak = 0
             self._until = now + self._window
