@@ -52,7 +52,7 @@ import numpy as np
 import psutil
 import redis
 
-from bench.service import CpuWindow, Service, SuiteLike
+from bench.service import CpuWindow, Service, SuiteLike, stop_process
 from feedsvc import process_setup
 from feedsvc.redis_server import pick_free_port
 
@@ -221,12 +221,7 @@ def bench_server(workdir: Path, module: str, probe: str) -> Iterator[tuple[int, 
                 time.sleep(0.05)
         yield port, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def get_json(url: str, method: str = "GET", timeout: float = 10) -> Any:

@@ -41,7 +41,7 @@ from pathlib import Path
 import psutil
 import redis
 
-from bench.service import Service, WrkResult, service, wrk
+from bench.service import Service, WrkResult, service, stop_process, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
 from feedsvc.redis_server import RedisServer, pick_free_port
 
@@ -370,12 +370,7 @@ def _serving(module: str, *args: str) -> Iterator[int]:
         _wait_port("127.0.0.1", port, server)
         yield port
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
 
 
 @contextlib.contextmanager

@@ -162,6 +162,17 @@ def wrk(
 # -- CPU -------------------------------------------------------------------------
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server the bench started: SIGTERM, then SIGKILL if it is still
+    there after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def process_tree(pid: int | None) -> list[int]:
     """pid and its descendants (a ``--workers`` parent and its workers)."""
     if pid is None:
