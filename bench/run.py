@@ -34,9 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import redis
@@ -48,6 +49,7 @@ from feedsvc.redis_server import RedisServer, pick_free_port
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
+_Round = TypeVar("_Round")
 
 
 @dataclass
@@ -71,15 +73,12 @@ class Suite:
     ) -> tuple[WrkResult, WrkResult, float]:
         """Median over rounds of target/hello, measured back to back."""
         c = connections or self.connections
-        ratios, hellos, targets = [], [], []
+        rounds = []
         for _ in range(self.rounds):
             hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
-            target = wrk(svc.url + path, script, c, self.duration)
-            hellos.append(hello)
-            targets.append(target)
-            ratios.append(target.rps / hello.rps)
-        mid = sorted(range(len(ratios)), key=ratios.__getitem__)[len(ratios) // 2]
-        return hellos[mid], targets[mid], statistics.median(ratios)
+            rounds.append((hello, wrk(svc.url + path, script, c, self.duration)))
+        (hello, target), ratio = _median_round(rounds, lambda r: r[1].rps / r[0].rps)
+        return hello, target, ratio
 
     def paired_with_bare(
         self, svc: Service, bare_url: str, script: str, path: str
@@ -96,15 +95,9 @@ class Suite:
             hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
             target = wrk(svc.url + path, script, c, self.duration)
             rounds.append((bare, hello, target))
-        by_hello = sorted(rounds, key=lambda r: r[2].rps / r[1].rps)[len(rounds) // 2]
-        by_bare = sorted(rounds, key=lambda r: r[2].rps / r[0].rps)[len(rounds) // 2]
-        return (
-            by_hello[1],
-            by_hello[2],
-            statistics.median(t.rps / h.rps for _, h, t in rounds),
-            by_bare[0],
-            statistics.median(t.rps / b.rps for b, _, t in rounds),
-        )
+        (_, hello, target), ratio = _median_round(rounds, lambda r: r[2].rps / r[1].rps)
+        (bare, _, _), ratio_bare = _median_round(rounds, lambda r: r[2].rps / r[0].rps)
+        return hello, target, ratio, bare, ratio_bare
 
     def add(self, name: str, **values: object) -> None:
         row = Row(
@@ -358,6 +351,13 @@ class Suite:
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps([{"name": r.name, **r.values} for r in self.rows], indent=1))
         print(f"\nwrote {out}")
+
+
+def _median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tuple[_Round, float]:
+    """The round whose ratio is the median (of an even count, the upper of
+    the middle two), and the median ratio."""
+    ordered = sorted(rounds, key=ratio)
+    return ordered[len(ordered) // 2], statistics.median(ratio(r) for r in rounds)
 
 
 @contextlib.contextmanager

@@ -1,1 +1,1 @@
-"""The HTTP layer: routes, handlers, validation and the error middleware."""
+"""The HTTP layer: routes, handlers, validation and the one middleware (ids, errors, metrics)."""
