@@ -10,10 +10,12 @@ noise; ratios are what to read.
     python -m bench post get             # some parts
     python -m bench --duration 3 --rounds 1 post
 
-Parts: post, get, ladder (what a POST and a GET cost above hello, rung by
-rung), loop, workers (``--workers 2`` against 1), zaqar (real
-Zaqar side by side; bench/zaqar.py), pool (5,000 against 100 clients at
-half the highest rate), batch (messages/s at 1 to 1000 per POST; these
+Parts: post, get, floor (a POST and a GET with every feature switched
+off, bench/bare_feed.py, beside the bare hello and feedsvc), ladder (what a
+POST and a GET cost above hello, rung by rung), loop, workers
+(``--workers 2`` against 1), zaqar (real Zaqar side by side;
+bench/zaqar.py), pool (5,000 against 100 clients at half the highest
+rate), batch (messages/s at 1 to 1000 per POST; these
 three in bench/capacity.py), coalesce, drivers, cluster (a local 3-primary
 Redis Cluster), rtt (needs root: network namespace + tc netem), idle and
 fanout (live followers over SSE; bench/live.py), wake (a long poll woken
@@ -144,6 +146,44 @@ class Suite:
                 errors=get.errors,
                 redis_us_per_list=redis_us,
                 feedsvc_cpu_us_per_get=cpu_us,
+            )
+
+    def part_floor(self) -> None:
+        """What a POST and a GET could reach if every feature were free:
+        bench/bare_feed.py (feedsvc's store and answers in a bare aiohttp
+        application) beside the bare hello and feedsvc itself, one after
+        the other in each round, against the queues the post and get parts
+        use."""
+        targets = [
+            ("POST", "post.lua", "/v2/queues/bpost/messages"),
+            ("GET", "get.lua", "/v2/queues/bget/messages?limit=10"),
+        ]
+        c, d = self.connections, self.duration
+        with (
+            bare_hello() as bare_url,
+            bare_feed(self.redis.url) as floor_url,
+            service(self.redis.url, self.workdir) as svc,
+        ):
+            rounds: list[dict[str, WrkResult]] = []
+            for _ in range(self.rounds):
+                runs = {"bare": wrk(bare_url + "/bench/hello", None, c, d)}
+                for name, script, path in targets:
+                    runs["floor " + name] = wrk(floor_url + path, script, c, d)
+                    runs[name] = wrk(svc.url + path, script, c, d)
+                rounds.append(runs)
+        for name, _, _ in targets:
+            floor, ratio_bare = _median_round(rounds, _rps_ratio("floor " + name, "bare"))
+            ours, ours_bare = _median_round(rounds, _rps_ratio(name, "bare"))
+            _, kept = _median_round(rounds, _rps_ratio(name, "floor " + name))
+            self.add(
+                f"{name} floor, no features (lua)",
+                rps=floor["floor " + name].rps,
+                bare_hello_rps=floor["bare"].rps,
+                ratio_bare=ratio_bare,
+                feedsvc_rps=ours[name].rps,
+                feedsvc_ratio_bare=ours_bare,
+                feedsvc_of_floor=kept,
+                errors=floor["floor " + name].errors,
             )
 
     def get_costs(self, svc: Service, path: str) -> tuple[float, float]:
@@ -360,6 +400,11 @@ def _median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tup
     return ordered[len(ordered) // 2], statistics.median(ratio(r) for r in rounds)
 
 
+def _rps_ratio(top: str, under: str) -> Callable[[dict[str, WrkResult]], float]:
+    """A round's req/s of the run named top over that of the run named under."""
+    return lambda runs: runs[top].rps / runs[under].rps
+
+
 @contextlib.contextmanager
 def _serving(module: str, *args: str) -> Iterator[int]:
     """``python -m module PORT *args``, a server of the bench's own, until the
@@ -377,6 +422,13 @@ def _serving(module: str, *args: str) -> Iterator[int]:
 def bare_hello() -> Iterator[str]:
     """The URL of bench/bare_hello.py, running in a process of its own."""
     with _serving("bench.bare_hello") as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def bare_feed(redis_url: str) -> Iterator[str]:
+    """The URL of bench/bare_feed.py on redis_url, running in a process of its own."""
+    with _serving("bench.bare_feed", redis_url) as port:
         yield f"http://127.0.0.1:{port}"
 
 
@@ -499,8 +551,8 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 
 PARTS = [
-    "post", "get", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce", "drivers",
-    "cluster", "rtt", "idle", "fanout", "wake", "webhook",
+    "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
+    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook",
 ]  # fmt: skip
 
 

@@ -21,8 +21,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench import zaqar
-from bench.run import Suite, bare_hello
-from bench.service import CpuWindow, parse_wrk, process_tree
+from bench.run import READER, Suite, bare_feed, bare_hello
+from bench.service import PRODUCER, CpuWindow, parse_wrk, process_tree
 from feedsvc.app import create_app
 from tests.conftest import make_settings
 
@@ -167,3 +167,39 @@ async def test_the_bare_hello_answers_what_feedsvcs_hello_answers(
     assert bare_body == ours_body
     assert bare_type == ours.content_type == "application/json"
     assert unknown_type == "text/plain"  # aiohttp's own 404: nothing of feedsvc's in the way
+
+
+def _ageless(page: dict[str, Any]) -> dict[str, Any]:
+    return {**page, "messages": [{**m, "age": 0} for m in page["messages"]]}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("driver", ["lua"])
+async def test_the_bare_feed_stores_and_answers_as_feedsvc_does(
+    redis_url: str, driver: str
+) -> None:
+    """The floor part reads bench/bare_feed.py as "feedsvc's POST and GET
+    with every feature switched off": that holds only while its POST stores
+    what feedsvc's would (feedsvc reads it back) and both answer alike."""
+    settings = make_settings(redis_url, driver=driver)
+    post = {"messages": [{"ttl": 300, "body": {"event": i}} for i in range(3)]}
+    producer = {"Client-ID": PRODUCER, "X-Project-ID": "bench"}
+    reader = {"Client-ID": READER, "X-Project-ID": "bench"}
+    with bare_feed(redis_url) as url:
+        async with aiohttp.ClientSession(url) as session:
+            async with session.post(
+                "/v2/queues/bfloor/messages", json=post, headers=producer
+            ) as posted:
+                floor_status, floor_posted = posted.status, await posted.json()
+            async with session.get("/v2/queues/bfloor/messages?limit=2", headers=reader) as got:
+                floor_page = await got.json()
+    async with TestClient(TestServer(create_app(settings))) as http:
+        ours = await http.get("/v2/queues/bfloor/messages?limit=2", headers=reader)
+        ours_page = await ours.json()
+        rest = await http.get(ours_page["links"][0]["href"], headers=reader)
+        rest_page = await rest.json()
+    assert floor_status == 201
+    hrefs = [m["href"] for m in ours_page["messages"] + rest_page["messages"]]
+    assert floor_posted["resources"] == hrefs
+    assert [m["body"] for m in ours_page["messages"]] == [{"event": 0}, {"event": 1}]
+    assert _ageless(floor_page) == _ageless(ours_page)
