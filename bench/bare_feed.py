@@ -21,9 +21,9 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 
-import uvloop
 from aiohttp import web
 
+from bench.bare_hello import run_bare
 from feedsvc.api.handlers import page_response, posted_response
 from feedsvc.api.validation import json_document, new_messages
 from feedsvc.appkeys import SETTINGS, STORE
@@ -72,14 +72,7 @@ def make_app(redis_url: str) -> web.Application:
 
 
 def main(argv: list[str]) -> None:
-    web.run_app(
-        make_app(argv[1]),
-        host="127.0.0.1",
-        port=int(argv[0]),
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop(),
-    )
+    run_bare(make_app(argv[1]), int(argv[0]))
 
 
 if __name__ == "__main__":

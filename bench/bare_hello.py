@@ -25,17 +25,17 @@ async def hello(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(_HELLO), content_type="application/json")
 
 
+def run_bare(app: web.Application, port: int) -> None:
+    """Serve app on 127.0.0.1:port on uvloop, with no access log, until stopped."""
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop()
+    )
+
+
 def main(argv: list[str]) -> None:
     app = web.Application()
     app.router.add_get("/bench/hello", hello)
-    web.run_app(
-        app,
-        host="127.0.0.1",
-        port=int(argv[0]),
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop(),
-    )
+    run_bare(app, int(argv[0]))
 
 
 if __name__ == "__main__":
