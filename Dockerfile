@@ -1,7 +1,7 @@
 # feedsvc as a container image: `docker build -t feedsvc .`, then
 # `docker run -p 8888:8888 feedsvc` (embedded Redis, data in /data) or, as in
 # docker-compose.yml, with FEEDSVC_REDIS_URL pointing at a Redis server.
-# Every setting is a FEEDSVC_* variable (README, "Configuration").
+# Every setting is a FEEDSVC_* variable (docs/operations.md, "Configuration").
 # tests/test_docker.py lints this file and runs its CMD, ENV and HEALTHCHECK
 # as local processes.
 
@@ -16,8 +16,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 WORKDIR /src
-# The dependencies come from the lock files that `make lock` writes (README,
-# "Docker Compose"): exact versions, every file checked against its hash. This
+# The dependencies come from the lock files that `make lock` writes
+# (docs/scaling.md, "Docker Compose"): exact versions, every file checked against its hash. This
 # layer is rebuilt only when a lock file changes. No pip in the virtualenv:
 # the base image's pip installs into it. hatchling (requirements/build.txt)
 # goes into the builder's own Python, to build feedsvc's wheel.

@@ -213,7 +213,7 @@ class Settings:
         "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
         "message_encryption_key; at least 16 characters, a long random string; unset = "
         "no queue can be made encrypted (400). To rotate it, name the old one in "
-        "--message-encryption-old-keys (README: Encrypted queues). Prefer the "
+        "--message-encryption-old-keys (docs/security.md: Encrypted queues). Prefer the "
         "environment variable",
     )
     message_encryption_old_keys: str | None = _opt(

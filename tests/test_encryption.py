@@ -295,7 +295,7 @@ async def test_without_a_key_no_queue_can_be_made_encrypted(
 async def test_a_rotated_key_opens_what_the_old_one_sealed(
     redis_url: str, driver: str, clock: ManualClock, project: str
 ) -> None:
-    """The README's rotation: the new key seals, the old one (named in
+    """docs/security.md's rotation: the new key seals, the old one (named in
     --message-encryption-old-keys) still opens the bodies sealed before;
     once it is dropped, those are refused again, and what the new key
     sealed stays readable."""

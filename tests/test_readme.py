@@ -1,4 +1,5 @@
-"""Every example in README.md runs as written, against a live feedsvc.
+"""Every example in README.md and in the guides under docs/ runs as
+written, against a live feedsvc; every link between them leads somewhere.
 
 The examples are the blocks fenced as ``sh``, ``bash``, ``console`` or
 ``python``. Each runs verbatim, in an empty directory, against a
@@ -14,8 +15,8 @@ free port), the way a reader runs it after ``make run``:
   and ``python``: must exit 0. A ``text`` block that is the next block with
   no heading between is what the example prints (``...`` as above).
 
-The README tells the reader that its examples take the service's address
-from ``FEEDSVC_URL`` (default ``http://127.0.0.1:8888``, where ``make run``
+The README tells the reader (and each guide repeats) that the examples take
+the service's address from ``FEEDSVC_URL`` (default ``http://127.0.0.1:8888``, where ``make run``
 serves), so this test sets it to the service it started; an example that
 names a local address and not FEEDSVC_URL fails here rather than talk to
 whatever listens there, and one that names any other machine's address
@@ -26,7 +27,13 @@ elsewhere) has the comment ``<!-- tests/test_readme.py skips this block:
 REASON -->`` on the line before its fence; keep those rare. A block that
 needs the service started with a setting the README asks the reader for
 has ``<!-- tests/test_readme.py serves this block with FEEDSVC_NAME=VALUE
-... -->`` there instead: its service gets those variables.
+... -->`` there instead: its service gets those variables. A test's id names
+the file and the line of the block's fence, e.g. ``docs/security.md:40
+console``.
+
+The links of these documents (``[text](target)``, not in a code block) to
+files of this repository must name a file that exists and, after ``#``, a
+heading of that file (as GitHub makes anchors of headings).
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.process  # feedsvc serve, bash, curl, python
 
 README = REPO_ROOT / "README.md"
+#: Documents whose fenced blocks are not examples of the service, and why.
+NOT_EXAMPLES = {
+    "docs/RELIABILITY.md": "its blocks run parts of the test suite and read what they print",
+}
 RUNNABLE = ("console", "sh", "bash", "python")
 SKIP = re.compile(r"<!-- tests/test_readme\.py skips this block: (?P<reason>\S.*?) -->")
 SERVE = re.compile(
@@ -69,6 +80,15 @@ EXAMPLE_TIMEOUT = 90
 DONE = "@@readme-example-command-done@@"
 
 
+def documents() -> list[Path]:
+    """README.md and every Markdown file in docs/, in that order."""
+    return [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(REPO_ROOT).as_posix()
+
+
 @dataclass
 class Block:
     language: str
@@ -77,15 +97,16 @@ class Block:
     skip_reason: str | None = None
     output: str | None = None  # the text block that shows what it prints
     serve_env: dict[str, str] = field(default_factory=dict)  # the service's settings
+    document: str = "README.md"  # relative to the repository
 
     @property
     def name(self) -> str:
-        return f"README.md:{self.line} {self.language}"
+        return f"{self.document}:{self.line} {self.language}"
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """Every fenced block, with its skip marker and, for a runnable block,
-    the text block that shows its output."""
+def readme_blocks(text: str, document: str = "README.md") -> list[Block]:
+    """Every fenced block of a document, with its skip marker and, for a
+    runnable block, the text block that shows its output."""
     lines = text.splitlines()
     blocks: list[Block] = []
     heading_since_last = False
@@ -97,12 +118,12 @@ def readme_blocks(text: str) -> list[Block]:
             i += 1
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
-        assert end is not None, f"README.md:{i + 1}: a fence that is never closed"
+        assert end is not None, f"{document}:{i + 1}: a fence that is never closed"
         above = lines[i - 1] if i else ""
         marker = SKIP.fullmatch(above.strip())
         serve = SERVE.fullmatch(above.strip())
         assert marker or serve or "test_readme" not in above, (
-            f"README.md:{i}: write the marker as "
+            f"{document}:{i}: write the marker as "
             "'<!-- tests/test_readme.py skips this block: REASON -->' or "
             "'<!-- tests/test_readme.py serves this block with FEEDSVC_NAME=VALUE -->'"
         )
@@ -111,6 +132,7 @@ def readme_blocks(text: str) -> list[Block]:
             i + 1,
             "\n".join(lines[i + 1 : end]) + "\n",
             marker.group("reason") if marker else None,
+            document=document,
         )
         if serve:
             block.serve_env = dict(pair.split("=", 1) for pair in serve.group("env").split())
@@ -130,7 +152,13 @@ def readme_blocks(text: str) -> list[Block]:
 
 
 def examples() -> list[Block]:
-    return [b for b in readme_blocks(README.read_text()) if b.language in RUNNABLE]
+    return [
+        block
+        for path in documents()
+        if relative(path) not in NOT_EXAMPLES
+        for block in readme_blocks(path.read_text(), relative(path))
+        if block.language in RUNNABLE
+    ]
 
 
 def remote_addresses(code: str) -> list[str]:
@@ -183,13 +211,15 @@ def console_commands(block: Block) -> list[Command]:
     for offset, line in enumerate(block.code.splitlines(), start=1):
         if continuing:
             assert line.startswith("> "), (
-                f"README.md:{block.line + offset}: continue a command with '> '"
+                f"{block.document}:{block.line + offset}: continue a command with '> '"
             )
             commands[-1].text += "\n" + line[2:]
         elif line.startswith("$ "):
             commands.append(Command(block.line + offset, line[2:], ""))
         else:
-            assert commands, f"README.md:{block.line + offset}: output before any '$ ' command"
+            assert commands, (
+                f"{block.document}:{block.line + offset}: output before any '$ ' command"
+            )
             commands[-1].expected += line + "\n"
         continuing = (line.startswith(("$ ", "> "))) and line.endswith("\\")
     return commands
@@ -220,14 +250,14 @@ def run_console(block: Block, env: dict[str, str], cwd: Path) -> None:
     _, stdout, _ = run(["bash", "-c", script], env, cwd, stderr=subprocess.STDOUT)
     outputs = re.split(rf"\n{DONE} (\d+)\n", stdout)
     for n, command in enumerate(commands):
-        where = f"README.md:{command.line}: $ {command.text}"
+        where = f"{block.document}:{command.line}: $ {command.text}"
         assert 2 * n + 1 < len(outputs), (
             f"{where}\nnever finished; the session printed:\n{stdout[-3000:]}"
         )
         printed, code = outputs[2 * n], int(outputs[2 * n + 1])
         assert code == 0, f"{where}\nexited {code}, printing:\n{printed}"
         assert matches(command.expected, printed), (
-            f"{where}\nREADME shows:\n{command.expected}\nit printed:\n{printed}"
+            f"{where}\n{block.document} shows:\n{command.expected}\nit printed:\n{printed}"
         )
 
 
@@ -247,7 +277,7 @@ def run_program(block: Block, env: dict[str, str], cwd: Path) -> None:
     assert code == 0, f"{block.name} exited {code}:\n{stdout}\n{stderr}"
     if block.output is not None:
         assert matches(block.output, stdout), (
-            f"{block.name}: README shows:\n{block.output}\nit printed:\n{stdout}\n{stderr}"
+            f"{block.name} shows:\n{block.output}\nit printed:\n{stdout}\n{stderr}"
         )
 
 
@@ -276,6 +306,7 @@ def test_readme_has_examples_and_every_skip_says_why() -> None:
     blocks = examples()
     run = [b for b in blocks if b.skip_reason is None]
     assert {b.language for b in run} >= {"console", "python"}, [b.name for b in blocks]
+    assert "README.md" in {b.document for b in run}
     for block in run:
         # 'make run' serves on 127.0.0.1:8888; an example aimed there must
         # let the reader (and this test) point it elsewhere
@@ -318,6 +349,98 @@ def test_ellipsis_matching() -> None:
     assert not matches("[1, 2]", "[1, 2, 3]")
     assert not matches("ab...ba", "aba")  # the two ends may not overlap
     assert matches("", "\n")
+
+
+# -- links ---------------------------------------------------------------------------
+
+LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+EXTERNAL = re.compile(r"^(?:[a-z][a-z+.-]*:|//)")  # http:, https:, mailto:, ...
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading line: its text lowercased, punctuation
+    other than '-' and '_' dropped, spaces made '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.lstrip("#").strip())
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def prose_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line outside fenced blocks."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+def anchors(path: Path) -> set[str]:
+    found: set[str] = set()
+    for _, line in prose_lines(path.read_text()):
+        if re.match(r"#{1,6} ", line):
+            name = anchor(line)
+            # GitHub numbers repeated headings: name, name-1, name-2, ...
+            n = 0
+            while (f"{name}-{n}" if n else name) in found:
+                n += 1
+            found.add(f"{name}-{n}" if n else name)
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    broken = []
+    for number, line in prose_lines(path.read_text()):
+        for link in LINK.finditer(line):
+            target = link.group("target")
+            if EXTERNAL.match(target):
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            where = f"{relative(path)}:{number}: {target}"
+            if not linked.exists():
+                broken.append(f"{where} (no such file)")
+            elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
+                broken.append(f"{where} (no such heading)")
+    return broken
+
+
+def test_anchors_are_githubs() -> None:
+    assert anchor("## Live following") == "live-following"
+    assert anchor("### Why POST and GET stay under 0.5: the ladder") == (
+        "why-post-and-get-stay-under-05-the-ladder"
+    )
+    assert anchor("### `--workers 2` against one process (`workers`)") == (
+        "--workers-2-against-one-process-workers"
+    )
+    assert anchor("## Read modes (`python -m loadtest follow`)") == (
+        "read-modes-python--m-loadtest-follow"
+    )
+
+
+def test_links_lead_to_files_and_headings_that_exist() -> None:
+    assert [b for path in documents() for b in broken_links(path)] == []
+
+
+def test_a_broken_link_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.md").write_text("# A\n\n## One two\n")
+    doc = tmp_path / "b.md"
+    doc.write_text(
+        "[ok](a.md#one-two) [ok](#b) [no](a.md#three) [no](c.md) [ok](https://x.org/c.md)\n"
+        "# B\n```\n[in code](nowhere.md)\n```\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+    assert [b.split(": ", 1)[1] for b in broken_links(doc)] == [
+        "a.md#three (no such heading)",
+        "c.md (no such file)",
+    ]
+
+
+def test_the_readme_names_every_guide_and_stays_short() -> None:
+    readme = README.read_text()
+    unnamed = [relative(path) for path in documents()[1:] if f"]({relative(path)})" not in readme]
+    assert unnamed == []
+    # the newcomer's page: each feature's full guide lives in docs/
+    assert len(readme.splitlines()) <= 350
 
 
 def example_params() -> list[object]:

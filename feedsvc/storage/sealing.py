@@ -20,7 +20,7 @@ cannot be given ``_enable_encrypt_messages: true`` (400), and a sealed body
 met on a read, or a post to a queue encrypted by a service that had a key,
 is a 500 that says the key is missing (the data is kept). A rotation
 names the earlier keys in ``--message-encryption-old-keys``: they open what
-they sealed, never seal (the README gives the three rolling steps).
+they sealed, never seal (docs/security.md gives the three rolling steps).
 """
 
 from __future__ import annotations
