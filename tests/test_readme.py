@@ -443,6 +443,13 @@ def test_the_readme_names_every_guide_and_stays_short() -> None:
     assert len(readme.splitlines()) <= 350
 
 
+def test_the_benchmarks_stay_a_reference_not_a_diary() -> None:
+    """Each goal's current result, not every session's (git keeps those)."""
+    benchmarks = (REPO_ROOT / "docs" / "BENCHMARKS.md").read_text()
+    assert len(benchmarks.splitlines()) <= 500
+    assert "## The goals at a glance" in benchmarks
+
+
 def example_params() -> list[object]:
     return [
         pytest.param(
