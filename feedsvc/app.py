@@ -21,6 +21,7 @@ from feedsvc.appkeys import (
     AUTH_TOKENS,
     CLOCK,
     DELIVERIES,
+    DRAINING,
     EMBEDDED_REDIS,
     LIVE,
     SETTINGS,
@@ -30,6 +31,7 @@ from feedsvc.appkeys import (
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
+from feedsvc.drain_signal import DrainSignal
 from feedsvc.live import LiveFeeds
 from feedsvc.storage.drivers import make_store
 
@@ -79,6 +81,7 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[CLOCK] = clock
+    app[DRAINING] = DrainSignal()
     app[AUTH_TOKENS] = settings.auth_tokens()
     if embedded_redis is not None:
         app[EMBEDDED_REDIS] = embedded_redis

@@ -18,12 +18,15 @@ from prometheus_client import CollectorRegistry, Histogram
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
+from feedsvc.drain_signal import DrainSignal
 from feedsvc.live import LiveFeeds
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
 #: "now" for every handler (ages, expiry shown to clients); a test may pass a ManualClock.
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
+#: Set when this process begins to drain (``feedsvc.drain``): waiters end on it.
+DRAINING = web.AppKey("draining", DrainSignal)
 #: Set by the storage cleanup context once the store is open; absent before.
 STORE = web.AppKey("store", FeedStore)
 #: The shared tails of live followers (long polls, event streams); set with STORE.
