@@ -22,6 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     # what every layer may use: time, the error tree, settings, __version__,
     # the signal that the process drains
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
+    # a log line per interval for events that come in floods
+    ("feedsvc.log_counter",),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, over the storage interface
@@ -61,6 +63,7 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.live",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
+    "feedsvc.log_counter",
 }
 
 
