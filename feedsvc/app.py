@@ -20,7 +20,9 @@ from feedsvc.api.routes import add_routes
 from feedsvc.appkeys import (
     AUTH_TOKENS,
     CLOCK,
+    COUNTED_ERRORS,
     DELIVERIES,
+    DRAINING,
     EMBEDDED_REDIS,
     LIVE,
     SETTINGS,
@@ -30,7 +32,10 @@ from feedsvc.appkeys import (
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
+from feedsvc.drain_signal import DrainSignal
+from feedsvc.errors import TooManyFollowers, TooMuchContention
 from feedsvc.live import LiveFeeds
+from feedsvc.log_counter import LogCounter
 from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
@@ -65,6 +70,23 @@ def _storage_context(
     return storage
 
 
+def _counted_errors(clock: Clock) -> dict[type[Exception], LogCounter]:
+    """The errors a busy service answers by the thousand: a line per interval
+    for them (``feedsvc.api.middleware``), not one each; metrics count each."""
+    api_log = logging.getLogger("feedsvc.api")
+    return {
+        TooManyFollowers: LogCounter(api_log, "refused", "followers (--max-followers)", clock),
+        TooMuchContention: LogCounter(
+            api_log, "gave up", "writes after too many WATCH conflicts", clock
+        ),
+    }
+
+
+async def _tell_counted_errors(app: web.Application) -> None:
+    for counter in app[COUNTED_ERRORS].values():
+        counter.close()
+
+
 def create_app(
     settings: Settings,
     clock: Clock = SYSTEM_CLOCK,
@@ -79,6 +101,9 @@ def create_app(
     )
     app[SETTINGS] = settings
     app[CLOCK] = clock
+    app[DRAINING] = DrainSignal()
+    app[COUNTED_ERRORS] = _counted_errors(clock)
+    app.on_cleanup.append(_tell_counted_errors)
     app[AUTH_TOKENS] = settings.auth_tokens()
     if embedded_redis is not None:
         app[EMBEDDED_REDIS] = embedded_redis

@@ -18,12 +18,16 @@ from prometheus_client import CollectorRegistry, Histogram
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
+from feedsvc.drain_signal import DrainSignal
 from feedsvc.live import LiveFeeds
+from feedsvc.log_counter import LogCounter
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
 #: "now" for every handler (ages, expiry shown to clients); a test may pass a ManualClock.
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
+#: Set when this process begins to drain (``feedsvc.drain``): waiters end on it.
+DRAINING = web.AppKey("draining", DrainSignal)
 #: Set by the storage cleanup context once the store is open; absent before.
 STORE = web.AppKey("store", FeedStore)
 #: The shared tails of live followers (long polls, event streams); set with STORE.
@@ -39,6 +43,9 @@ METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)
 # its children by (method, route, status): labels() resolved once per set
 METRICS_CHILDREN = web.AppKey("metrics_children", dict[tuple[str, str, int], Any])
+#: Errors answered in floods (a follower refused, a write given up on
+#: contention), by class: each counted and logged a line per interval.
+COUNTED_ERRORS: web.AppKey[dict[type[Exception], LogCounter]] = web.AppKey("counted_errors")
 #: The embedded Redis's report for /v2/health (``feedsvc.embedded``); absent
 #: when the service runs on a Redis it did not start.
 EMBEDDED_REDIS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("embedded_redis")

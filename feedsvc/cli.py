@@ -18,6 +18,7 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
+from feedsvc.appkeys import DRAINING
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.embedded import EmbeddedRedis
@@ -88,7 +89,7 @@ async def serve(
         # the grace period is spent by Drain.run(); cleanup() only cuts off
         shutdown_timeout=CUT_OFF_WAIT,
     )
-    drain = Drain(runner, settings.shutdown_grace)
+    drain = Drain(runner, settings.shutdown_grace, app[DRAINING])
     app.on_response_prepare.append(drain.on_response_prepare)
     await runner.setup()
     site: web.BaseSite

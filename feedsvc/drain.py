@@ -13,7 +13,10 @@ timeout *again* and only then cancels it (twice the grace); and a timeout of
 
 1. from now on every response ends its connection (``Connection: close``,
    set in ``on_response_prepare``), so a keep-alive client is told to go
-   elsewhere and a connection is done once its request is;
+   elsewhere and a connection is done once its request is; and the
+   :class:`~feedsvc.drain_signal.DrainSignal` is set, so every waiter (an
+   event stream, a long poll, a claim wait) ends now with what it has
+   instead of holding the grace period;
 2. stop the sites: this process closes its listening socket (with
    ``--workers`` the supervisor closed its own copy first, so once every
    worker has stopped, new connections are refused, not queued for nobody);
@@ -33,6 +36,8 @@ import logging
 
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestHandler
+
+from feedsvc.drain_signal import DrainSignal
 
 log = logging.getLogger("feedsvc")
 
@@ -72,9 +77,10 @@ def has_request(handler: RequestHandler) -> bool:
 class Drain:
     """The stop sequence of one process; ``run()`` once, then ``runner.cleanup()``."""
 
-    def __init__(self, runner: web.AppRunner, grace: float) -> None:
+    def __init__(self, runner: web.AppRunner, grace: float, draining: DrainSignal) -> None:
         self._runner = runner
         self._grace = grace
+        self._draining = draining  # the app's (``feedsvc.appkeys.DRAINING``)
         self.started = False
 
     async def on_response_prepare(
@@ -88,6 +94,7 @@ class Drain:
     async def run(self) -> None:
         """Stop accepting and wait for the requests in flight, up to the grace period."""
         self.started = True
+        self._draining.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._grace
         for site in list(self._runner.sites):

@@ -129,10 +129,13 @@ class Follower:
         self.gone = True
         self.finish()
 
-    async def finished(self, seconds: float) -> bool:
-        """Wait until it finished, at most seconds; whether it has."""
+    async def finished(self, seconds: float, drained: asyncio.Future[None] | None = None) -> bool:
+        """Wait until it finished, at most seconds, and no longer than until
+        ``drained`` is done (the process stops: ``feedsvc.drain_signal``);
+        whether it has finished."""
         if not self._done.done() and seconds > 0:
-            await asyncio.wait((self._done,), timeout=seconds)
+            waits = (self._done,) if drained is None else (self._done, drained)
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         return self._done.done()
 
 

@@ -19,8 +19,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "feedsvc"
 
 #: From the ground up. A name is one module; ``pkg.*`` is a package and all in it.
 LAYERS: list[tuple[str, ...]] = [
-    # what every layer may use: time, the error tree, settings, __version__
-    ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config"),
+    # what every layer may use: time, the error tree, settings, __version__,
+    # the signal that the process drains
+    ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
+    # a log line per interval for events that come in floods
+    ("feedsvc.log_counter",),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, over the storage interface
@@ -59,6 +62,8 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.storage.base",
     "feedsvc.live",
     "feedsvc.delivery.worker",
+    "feedsvc.drain_signal",
+    "feedsvc.log_counter",
 }
 
 

@@ -19,8 +19,9 @@ from aiohttp import web
 
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
-from feedsvc.appkeys import CLOCK, EMBEDDED_REDIS, SETTINGS, STORE
+from feedsvc.appkeys import CLOCK, DRAINING, EMBEDDED_REDIS, SETTINGS, STORE
 from feedsvc.config import Settings
+from feedsvc.drain_signal import DrainSignal
 from feedsvc.errors import (
     BadRequest,
     ClaimNotFound,
@@ -554,7 +555,8 @@ async def post_claim(request: web.Request) -> web.Response:
     store = feed_store(request)
     claim = await store.claim_messages(project, queue, ttl, grace, limit)
     if claim is None and seconds:
-        claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds)
+        draining = request.app[DRAINING]
+        claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds, draining)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
@@ -570,10 +572,16 @@ async def post_claim(request: web.Request) -> web.Response:
 
 
 async def _claim_waiting(
-    store: FeedStore, project: str, queue: str, terms: tuple[int, int, int], seconds: float
+    store: FeedStore,
+    project: str,
+    queue: str,
+    terms: tuple[int, int, int],
+    seconds: float,
+    draining: DrainSignal,
 ) -> Claim | None:
     """Claim as soon as something is claimable (a post, a delayed message
-    falling due, a queue change), or give up after seconds."""
+    falling due, a queue change), or give up after seconds or once the
+    process begins to stop (then 204 at once: the client claims elsewhere)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     ttl, grace, limit = terms
@@ -581,9 +589,9 @@ async def _claim_waiting(
         while (remaining := deadline - loop.time()) > 0:
             token = follow.token()
             claim = await store.claim_messages(project, queue, ttl, grace, limit)
-            if claim is not None or follow.ended:
+            if claim is not None or follow.ended or draining.is_set():
                 return claim
-            await follow.wait(token, remaining)
+            await draining.unless_set(follow.wait(token, remaining))
     return None
 
 

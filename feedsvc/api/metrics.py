@@ -29,7 +29,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feedsvc.appkeys import DELIVERIES, METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
+from feedsvc.appkeys import (
+    COUNTED_ERRORS,
+    DELIVERIES,
+    METRICS_CHILDREN,
+    METRICS_REGISTRY,
+    METRICS_REQUESTS,
+    STORE,
+)
+from feedsvc.errors import TooManyFollowers
 from feedsvc.storage.base import FeedStore
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -70,6 +78,24 @@ class StoreCollector(Collector):
             ("pool_waiting", "requests waiting for a slot"),
         ]:
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
+
+
+class RefusalCollector(Collector):
+    """Followers refused, each counted (its log is a line per interval:
+    ``feedsvc.log_counter``). Writes given up on contention are the store's
+    ``watch_conflicts_exhausted``."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        refused = self._app.get(COUNTED_ERRORS, {}).get(TooManyFollowers)
+        if refused is not None:
+            yield CounterMetricFamily(
+                "feedsvc_followers_refused",
+                "event streams and long polls answered 503: --max-followers reached",
+                value=refused.total,
+            )
 
 
 class DeliveryCollector(Collector):
@@ -125,6 +151,7 @@ def setup_metrics(app: web.Application) -> None:
     )
     app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
+    registry.register(RefusalCollector(app))
     registry.register(DeliveryCollector(app))
     GCCollector(registry=registry)
     ProcessCollector(registry=registry)

@@ -24,6 +24,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from feedsvc.api.metrics import observe_request
 from feedsvc.api.signed_urls import mark_signed
+from feedsvc.appkeys import COUNTED_ERRORS
 from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.api")
@@ -68,7 +69,12 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
             answer.force_close()
         if isinstance(exc, Unavailable):
             answer.headers["Retry-After"] = str(exc.retry_after)
-            log.warning("%s %s -> 503 (%s) [%s]", request.method, request.path, exc, request_id)
+            # a flood of one kind (followers refused, contention) is a line per interval
+            counter = request.app.get(COUNTED_ERRORS, {}).get(type(exc))
+            if counter is None:
+                log.warning("%s %s -> 503 (%s) [%s]", request.method, request.path, exc, request_id)
+            else:
+                counter.count(f"{request.method} {request.path}: {exc} [{request_id}]")
         return answer
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:

@@ -591,10 +591,10 @@ def _message_list_or_stream(s: Settings) -> Schema:
             f"opens with `retry: {s.stream_retry}` (milliseconds before a reconnect), "
             f"sends a `: heartbeat` comment after {s.stream_heartbeat:g} s without events, "
             "sends `event: end` with `data: {}` and closes if the queue is deleted, and "
-            f"closes after about {s.stream_lifetime:g} s (+-10 %), or when the client "
-            "reads too slowly; reconnecting with the last id as Last-Event-ID loses and "
-            "repeats nothing. Redis trouble or too many followers before the stream "
-            "starts are a JSON 503.",
+            f"closes after about {s.stream_lifetime:g} s (+-10 %), at once when the "
+            "service begins to stop, or when the client reads too slowly; reconnecting "
+            "with the last id as Last-Event-ID loses and repeats nothing. Redis "
+            "trouble or too many followers before the stream starts are a JSON 503.",
             "example": "retry: 2000\n\nid: 1784124000000000001\nevent: message\n"
             'data: {"id":"...","href":"...","ttl":3600,"age":0,"body":"hi"}\n\n',
         }
@@ -837,7 +837,8 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 ),
                 "description": "A plain list answers at once. With wait=S a page that would "
                 "be empty is held until a message is visible after the marker (then that "
-                "page at once) or S seconds pass (then the empty page); wait is ignored "
+                "page at once) or S seconds pass or the service begins to stop (then the "
+                "empty page); wait is ignored "
                 "with ids. A request with Accept: text/event-stream gets a stream of the "
                 "queue instead (see the 200 response); limit, ids and wait do not apply to "
                 "it, and include_delayed is ignored (a delayed message appears once due).",
@@ -902,7 +903,8 @@ def _paths(s: Settings) -> dict[str, Schema]:
                         {"type": "number", "minimum": 0, "maximum": v.MAX_WAIT, "default": 0},
                         "Seconds (decimals allowed) to wait for something claimable when "
                         "nothing is now: the claim is made as soon as a message can be "
-                        "claimed, else 204 after the wait (0: answer at once).",
+                        "claimed, else 204 after the wait, or at once when the service "
+                        "begins to stop (0: answer at once).",
                     ),
                 ],
                 body={

@@ -9,8 +9,10 @@ else after ``marker``, else at the head of the queue; it sends ``retry:``
 first, a heartbeat comment every ``--stream-heartbeat`` seconds (no Redis
 call), ``event: end`` when the queue is deleted, and ends after
 ``--stream-lifetime`` seconds (±10 %) so that deploys and load balancers see
-ordinary churn; a client too slow for its buffer is cut off and resumes from
-its last event id, losing nothing (the messages are in Redis).
+ordinary churn, and the same way at once when the process begins to stop
+(``feedsvc.drain_signal``; a long poll then answers what it has, at once); a
+client too slow for its buffer is cut off and resumes from its last event
+id, losing nothing (the messages are in Redis).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from feedsvc.api import validation as v
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
-from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, TOPIC_LIVE
+from feedsvc.appkeys import CLOCK, DRAINING, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
 from feedsvc.live import PAGE, Batch, Filters, Follower, LiveFeeds, Waiter
@@ -88,25 +90,27 @@ def last_event_id(request: web.Request) -> int | None:
 async def long_poll(
     request: web.Request, project: str, queue: str, query: ListQuery, seconds: float
 ) -> MessagePage:
-    """A list page; if it would be empty, wait up to seconds for one that is not."""
+    """A list page; if it would be empty, wait up to seconds for one that is
+    not, or until the process begins to stop."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     store = h.feed_store(request)
+    draining = request.app[DRAINING]
     if query.include_delayed:  # the shared tail skips delayed messages: read alone
         async with store.follow(project, queue) as follow:
             while True:
                 token = follow.token()
                 page = await store.list_messages(project, queue, query)
                 remaining = deadline - loop.time()
-                if page.messages or follow.ended or remaining <= 0:
+                if page.messages or follow.ended or remaining <= 0 or draining.is_set():
                     return page
-                await follow.wait(token, remaining)
+                await draining.unless_set(follow.wait(token, remaining))
     live = _live(request)
     waiter = Waiter(query.marker, Filters(query.client_id, query.echo, query.include_claimed))
     async with live.follower(project, queue, waiter), _hung_up(request, waiter.hang_up):
         messages = await live.catch_up(project, queue, waiter, query.limit)
         if not messages:
-            await waiter.finished(deadline - loop.time())
+            await waiter.finished(deadline - loop.time(), draining.future())
             messages = waiter.messages
             if not messages:
                 return MessagePage([], None)
@@ -216,6 +220,7 @@ async def stream_messages(
     request: web.Request, project: str, client: str, queue: str
 ) -> web.StreamResponse:
     settings = request.app[SETTINGS]
+    draining = request.app[DRAINING]
     live = _live(request)
     prefix = f"{h.feed_path(request, queue)}/messages/"  # what the events' hrefs name
     position = last_event_id(request)
@@ -247,12 +252,14 @@ async def stream_messages(
             while backlog:
                 now = request.app[CLOCK].now_ms()
                 await response.write(b"".join(_event(prefix, m, now) for m in backlog))
-                if loop.time() >= ends_at:
+                if loop.time() >= ends_at or draining.is_set():
                     return response
                 backlog = await live.catch_up(project, queue, stream, PAGE)
             # caught up: the tail writes from now on
             await stream.start(writer, transport)
-            await stream.finished(ends_at - loop.time())
+            # until its lifetime is over or the process stops: either way
+            # returning ends it cleanly, and the client resumes from its last id
+            await stream.finished(ends_at - loop.time(), draining.future())
         except (ConnectionResetError, Unavailable):
             return response  # the client went away, or Redis did: it resumes from its last id
     if stream.dropped:  # too slow: cut off now, not once it has read what piled up
