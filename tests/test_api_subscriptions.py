@@ -19,6 +19,8 @@ from tests.conftest import direct_client
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
 SUBS = "/v2/queues/fans/subscriptions"
+FRAMING_HEADERS = ("Content-Length", "transfer-encoding", "Host", "Connection", "Upgrade", "TE",
+                   "Trailer", "Keep-Alive", "Proxy-Authorization", "Expect")  # fmt: skip
 
 
 async def create(
@@ -75,6 +77,20 @@ async def test_same_subscriber_twice_is_the_same_subscription_until_confirmed(
     assert len((await listed(http, headers))["subscriptions"]) == 1
     got = await (await http.get(f"{SUBS}/{first}", headers=headers)).json()
     assert got["confirmed"] is True
+
+
+async def test_a_repeated_post_says_it_changed_nothing(http: Client, headers: Headers) -> None:
+    resp = await http.post(SUBS, json={"subscriber": "http://example.com/hook"}, headers=headers)
+    assert resp.status == 201
+    assert "X-Subscription-Existing" not in resp.headers
+    sid = (await resp.json())["subscription_id"]
+    again = {"subscriber": "http://example.com/hook", "ttl": 120, "options": {"b": 2}}
+    resp = await http.post(SUBS, json=again, headers=headers)
+    assert resp.status == 201  # Zaqar's answer, which its clients expect
+    assert await resp.json() == {"subscription_id": sid}
+    assert resp.headers["X-Subscription-Existing"] == "true"
+    got = await (await http.get(f"{SUBS}/{sid}", headers=headers)).json()
+    assert (got["ttl"], got["options"]) == (3600, {})  # a PATCH changes them
 
 
 async def test_projects_and_queues_do_not_share_subscriptions(
@@ -224,6 +240,66 @@ async def test_patch_ttl_restarts_the_clock(
         ),
         ({"subscriber": "http://e.com", "options": {"post_headers": {"a b": "x"}}}, "post_headers"),
         ({"subscriber": "http://e.com", "options": {"n": 2**70}}, "64 bits"),
+        # issue 28: subscribers that can never be reached
+        ({"subscriber": "http://[::1/"}, "not a valid URL"),
+        ({"subscriber": "http://e.com:99999/hook"}, "Port out of range"),
+        ({"subscriber": "http://e.com:abc/hook"}, "not a valid URL"),
+        ({"subscriber": "http://e.com:0/hook"}, "port must be from 1 to 65535"),
+        ({"subscriber": "http://exa mple.com/hook"}, "spaces or control characters"),
+        ({"subscriber": "http://-x-.com/hook"}, "not a valid name"),
+        ({"subscriber": "mailto:a@b.com\r\nBcc:c@d.com"}, "spaces or control characters"),
+        ({"subscriber": "mailto:a@b.com%0D%0ABcc:c@d.com"}, "is not one"),
+        ({"subscriber": "mailto:a,b"}, "'a' is not one"),
+        ({"subscriber": "mailto:" + ",".join(["a@b.com"] * 11)}, "at most 10 addresses"),
+        ({"subscriber": "mailto:a@b.com?subject=x%0ABcc:c@d.com"}, "one line"),
+        ({"subscriber": "mailto:a@b.com", "options": {"from": "x@y.com\nBcc: z"}}, "options.from"),
+        ({"subscriber": "mailto:a@b.com", "options": {"from": "nobody"}}, "not a mail address"),
+        ({"subscriber": "mailto:a@b.com", "options": {"subject": 5}}, "one line"),
+        # issue 28: headers that frame the request or are not HTTP
+        *[
+            (
+                {"subscriber": "http://e.com", "options": {"post_headers": {name: "5"}}},
+                "HTTP client",
+            )
+            for name in FRAMING_HEADERS
+        ],
+        ({"subscriber": "http://e.com", "options": {"post_headers": {"a": "x\x00y"}}}, "ASCII"),
+        ({"subscriber": "http://e.com", "options": {"post_headers": {"a": " x"}}}, "ASCII"),
+        ({"subscriber": "http://e.com", "options": {"post_headers": {"a": "\u00e9"}}}, "ASCII"),
+        (
+            {"subscriber": "http://e.com", "options": {"post_headers": {"é": "x"}}},
+            "not an HTTP header name",
+        ),
+        (
+            {
+                "subscriber": "http://e.com",
+                "options": {"post_headers": {f"h{i}": "x" for i in range(33)}},
+            },
+            "at most 32 headers",
+        ),
+        (
+            {"subscriber": "http://e.com", "options": {"post_headers": {"a": "x" * 9000}}},
+            "at most 8192 bytes",
+        ),
+        # issue 28: the retry policy's numbers are bounded; null is not a number
+        *[
+            (
+                {"subscriber": "http://e.com", "options": {"_retry_policy": {key: value}}},
+                words,
+            )
+            for key, value, words in [
+                ("retries_with_no_delay", 100000000, "at most 100"),
+                ("retries_with_no_delay", 101, "at most 100"),
+                ("minimum_delay_retries", 1001, "at most 1000"),
+                ("maximum_delay_retries", 10**18, "at most 1000"),
+                ("maximum_delay", 10**9, "at most 86400"),
+                ("minimum_delay", 86401, "at most 86400"),
+                ("minimum_delay", None, "must be a integer"),
+                ("maximum_delay", None, "must be a integer"),
+                ("retries_with_no_delay", None, "must be a integer"),
+                ("maximum_delay", -1, "must not be negative"),
+            ]
+        ],
         ({"subscriber": "http://e.com/" + "x" * 5000}, "at most 4096"),
     ],
 )
@@ -295,3 +371,77 @@ async def test_queue_retry_policy_is_checked_as_zaqar_does(http: Client, headers
     assert (await http.put("/v2/queues/fans", json=good, headers=headers)).status == 201
     got = await (await http.get("/v2/queues/fans", headers=headers)).json()
     assert got["_retry_policy"] == good["_retry_policy"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "words"),
+    [
+        ({"retries_with_no_delay": 100000000}, "at most 100"),
+        ({"maximum_delay": 10**9}, "at most 86400"),
+        ({"minimum_delay": None}, "must be a integer"),
+        ({"maximum_delay": None}, "must be a integer"),
+    ],
+)
+async def test_queue_retry_policy_is_bounded(
+    http: Client, headers: Headers, policy: dict[str, Any], words: str
+) -> None:
+    resp = await http.put("/v2/queues/fans", json={"_retry_policy": policy}, headers=headers)
+    assert resp.status == 400
+    assert words in (await resp.json())["description"]
+    # 201: the refused PUT made no queue
+    assert (await http.put("/v2/queues/fans", json={"k": 1}, headers=headers)).status == 201
+    before = await (await http.get("/v2/queues/fans", headers=headers)).json()
+    patch = [{"op": "add", "path": "/metadata/_retry_policy", "value": policy}]
+    resp = await http.patch(
+        "/v2/queues/fans",
+        json=patch,
+        headers={**headers, "Content-Type": "application/openstack-messaging-v2.0-json-patch"},
+    )
+    assert resp.status == 400
+    assert words in (await resp.json())["description"]
+    assert await (await http.get("/v2/queues/fans", headers=headers)).json() == before
+
+
+async def test_retry_policy_at_its_bounds_is_kept(http: Client, headers: Headers) -> None:
+    policy = {
+        "retries_with_no_delay": 100,
+        "minimum_delay_retries": 1000,
+        "minimum_delay": 0,
+        "maximum_delay": 86400,
+        "maximum_delay_retries": 1000,
+        "retry_backoff_function": "geometric",
+    }
+    sid = await create(http, headers, options={"_retry_policy": policy})
+    got = await (await http.get(f"{SUBS}/{sid}", headers=headers)).json()
+    assert got["options"]["_retry_policy"] == policy
+
+
+async def test_patch_with_bad_input_is_400_and_changes_nothing(
+    http: Client, headers: Headers
+) -> None:
+    sid = await create(http, headers)
+    before = await (await http.get(f"{SUBS}/{sid}", headers=headers)).json()
+    for body in (
+        {"subscriber": "http://e.com:99999/"},
+        {"subscriber": "mailto:a,b"},
+        {"options": {"_retry_policy": {"retries_with_no_delay": 100000000}}},
+        {"options": {"_retry_policy": {"minimum_delay": None}}},
+        {"options": {"post_headers": {"Content-Length": "5"}}},
+    ):
+        resp = await http.patch(f"{SUBS}/{sid}", json=body, headers=headers)
+        assert resp.status == 400, body
+    after = await (await http.get(f"{SUBS}/{sid}", headers=headers)).json()
+    assert after == before
+
+
+async def test_several_mail_addresses_and_odd_hosts_are_accepted(
+    http: Client, headers: Headers
+) -> None:
+    for subscriber in (
+        "mailto:a@example.com,b@example.org?subject=Hi",
+        "http://b\u00fccher.example/hook",
+        "http://under_score.example:8080/hook",
+        "https://[2a00:1450:4001::1]:8443/hook",
+        "HTTPS://example.com/upper",
+    ):
+        await create(http, headers, subscriber)

@@ -638,6 +638,35 @@ async def test_json_probes_are_refused_and_change_nothing(
     assert accepted == {}
 
 
+def subscription_probes() -> list[Probe]:
+    """Subscriptions and retry policies that once were a 500 (issue 28, item 6)."""
+    q = "/v2/queues/kept"
+    subs = q + "/subscriptions"
+    probes = [
+        Probe("subscriber [::1", "POST", subs, b'{"subscriber": "http://[::1/"}'),
+        Probe("subscriber port 99999", "POST", subs, b'{"subscriber": "http://e.com:99999/"}'),
+    ]
+    for key in ("minimum_delay", "maximum_delay", "retries_with_no_delay"):
+        policy = b'{"_retry_policy": {"%s": null}}' % key.encode()
+        body = b'{"subscriber": "http://e.com/", "options": %s}' % policy
+        probes.append(Probe(f"subscription {key} null", "POST", subs, body))
+        probes.append(Probe(f"queue {key} null", "PUT", q, policy))
+        probes.append(Probe(f"new queue {key} null", "PUT", "/v2/queues/new", policy))
+        patch = b'[{"op": "add", "path": "/metadata/_retry_policy", "value": {"%s": null}}]'
+        probes.append(
+            Probe(f"patch {key} null", "PATCH", q, patch % key.encode(), content_type=PATCH_TYPE)
+        )
+    return probes
+
+
+async def test_subscription_probes_are_400_and_change_nothing(http: Client, seed: Seed) -> None:
+    subs = "/v2/queues/kept/subscriptions"
+    statuses = await run_probes(http, seed, subscription_probes())
+    assert statuses == dict.fromkeys(statuses, 400)
+    listed = await ok_json(await http.get(subs, headers=seed.headers))
+    assert listed["subscriptions"] == []
+
+
 async def test_cross_project_access_changes_nothing(http: Client, seed: Seed) -> None:
     q = "/v2/queues/kept"
     m = q + "/messages"

@@ -248,6 +248,67 @@ async def test_client_errors_are_final(
         doc = await details(http, headers, sid)
     assert [b["body"] for b in receiver.bodies()] == [1, 2]
     assert doc["delivery"]["failures"] == 1
+    assert doc["delivery"]["last_error"] == "HTTP 404 (final: not retried)"
+
+
+@pytest.mark.parametrize("status", [408, 425, 429])
+async def test_client_errors_that_say_later_are_retried(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver, status: int
+) -> None:
+    answers = iter([status])
+    receiver.answer = lambda body: next(answers, 200)
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, 1)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == [1, 1]
+    assert doc["delivery"]["failures"] == 0
+
+
+async def stored_subscription(
+    http: Client, headers: Headers, subscriber: str, options: dict[str, Any] | None = None
+) -> str:
+    """A subscription written to the store directly, as one stored before the
+    API's rules (issue 28) could be: the API would refuse it now."""
+    assert (await http.put(Q, headers=headers)).status in (201, 204)
+    parent = Parent("queue", headers["X-Project-ID"], "news")
+    made = await http.app[STORE].subscriptions.create(parent, subscriber, 3600, options or {})
+    return made.id
+
+
+async def test_framing_headers_stored_before_the_rules_are_not_sent(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    framing = {"Content-Length": "5", "Transfer-Encoding": "chunked", "Host": "evil.example",
+               "Connection": "close", "X-Kept": "yes", "content-type": "text/plain"}  # fmt: skip
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await stored_subscription(http, headers, receiver.url, {"post_headers": framing})
+        await post(http, headers, "whole", "next")
+        await receiver.until(2)
+        await until_settled(http, headers, sid, "delivered", 2)
+    assert [b["body"] for b in receiver.bodies()] == ["whole", "next"]
+    for got, body in receiver.got:
+        assert got["Host"] == receiver.url.split("/")[2]
+        assert got["Content-Length"] == str(len(body))
+        assert "Transfer-Encoding" not in got
+        assert got["X-Kept"] == "yes"
+        assert got["Content-Type"] == "text/plain"  # one Content-Type: the subscription's
+
+
+@pytest.mark.parametrize("port", ["99999", "abc", "0"])
+async def test_a_webhook_that_cannot_be_reached_fails_at_once(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver, port: str
+) -> None:
+    bad = receiver.url.replace(receiver.url.split("/")[2], f"127.0.0.1:{port}")
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await stored_subscription(http, headers, bad)
+        await post(http, headers, 1)
+        # the clock stands still: a retry after a back-off would never come
+        await until_settled(http, headers, sid, "failures", 1)
+        doc = await details(http, headers, sid)
+    assert doc["delivery"]["retrying"] == 0
+    assert "(final: not retried)" in doc["delivery"]["last_error"]
 
 
 async def test_private_addresses_are_refused_when_delivering(
@@ -364,6 +425,44 @@ async def test_mailto_is_sent_through_the_smtp_server(
         "queue_name": "news",
         "Message_Type": "Notification",
     }
+
+
+async def until_mailed(box: Mailbox, count: int) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while len(box.mails) < count:
+            box.arrived.clear()
+            await box.arrived.wait()
+
+
+async def test_mailto_with_several_addresses_mails_them_all(
+    settings: Settings, clock: ManualClock, headers: Headers, smtp: tuple[str, Mailbox]
+) -> None:
+    address, box = smtp
+    tuned = delivery_settings(settings, smtp_server=address, smtp_sender="feeds@example.org")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(http, headers, "mailto:a@example.com,b@example.org")
+        await post(http, headers, 1)
+        await until_mailed(box, 1)
+        await until_settled(http, headers, sid, "delivered", 1)
+    [(_, recipients, mail)] = box.mails
+    assert recipients == ["a@example.com", "b@example.org"]
+    assert mail["To"] == "a@example.com, b@example.org"
+
+
+async def test_a_mail_address_with_a_line_break_stored_before_the_rules_is_never_sent(
+    settings: Settings, clock: ManualClock, headers: Headers, smtp: tuple[str, Mailbox]
+) -> None:
+    address, box = smtp
+    tuned = delivery_settings(settings, smtp_server=address, smtp_sender="feeds@example.org")
+    async with service(tuned, clock) as http:
+        bad = await stored_subscription(http, headers, "mailto:a@example.com%0D%0ABcc:c@evil.org")
+        good = await subscribe(http, headers, "mailto:ops@example.com")
+        await post(http, headers, 1)
+        await until_settled(http, headers, bad, "failures", 1)
+        await until_settled(http, headers, good, "delivered", 1)
+        doc = await details(http, headers, bad)
+    assert [recipients for _, recipients, _ in box.mails] == [["ops@example.com"]]
+    assert "(final: not retried)" in doc["delivery"]["last_error"]
 
 
 async def test_mailto_without_smtp_server_is_a_counted_failure(

@@ -47,6 +47,7 @@ from feedsvc.api.openapi import UNAUTHENTICATED, openapi_document
 from feedsvc.api.routes import ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
+from feedsvc.delivery import retry, subscribers
 from feedsvc.redis_server import RedisServer
 from tests.conftest import DRIVERS, PROCESS_DRIVERS, make_settings
 from tests.test_faults import LiveService, report
@@ -208,6 +209,25 @@ def test_bounds_come_from_the_settings() -> None:
         assert queue["pattern"] == v.QUEUE_NAME.pattern
         body = paths["/v2/queues/{queue}/messages"]["post"]["requestBody"]["description"]
         assert str(settings.max_messages_post_size) in body
+
+
+def test_subscription_limits_are_described() -> None:
+    document = openapi_document(Settings())
+    schemas = document["components"]["schemas"]
+    policy = schemas["RetryPolicy"]["properties"]
+    for key, (least, most) in retry.LIMITS.items():
+        assert (policy[key]["minimum"], policy[key]["maximum"]) == (least, most)
+    metadata = schemas["QueueMetadata"]["properties"]["_retry_policy"]
+    assert {"$ref": "#/components/schemas/RetryPolicy"} in metadata["anyOf"]
+    options = schemas["NewSubscription"]["properties"]["options"]["properties"]
+    assert {"$ref": "#/components/schemas/RetryPolicy"} in options["_retry_policy"]["anyOf"]
+    headers = options["post_headers"]
+    assert headers["maxProperties"] == subscribers.MAX_POST_HEADERS
+    assert all(name in headers["description"] for name in subscribers.FORBIDDEN_HEADERS)
+    subscriber = schemas["NewSubscription"]["properties"]["subscriber"]
+    assert subscriber["maxLength"] == subscribers.MAX_SUBSCRIBER_LENGTH
+    created = document["paths"]["/v2/queues/{queue}/subscriptions"]["post"]["responses"]["201"]
+    assert "X-Subscription-Existing" in created["headers"]
 
 
 def test_optional_headers_and_bearer_tokens_are_described() -> None:

@@ -208,6 +208,10 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "maximum": s.max_message_ttl,
                 },
                 "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+                "_retry_policy": {
+                    "anyOf": [_schema("RetryPolicy"), {"type": "null"}],
+                    "description": "The default retry policy of the queue's subscriptions.",
+                },
                 "_enable_encrypt_messages": {
                     "type": ["boolean", "null"],
                     **({} if s.message_encryption_key else {"enum": [False, None]}),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from feedsvc.api import subscription_rules as rules
-from feedsvc.api.subscriptions import SUBSCRIPTION_ID
+from feedsvc.api.subscriptions import EXISTING_HEADER, SUBSCRIPTION_ID
 from feedsvc.config import Settings
+from feedsvc.delivery import retry, subscribers
 
 Schema = dict[str, Any]
 JSON = "application/json"
@@ -41,6 +42,17 @@ def _response(description: str, schema: Schema | None = None, location: bool = F
     return response
 
 
+def _created() -> Schema:
+    response = _response("Created.", _ref("schemas", "SubscriptionCreated"), True)
+    response["headers"][EXISTING_HEADER] = {
+        "required": False,
+        "description": "On a repeated POST of an unconfirmed subscriber: the subscription "
+        "existed and nothing was changed.",
+        "schema": {"type": "string", "enum": ["true"]},
+    }
+    return response
+
+
 def _body(name: str, description: str, required: bool = True) -> Schema:
     return {
         "required": required,
@@ -49,23 +61,70 @@ def _body(name: str, description: str, required: bool = True) -> Schema:
     }
 
 
+def retry_policy_schema() -> Schema:
+    """Zaqar's _retry_policy with feedsvc's bounds (``feedsvc.delivery.retry``)."""
+    numbers: Schema = {
+        key: {"type": "integer", "minimum": least, "maximum": most,
+              "default": retry.DEFAULTS[key]}
+        for key, (least, most) in retry.LIMITS.items()
+    }  # fmt: skip
+    return {
+        "type": "object",
+        "description": "After a failed attempt: retries_with_no_delay immediate retries, "
+        "minimum_delay_retries at minimum_delay seconds, the back-off function's delays from "
+        "minimum_delay towards maximum_delay (steps of "
+        f"{retry.LINEAR_INTERVAL} s), maximum_delay_retries at maximum_delay; then the "
+        "message is given up on. maximum_delay must exceed minimum_delay by at least "
+        f"{2 * retry.LINEAR_INTERVAL}. A number out of bounds, or null, is a 400.",
+        "properties": {
+            **numbers,
+            "retry_backoff_function": {"enum": list(retry.BACKOFF_FUNCTIONS)},
+            "ignore_subscription_override": {"type": "boolean"},
+        },
+    }
+
+
 def _schemas(s: Settings) -> dict[str, Schema]:
     subscriber: Schema = {
         "type": "string",
+        "maxLength": subscribers.MAX_SUBSCRIBER_LENGTH,
+        "pattern": r"^[^\x00-\x20\x7f]+$",
         "description": "http(s):// webhook (each message is POSTed to it as JSON) or "
-        "mailto: address. A webhook may reach only public addresses unless the operator "
-        "allows more (--subscriber-allow); a literal IP is checked here, a name at every "
-        "delivery.",
+        f"mailto: with 1 to {subscribers.MAX_MAIL_RECIPIENTS} comma-separated addresses "
+        "(all are mailed). A webhook needs a valid host name or IP and a port from 1 to "
+        "65535; spaces and control characters must be percent-encoded. A webhook may reach "
+        "only public addresses unless the operator allows more (--subscriber-allow); a "
+        "literal IP is checked here, a name at every delivery.",
     }
     ttl: Schema = {"type": "integer", "minimum": rules.MIN_SUBSCRIPTION_TTL}
+    forbidden = ", ".join(sorted(subscribers.FORBIDDEN_HEADERS))
     options: Schema = {
         "type": "object",
         "description": "Free-form, kept with the subscription. Honoured: post_headers "
         "(extra webhook headers), post_data (a body template: the string "
-        '"$zaqar_message$" is replaced by the notification), _retry_policy (Zaqar\'s), '
-        "from and subject (mail).",
+        '"$zaqar_message$" is replaced by the notification), _retry_policy (Zaqar\'s, '
+        "bounded), from and subject (mail: an address, one line).",
+        "properties": {
+            "post_headers": {
+                "type": "object",
+                "maxProperties": subscribers.MAX_POST_HEADERS,
+                "propertyNames": {"pattern": subscribers.HEADER_NAME.pattern},
+                "additionalProperties": {
+                    "type": "string",
+                    "pattern": subscribers.HEADER_VALUE.pattern,
+                },
+                "description": "Header names (HTTP tokens) to values (visible ASCII, inner "
+                f"spaces), at most {subscribers.MAX_POST_HEADER_BYTES} bytes in all. Never "
+                f"one the HTTP client owns: {forbidden} (400).",
+            },
+            "post_data": {"type": "string"},
+            "_retry_policy": {"anyOf": [_ref("schemas", "RetryPolicy"), {"type": "null"}]},
+            "subject": {"type": "string", "maxLength": subscribers.MAX_SUBJECT_LENGTH},
+            "from": {"type": "string"},
+        },
     }
     return {
+        "RetryPolicy": retry_policy_schema(),
         "NewSubscription": {
             "type": "object",
             "properties": {
@@ -163,11 +222,13 @@ def add_subscriptions(document: dict[str, Any], s: Settings) -> None:
             "operationId": "createSubscription",
             "summary": "Subscribe a webhook or mail address to the queue's messages (the "
             "queue is made if missing). The same subscriber again: 201 with the same id "
-            "while it is unconfirmed, 409 once confirmed.",
+            f"while it is unconfirmed (Zaqar's answer) and {EXISTING_HEADER}: true, the "
+            "subscription left as it was (its ttl and options are changed by PATCH); 409 "
+            "once confirmed.",
             "parameters": _common(),
             "requestBody": _body("NewSubscription", "The subscriber, ttl and options."),
             "responses": {
-                "201": _response("Created.", _ref("schemas", "SubscriptionCreated"), True),
+                "201": _created(),
                 **_errors("409"),
             },
         },

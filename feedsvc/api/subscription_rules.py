@@ -3,35 +3,28 @@
 _confirming, _listing, _validate_retry_policy).
 
 Unlike Zaqar, ``trust+http(s)`` subscribers are refused (they need Keystone
-trusts), a subscriber must be a string, and a webhook's address is checked
-against the address guard when it is a literal IP (a name is checked when
-it is resolved, at every delivery: see ``feedsvc.delivery.guard``).
+trusts), a subscriber must be a string that some delivery can reach
+(``feedsvc.delivery.subscribers``, which also owns the post_headers rules),
+the retry policy's numbers are bounded (``feedsvc.delivery.retry``), and a
+webhook's address is checked against the address guard when it is a
+literal IP (a name is checked when it is resolved, at every delivery: see
+``feedsvc.delivery.guard``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
 from feedsvc.config import Settings, subscriber_networks
+from feedsvc.delivery import retry, subscribers
 from feedsvc.delivery.guard import allowed, literal_ip
 from feedsvc.errors import BadRequest
 
-SUBSCRIBER_TYPES = ("http", "https", "mailto")
-MAX_SUBSCRIBER_LENGTH = 4096
-HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
 MIN_SUBSCRIPTION_TTL = 60
-# Zaqar's consts.py: the retry policy's defaults and its back-off functions
-RETRY_INTS = ("retries_with_no_delay", "minimum_delay_retries", "minimum_delay",
-              "maximum_delay", "maximum_delay_retries")  # fmt: skip
-BACKOFF_FUNCTIONS = ("linear", "arithmetic", "exponential", "geometric")
-MINIMUM_DELAY = 5
-MAXIMUM_DELAY = 30
-LINEAR_INTERVAL = 5
 
 
 def unparsable() -> BadRequest:
@@ -39,54 +32,26 @@ def unparsable() -> BadRequest:
     return BadRequest("Request body could not be parsed.")
 
 
-def retry_policy(metadata: Any) -> None:
-    """Zaqar's checks of ``_retry_policy`` (in options or queue metadata)."""
-    policy = metadata.get("_retry_policy") if isinstance(metadata, dict) else None
-    if policy and not isinstance(policy, dict):
-        raise BadRequest("retry_policy must be a dict.")
-    if not policy:
-        return
-    for key in RETRY_INTS:
-        value = policy.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise BadRequest(f"Retry policy: {key} must be a integer.")
-        if isinstance(value, int) and value < 0:
-            raise BadRequest(f"Retry policy: {key} must not be negative.")
-    function = policy.get("retry_backoff_function")
-    if function and not isinstance(function, str):
-        raise BadRequest("retry_backoff_function must be a string.")
-    if function and function not in BACKOFF_FUNCTIONS:
-        raise BadRequest("invalid retry_backoff_function.")
-    ignore = policy.get("ignore_subscription_override")
-    if ignore and not isinstance(ignore, bool):
-        raise BadRequest("ignore_subscription_override must be a boolean.")
-    low = policy.get("minimum_delay", MINIMUM_DELAY)
-    high = policy.get("maximum_delay", MAXIMUM_DELAY)
-    if high < low:
-        raise BadRequest("minimum_delay must less than maximum_delay.")
-    if high - low < 2 * LINEAR_INTERVAL:
-        raise BadRequest("invalid minimum_delay and maximum_delay.")
-
-
 def subscriber(value: Any, settings: Settings) -> str:
     if not isinstance(value, str) or not value:
         raise BadRequest("The subscriber must be a URI string.")
-    if len(value) > MAX_SUBSCRIBER_LENGTH:
-        raise BadRequest(f"The subscriber must be at most {MAX_SUBSCRIBER_LENGTH} characters.")
-    scheme = urlsplit(value).scheme
-    if scheme not in SUBSCRIBER_TYPES:
+    scheme = value.partition(":")[0].lower() if ":" in value else ""
+    if scheme not in subscribers.SUBSCRIBER_TYPES:
         raise BadRequest(
             "The subscriber type of subscription must be supported in the list "
-            f"{list(SUBSCRIBER_TYPES)}."
+            f"{list(subscribers.SUBSCRIBER_TYPES)}."
         )
-    if scheme == "mailto":
-        if "@" not in value:
-            raise BadRequest("A mailto: subscriber needs an address, e.g. mailto:ops@example.com.")
-        return value
-    parts = urlsplit(value)
-    if not parts.hostname:
-        raise BadRequest("A webhook subscriber needs a host, e.g. https://example.com/hook.")
-    address = literal_ip(parts.hostname)
+    try:
+        if scheme == "mailto":
+            subscribers.mail_recipients(value)
+            query = parse_qs(urlsplit(value).query)
+            for given in query.get("subject", []):
+                subscribers.subject(given)
+            return value
+        parts = subscribers.webhook(value)
+    except subscribers.Unreachable as exc:
+        raise BadRequest(str(exc)) from None
+    address = literal_ip(parts.hostname or "")
     if address is not None and not allowed(address, subscriber_networks(settings.subscriber_allow)):
         raise BadRequest(
             f"The subscriber's address {address} is not public; the operator may allow it "
@@ -119,16 +84,18 @@ def options(value: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise BadRequest("Options must be a dict.")
-    retry_policy(value)
+    retry.parse(value)  # the retry policy's checks and bounds have one owner
     headers = value.get("post_headers")
-    if headers is not None and not (
-        isinstance(headers, dict)
-        and all(HEADER_NAME.match(k) for k in headers)
-        and all(isinstance(v, str) and "\r" not in v and "\n" not in v for v in headers.values())
-    ):
-        raise BadRequest(
-            "options.post_headers must be an object of header names to one-line strings."
-        )
+    problem = None if headers is None else subscribers.post_headers_problem(headers)
+    if problem is not None:
+        raise BadRequest(problem)
+    try:
+        if value.get("from") is not None:
+            subscribers.sender_address(value["from"])
+        if value.get("subject") is not None:
+            subscribers.subject(value["subject"])
+    except subscribers.Unreachable as exc:
+        raise BadRequest(str(exc)) from None
     try:
         orjson.dumps(value)
     except orjson.JSONEncodeError:

@@ -4,7 +4,9 @@ under ``/v2/topics/{topic}``), as Zaqar's
 
 * ``POST`` creates (201 ``{"subscription_id"}``; the queue is created if
   missing). A subscriber the queue already has: 409 if it confirmed, else the
-  confirmation request is sent again and the answer is 201 with its id.
+  confirmation request is sent again and the answer is 201 with its id, as
+  Zaqar's; the subscription is left as it was (the request's ttl and options
+  are not applied) and, beyond Zaqar, ``X-Subscription-Existing: true`` says so.
 * ``GET`` lists by id (``marker``, ``limit``; a ``next`` link whenever the
   page is not empty), ``GET .../{id}``, ``PATCH .../{id}`` (subscriber, ttl,
   options: 204), ``DELETE .../{id}`` (204, also when missing),
@@ -38,6 +40,8 @@ from feedsvc.storage.base import Parent, Subscription, SubscriptionStore
 
 # Ids are UUIDs made by the service; anything else cannot exist (and never
 # reaches a key name).
+#: On a 201 to a POST of a subscriber the queue already has (unconfirmed).
+EXISTING_HEADER = "X-Subscription-Existing"
 SUBSCRIPTION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -147,6 +151,11 @@ async def create_subscription(request: web.Request) -> web.Response:
     _kick(request)
     response = json_response({"subscription_id": made.id}, status=201)
     response.headers["Location"] = request.path
+    if not made.created:
+        # Zaqar's 201 and id, which its clients expect; this says that the
+        # subscription was there already and the request's ttl and options
+        # were not applied (PATCH changes them)
+        response.headers[EXISTING_HEADER] = "true"
     return response
 
 

@@ -16,9 +16,9 @@ import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
-from feedsvc.api.subscription_rules import retry_policy
 from feedsvc.appkeys import AUTH_TOKENS
 from feedsvc.config import Settings
+from feedsvc.delivery import retry
 from feedsvc.errors import (
     BadRequest,
     Conflict,
@@ -492,7 +492,7 @@ def checked_metadata(
             f"This service has no message encryption key: {ENCRYPT_MESSAGES} "
             "cannot be true (the operator sets --message-encryption-key)."
         )
-    retry_policy(metadata)  # the subscriptions' default (Zaqar checks it here too)
+    retry.parse(metadata)  # the subscriptions' default (Zaqar checks it here too)
     return metadata
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.delivery.retry import effective_policy, schedule
+from feedsvc.delivery.retry import effective_policy
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
 from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription, checkpoint, feed_of
@@ -227,17 +227,16 @@ class Runner:
                 Delivery(position=seq), "" if control_sent else "delivered", control_sent
             )
             return True
-        retries = schedule(
-            effective_policy(sub.options, await self._state.parent_metadata(self.parent))
-        )
-        if outcome.final or d.attempts >= len(retries):
+        policy = effective_policy(sub.options, await self._state.parent_metadata(self.parent))
+        delay = policy.delay(d.attempts)
+        if outcome.final or delay is None:
             log.warning("subscription %s gave up on a notification: %s", sub.id, outcome.error)
             self._counters.count(sub.subscriber.partition(":")[0], "given_up")
             self._counters.failed(self.parent, sub.id)
             failed = Delivery(position=seq, last_error=outcome.error)
             await self._settle(failed, "failed", control_sent)
             return True
-        due = self._clock.now_ms() + int(retries[d.attempts] * 1000)
+        due = self._clock.now_ms() + int(delay * 1000)
         retry = Delivery(
             position=d.position,
             attempts=d.attempts + 1,

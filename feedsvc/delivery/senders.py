@@ -3,17 +3,24 @@
 Webhook (``notification/tasks/webhook.py``): a POST of the message as JSON,
 ``{"body": ..., "ttl": ..., "queue_name": ..., "Message_Type":
 "Notification"}`` with ``Content-Type: application/json`` plus the
-subscription's ``options.post_headers``; with ``options.post_data`` the
-body is that template with ``"$zaqar_message$"`` replaced by the JSON. feedsvc
-adds an ``X-Message-ID`` header, so a receiver can drop the repeats that
-at-least-once delivery allows. A 2xx or 3xx answer is success (redirects
-are not followed: see ``guard``); a 4xx is final, as in Zaqar (no retry);
-a 5xx, a timeout or a connection error is retried by the policy.
+subscription's ``options.post_headers`` (those ``subscribers`` allows;
+a name differing only in case replaces the default); with
+``options.post_data`` the body is that template with ``"$zaqar_message$"``
+replaced by the JSON. feedsvc adds an ``X-Message-ID`` header, so a receiver
+can drop the repeats that at-least-once delivery allows. A 2xx or 3xx answer
+is success (redirects are not followed: see ``guard``); a 4xx is final, as in
+Zaqar (no retry), except 408, 425 and 429, which say "later"; a 5xx, a
+timeout or a connection error is retried by the policy.
 
 Mail (``notification/tasks/mailto.py``): a text mail whose body is the same
-JSON, To the address, From ``options.from`` (else ``--smtp-sender``), with
-the subject of the URI's ``?subject=`` or ``options.subject``; through
-``--smtp-server`` (STARTTLS when offered). A 5xx SMTP answer is final.
+JSON, To every address of the URI, From ``options.from`` (else
+``--smtp-sender``), with the subject of the URI's ``?subject=`` or
+``options.subject``; through ``--smtp-server`` (STARTTLS when offered). A 5xx
+SMTP answer is final.
+
+A final failure ends the retry schedule of that message at once; so does a
+subscriber that cannot be reached at all (``subscribers``: stored before its
+rules, e.g. a port out of range). Its error says "final".
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import aiosmtplib
 import orjson
+from multidict import CIMultiDict
 
 from feedsvc.config import Settings, smtp_address, subscriber_networks
+from feedsvc.delivery import subscribers
 from feedsvc.delivery.guard import GuardedResolver, RefusedAddress, check_host, describe
 from feedsvc.storage.base import Message, Subscription
 
@@ -40,6 +49,13 @@ class Outcome:
 
 
 OK = Outcome(True)
+#: 4xx answers that ask to try again later: retried by the policy.
+RETRIED_CLIENT_ERRORS = frozenset({408, 425, 429})
+
+
+def final(error: str) -> Outcome:
+    """A failure that retrying cannot mend: the message is given up at once."""
+    return Outcome(False, final=True, error=f"{error} (final: not retried)")
 
 
 def notification(sub: Subscription, message: Message) -> bytes:
@@ -98,16 +114,14 @@ class Senders:
 
     async def send(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
         """Send one document (a notification or a confirmation request)."""
-        if sub.subscriber.startswith("mailto:"):
+        if sub.subscriber[:7].lower() == "mailto:":
             return await self._mail(sub, data)
         return await self._post(sub, data, message_id)
 
     async def _post(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
         options = sub.options
-        headers = {"Content-Type": "application/json"}
-        extra = options.get("post_headers")
-        if isinstance(extra, dict):
-            headers.update({str(k): str(v) for k, v in extra.items()})
+        headers = CIMultiDict({"Content-Type": "application/json"})
+        headers.update(subscribers.sendable_headers(options.get("post_headers")))
         if message_id is not None:
             headers["X-Message-ID"] = message_id
         template = options.get("post_data")
@@ -117,7 +131,11 @@ class Senders:
             else data.decode()
         )
         try:
-            check_host(urlsplit(sub.subscriber).hostname or "", self._networks)
+            parts = subscribers.webhook(sub.subscriber)
+        except subscribers.Unreachable as exc:
+            return final(str(exc))
+        try:
+            check_host(parts.hostname or "", self._networks)
             async with self._client().post(
                 sub.subscriber, data=body.encode(), headers=headers, allow_redirects=False
             ) as response:
@@ -126,39 +144,51 @@ class Senders:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             refused = _refusal(exc)
             if refused is not None:  # final: retrying would be refused again
-                return Outcome(False, final=True, error=describe(refused))
+                return final(describe(refused))
+            if isinstance(exc, ValueError):  # an invalid URL or header: the same again
+                return final(describe(exc))
             return Outcome(False, error=describe(exc))
         if status < 400:
             return OK
-        return Outcome(False, final=status < 500, error=f"HTTP {status}")
+        if status < 500 and status not in RETRIED_CLIENT_ERRORS:
+            return final(f"HTTP {status}")
+        return Outcome(False, error=f"HTTP {status}")
 
     async def _mail(self, sub: Subscription, data: bytes) -> Outcome:
         address = smtp_address(self._settings.smtp_server)
         if address is None:
-            return Outcome(False, final=True, error="no --smtp-server: mail cannot be sent")
+            return final("no --smtp-server: mail cannot be sent")
         uri = urlsplit(sub.subscriber)
         params = {k.lower(): v for k, v in parse_qs(uri.query).items()}
-        mail = EmailMessage()
-        mail["To"] = unquote(uri.path)
         sender = sub.options.get("from")
-        mail["From"] = sender if isinstance(sender, str) and sender else self._settings.smtp_sender
         subject = params.get("subject", [sub.options.get("subject", "")])[0]
-        mail["Subject"] = str(subject or "")
+        try:
+            recipients = subscribers.mail_recipients(sub.subscriber)
+            mail = EmailMessage()
+            mail["To"] = ", ".join(recipients)
+            mail["From"] = (
+                subscribers.sender_address(sender)
+                if isinstance(sender, str) and sender
+                else self._settings.smtp_sender
+            )
+            mail["Subject"] = subscribers.subject(str(subject or ""))
+        except ValueError as exc:  # Unreachable, or a header the mail cannot carry
+            return final(describe(exc))
         mail.set_content(data.decode())
         host, port = address
         try:
             await aiosmtplib.send(
                 mail,
                 sender=self._settings.smtp_sender,
-                recipients=[unquote(uri.path)],
+                recipients=recipients,
                 hostname=host,
                 port=port,
                 timeout=self._settings.delivery_timeout,
             )
         except aiosmtplib.SMTPRecipientsRefused as exc:
-            return Outcome(False, final=True, error=describe(exc))
+            return final(describe(exc))
         except aiosmtplib.SMTPResponseException as exc:
-            return Outcome(False, final=exc.code >= 500, error=describe(exc))
+            return final(describe(exc)) if exc.code >= 500 else Outcome(False, error=describe(exc))
         except (aiosmtplib.SMTPException, OSError, TimeoutError, ValueError) as exc:
             return Outcome(False, error=describe(exc))
         return OK
