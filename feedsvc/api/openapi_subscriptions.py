@@ -54,8 +54,9 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         "type": "string",
         "description": "http(s):// webhook (each message is POSTed to it as JSON) or "
         "mailto: address. A webhook may reach only public addresses unless the operator "
-        "allows more (--subscriber-allow); a literal IP is checked here, a name at every "
-        "delivery.",
+        "allows more (--subscriber-allow); a host that is an address (read as the HTTP "
+        "client reads it, so Unicode digits count; legacy numeric forms such as 2130706433 "
+        "are refused) is checked here, and every address at every delivery.",
     }
     ttl: Schema = {"type": "integer", "minimum": rules.MIN_SUBSCRIPTION_TTL}
     options: Schema = {

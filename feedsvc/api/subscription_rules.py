@@ -4,8 +4,9 @@ _confirming, _listing, _validate_retry_policy).
 
 Unlike Zaqar, ``trust+http(s)`` subscribers are refused (they need Keystone
 trusts), a subscriber must be a string, and a webhook's address is checked
-against the address guard when it is a literal IP (a name is checked when
-it is resolved, at every delivery: see ``feedsvc.delivery.guard``).
+against the address guard when its host, read as the HTTP client reads it,
+is an address (a name is checked when it is resolved, at every delivery:
+see ``feedsvc.delivery.guard``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from feedsvc.config import Settings, subscriber_networks
-from feedsvc.delivery.guard import allowed, literal_ip
+from feedsvc.delivery.guard import RefusedAddress, check_host, url_host
 from feedsvc.errors import BadRequest
 
 SUBSCRIBER_TYPES = ("http", "https", "mailto")
@@ -86,12 +87,14 @@ def subscriber(value: Any, settings: Settings) -> str:
     parts = urlsplit(value)
     if not parts.hostname:
         raise BadRequest("A webhook subscriber needs a host, e.g. https://example.com/hook.")
-    address = literal_ip(parts.hostname)
-    if address is not None and not allowed(address, subscriber_networks(settings.subscriber_allow)):
+    try:
+        check_host(url_host(value), subscriber_networks(settings.subscriber_allow))
+    except RefusedAddress as exc:
         raise BadRequest(
-            f"The subscriber's address {address} is not public; the operator may allow it "
-            "(--subscriber-allow)."
-        )
+            f"The subscriber's host is refused: {exc}. Only public addresses are reached, "
+            "unless the operator allows others (--subscriber-allow); write an address as "
+            "a dotted quad."
+        ) from None
     return value
 
 
