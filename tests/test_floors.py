@@ -68,7 +68,7 @@ def test_feedsvc_works_on_its_lowest_aiohttp_and_redis(tmp_path: Path) -> None:
     run = subprocess.run(
         [python, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-m",
          "not process and not cluster and not slow", *tests],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+        check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(r"\d+ passed", run.stdout), run.stdout[-3000:]
