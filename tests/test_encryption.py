@@ -533,3 +533,33 @@ async def test_a_live_follower_passes_over_an_unreadable_message(
         [count] = [line for line in metrics.splitlines() if line.startswith("feedsvc_unreadable_")]
         assert count.startswith("feedsvc_unreadable_skipped_total ")
         assert float(count.split()[1]) >= 1
+
+
+async def test_over_http_pop_and_claim_pass_over_an_unreadable_message(
+    redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
+) -> None:
+    """The issue's case: pop over [good, bad, good] was a 500 that deleted all
+    three; now it returns the good two and the bad one stays (a claim the same)."""
+    async with service(redis_url, driver, clock, KEY) as http:
+        for queue in ("popped", "claimed"):
+            assert (
+                await http.put(f"/v2/queues/{queue}", json=ENCRYPTED, headers=headers)
+            ).status == 201
+            resp = await http.post(
+                f"/v2/queues/{queue}/messages",
+                json={"messages": [{"body": n} for n in ("a", "b", "c")]},
+                headers=headers,
+            )
+            assert resp.status == 201
+            ids = [h.rsplit("/", 1)[1] for h in (await resp.json())["resources"]]
+            await alter(redis_url, project, queue, ids[1])
+        resp = await http.delete("/v2/queues/popped/messages?pop=3", headers=headers)
+        assert resp.status == 200, await resp.text()
+        assert [m["body"] for m in (await resp.json())["messages"]] == ["a", "c"]
+        resp = await http.post("/v2/queues/claimed/claims?limit=3", json={}, headers=headers)
+        assert resp.status == 201, await resp.text()
+        assert [m["body"] for m in (await resp.json())["messages"]] == ["a", "c"]
+        for queue, claimed in (("popped", 0), ("claimed", 2)):
+            stats = await (await http.get(f"/v2/queues/{queue}/stats", headers=headers)).json()
+            assert stats["messages"]["total"] == (1 if queue == "popped" else 3)
+            assert stats["messages"]["claimed"] == claimed
