@@ -86,8 +86,11 @@ UNICODE_SPELLINGS = [
     "\uff11\uff12\uff17.\uff10.\uff10.\uff11",
     "127\u30020\u30020\u30021",
 ]
-NUMERIC_SPELLINGS = ["2130706433", "017700000001", "0x7f000001", "127.1", "0x7f.1", "0"]
+NUMERIC_SPELLINGS = ["2130706433", "017700000001", "0x7f000001", "127.1", "0x7f.1", "0",
+                     "0177.0.0.1", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]"]  # fmt: skip
 SPELLINGS = UNICODE_SPELLINGS + NUMERIC_SPELLINGS
+# names: accepted at creation, refused once resolved
+NAMES = ["localhost", "127.0.0.1.", "LOCALHOST."]
 
 
 @dataclass
@@ -141,6 +144,19 @@ async def test_every_spelling_of_loopback_is_refused_when_delivering(
     assert outcome.final, outcome.error
     assert outcome.error is not None
     assert "RefusedAddress" in outcome.error
+
+
+@pytest.mark.parametrize("host", NAMES)
+async def test_a_name_of_loopback_never_reaches_it(host: str, listener: Listener) -> None:
+    """Refused by the guard once resolved, or not resolved at all: never sent."""
+    senders = Senders(Settings())
+    try:
+        url = f"http://{host}:{listener.port}/hook"
+        outcome = await senders.send(subscription(url), b"{}", "m1")
+    finally:
+        await senders.close()
+    assert listener.got == []
+    assert not outcome.ok
 
 
 @pytest.mark.parametrize("host", UNICODE_SPELLINGS)
