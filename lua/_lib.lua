@@ -118,7 +118,7 @@ end
 -- May the caller take message id, whose body is body? A sealed body (it
 -- starts with sealed, sealing.MAGIC) only once the caller has opened it:
 -- checked maps an id to the SHA1 of the body the caller opened, or to ''
--- for one it could not open (see RedisStore._opening). 'take', 'skip' (it
+-- for one it could not open (see LuaStore._opening). 'take', 'skip' (it
 -- cannot be opened: leave it where it is) or 'open' (ask the caller first).
 local function verdict(checked, sealed, id, body)
   if string.sub(body, 1, #sealed) ~= sealed then return 'take' end

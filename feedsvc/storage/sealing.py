@@ -33,7 +33,7 @@ scripts ask first: a script that would take a sealed body the caller has
 not opened yet takes nothing and returns those bodies; the caller opens
 them and runs it again with its verdicts (the SHA1 of each body it opened,
 or '' for one it cannot open), and the script takes only what was opened,
-unchanged since (``RedisStore._opening``; the watch driver checks the same
+unchanged since (``LuaStore._opening``; the watch driver checks the same
 before its transaction). Without any key every read of a sealed body is
 still a 500, and pop and claim take nothing.
 """
