@@ -35,8 +35,8 @@ import socket
 from typing import Any
 
 import aiohttp
-from aiohappyeyeballs import AddrInfoType, SocketFactoryType
 from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.connector import AddrInfoType, SocketFactoryType
 from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
