@@ -26,6 +26,9 @@ status from ``FeedError.status``. Nothing else catches them.
     │   └── SubscriptionExists          the queue has a subscription for that subscriber
     ├── UnsupportedMediaType       415
     ├── EncryptionUnavailable      500  an encrypted queue, and no (or another) key
+    │   └── UnreadableMessage           one message cannot be decrypted (another
+    │                                   key's, or altered): named reads only; a
+    │                                   list, pop, claim or delivery skips it
     └── Unavailable                503  (always sent with Retry-After)
         ├── StorageUnavailable          Redis unreachable, timed out, loading
         ├── PoolExhausted               no Redis connection free in time
@@ -146,6 +149,12 @@ class EncryptionUnavailable(FeedError):
 
     status = 500
     title = "Message encryption unavailable"
+
+
+class UnreadableMessage(EncryptionUnavailable):
+    """One message's body cannot be decrypted with the service's keys (sealed
+    with another key, or altered in storage). Raised where the message was
+    asked for by id; everywhere else it is skipped, logged and counted."""
 
 
 class Unavailable(FeedError):

@@ -242,6 +242,7 @@ class Tail:
             marker = page.next_marker
             if (
                 len(page.messages) < PAGE
+                and page.messages  # (none: all passed over, e.g. unreadable)
                 and marker == page.messages[-1].seq
                 and scanned_at_most < self._scan_limit
             ):

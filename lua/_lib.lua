@@ -115,6 +115,26 @@ local function is_free(m, now)
     and not (m.claim ~= '' and m.claim_expires > now)
 end
 
+-- May the caller take message id, whose body is body? A sealed body (it
+-- starts with sealed, sealing.MAGIC) only once the caller has opened it:
+-- checked maps an id to the SHA1 of the body the caller opened, or to ''
+-- for one it could not open (see LuaStore._opening). 'take', 'skip' (it
+-- cannot be opened: leave it where it is) or 'open' (ask the caller first).
+local function verdict(checked, sealed, id, body)
+  if string.sub(body, 1, #sealed) ~= sealed then return 'take' end
+  local seen = checked[id]
+  if seen == '' then return 'skip' end
+  if seen and seen == redis.sha1hex(body) then return 'take' end
+  return 'open'
+end
+
+-- The verdicts a caller sends: ARGV pairs (id, SHA1 or '') from first on.
+local function verdicts(first)
+  local checked = {}
+  for i = first, #ARGV, 2 do checked[ARGV[i]] = ARGV[i + 1] end
+  return checked
+end
+
 -- Tell the queue's followers (every feedsvc process subscribed to the queue's
 -- shard channel) that messages up to seq were indexed; due is the earliest
 -- time (ms) one of them, posted with a delay, becomes visible (0: none).

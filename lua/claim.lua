@@ -3,9 +3,14 @@
 -- ARGV: now_ms, claim_id, ttl, grace, limit, scan_limit, max_claim_count
 --       ('' = none), dead-letter ttl ('' = keep the message's ttl),
 --       dead-letter queue name ('' = none; must equal the queue's setting),
---       whether to dead-letter ('1') or not ('0').
+--       whether to dead-letter ('1') or not ('0'), sealed (the prefix of a
+--       sealed body), then pairs (id, SHA1 of the body the caller opened, or
+--       '' if it cannot) for sealed bodies (see verdict).
 -- Returns {'retry'} when the queue's dead-letter settings changed since the
--- caller read them; else {claim_id or '', number of messages parked,
+-- caller read them; {'open', then per message: id, body} when a sealed body
+-- it would claim was not opened by the caller yet (nothing claimed: a
+-- message the caller cannot open is never claimed, it is skipped);
+-- else {claim_id or '', number of messages parked,
 --   then per parked message: id, body, author, dead-letter ttl, claim count,
 --   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
 -- A message claimed max_claim_count times already is *parked* instead of
@@ -22,6 +27,7 @@ local max_claims = tonumber(ARGV[7])
 local dlq_ttl = tonumber(ARGV[8])
 local dlq = ARGV[9]
 local dead_letters = ARGV[10] == '1'
+local sealed, checked = ARGV[11], verdicts(12)
 local q = redis.call('HMGET', KEYS[K_META], F_MAX_CLAIMS, F_DEAD_LETTER_QUEUE,
   F_DEAD_LETTER_TTL)
 if (q[1] or '') ~= ARGV[7] or (q[2] or '') ~= dlq or (q[3] or '') ~= ARGV[8] then
@@ -32,45 +38,66 @@ local claim_expires = now + ttl * 1000
 local out = {}
 local parked = {}
 local claimed_ids = {}
+-- first choose (parked ones are copied as stored: they need no opening),
+-- then write, only if the caller has opened every body it would get
+local chosen, unopened = {}, {'open'}
+local taking = 0
 local scanned, offset = 0, 0
-while #claimed_ids < limit and scanned < scan_limit do
+while taking < limit and scanned < scan_limit do
   local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
   if #entries == 0 then break end
   offset = offset + #entries / 2
   for j = 1, #entries, 2 do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
-    local key = record_key(id)
     local m = read_message(id)
     if is_free(m, now) then
-      local count = m.count
-      if dead_letters and max_claims and count >= max_claims then
-        m.claim, m.claim_expires = claim_id, claim_expires
-        write_header(id, m)
-        redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
-        parked[#parked + 1] = id
-        parked[#parked + 1] = m.body
-        parked[#parked + 1] = m.author
-        parked[#parked + 1] = int(dlq_ttl or m.ttl)
-        parked[#parked + 1] = int(count)
+      if dead_letters and max_claims and m.count >= max_claims then
+        chosen[#chosen + 1] = {id, seq, m, true}
       else
-        local new_expires, new_ttl = extend_for_claim(m.expires, m.created, claim_expires, grace)
-        m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
-        m.expires, m.ttl = new_expires, new_ttl
-        write_header(id, m)
-        redis.call('PEXPIREAT', key, int(new_expires))
-        redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
-        redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
-        claimed_ids[#claimed_ids + 1] = id
-        out[#out + 1] = id
-        out[#out + 1] = seq
-        out[#out + 1] = m.body
-        out[#out + 1] = int(new_ttl)
-        out[#out + 1] = int(m.created)
-        out[#out + 1] = int(count + 1)
-        if #claimed_ids == limit then break end
+        local v = verdict(checked, sealed, id, m.body)
+        if v == 'open' then
+          unopened[#unopened + 1] = id
+          unopened[#unopened + 1] = m.body
+        end
+        if v ~= 'skip' then
+          chosen[#chosen + 1] = {id, seq, m, false}
+          taking = taking + 1
+          if taking == limit then break end
+        end
       end
     end
+  end
+end
+if #unopened > 1 then return unopened end
+for _, c in ipairs(chosen) do
+  local id, seq, m, park = c[1], c[2], c[3], c[4]
+  local key = record_key(id)
+  local count = m.count
+  if park then
+    m.claim, m.claim_expires = claim_id, claim_expires
+    write_header(id, m)
+    redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+    parked[#parked + 1] = id
+    parked[#parked + 1] = m.body
+    parked[#parked + 1] = m.author
+    parked[#parked + 1] = int(dlq_ttl or m.ttl)
+    parked[#parked + 1] = int(count)
+  else
+    local new_expires, new_ttl = extend_for_claim(m.expires, m.created, claim_expires, grace)
+    m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
+    m.expires, m.ttl = new_expires, new_ttl
+    write_header(id, m)
+    redis.call('PEXPIREAT', key, int(new_expires))
+    redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
+    redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+    claimed_ids[#claimed_ids + 1] = id
+    out[#out + 1] = id
+    out[#out + 1] = seq
+    out[#out + 1] = m.body
+    out[#out + 1] = int(new_ttl)
+    out[#out + 1] = int(m.created)
+    out[#out + 1] = int(count + 1)
   end
 end
 if #claimed_ids > 0 then

@@ -1,13 +1,18 @@
 -- Remove and return up to `limit` messages nobody has claimed, atomically.
--- KEYS: the 6 fixed keys. ARGV: now_ms, limit, scan_limit.
--- Returns per message: id, seq, body, ttl, created_ms.
+-- KEYS: the 6 fixed keys. ARGV: now_ms, limit, scan_limit, sealed (the
+-- prefix of a sealed body), then pairs (id, SHA1 of the body the caller
+-- opened, or '' if it cannot) for sealed bodies (see verdict).
+-- Returns per message: id, seq, body, ttl, created_ms; or, when a sealed
+-- body it would take was not opened by the caller yet, {'open', then per
+-- such message: id, body}, having removed nothing: a message the caller
+-- cannot open is never removed (it is skipped).
 local now = tonumber(ARGV[1])
 local limit, scan_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local sealed, checked = ARGV[4], verdicts(5)
 collect_garbage(ARGV[1])
-local out = {}
-local taken = 0
+local chosen, unopened = {}, {'open'}
 local scanned, offset = 0, 0
-while taken < limit and scanned < scan_limit do
+while #chosen < limit and scanned < scan_limit do
   local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
   if #entries == 0 then break end
   offset = offset + #entries / 2
@@ -16,16 +21,27 @@ while taken < limit and scanned < scan_limit do
     scanned = scanned + 1
     local m = read_message(id)
     if is_free(m, now) then
-      forget(id)
-      offset = offset - 1
-      out[#out + 1] = id
-      out[#out + 1] = seq
-      out[#out + 1] = m.body
-      out[#out + 1] = int(m.ttl)
-      out[#out + 1] = int(m.created)
-      taken = taken + 1
-      if taken == limit then break end
+      local v = verdict(checked, sealed, id, m.body)
+      if v == 'open' then
+        unopened[#unopened + 1] = id
+        unopened[#unopened + 1] = m.body
+      end
+      if v ~= 'skip' then
+        chosen[#chosen + 1] = {id, seq, m}
+        if #chosen == limit then break end
+      end
     end
   end
+end
+if #unopened > 1 then return unopened end
+local out = {}
+for _, c in ipairs(chosen) do
+  local id, seq, m = c[1], c[2], c[3]
+  forget(id)
+  out[#out + 1] = id
+  out[#out + 1] = seq
+  out[#out + 1] = m.body
+  out[#out + 1] = int(m.ttl)
+  out[#out + 1] = int(m.created)
 end
 return out

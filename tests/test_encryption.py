@@ -3,6 +3,7 @@ Redis, opened on every read, on both drivers, one server and a Cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -328,3 +329,237 @@ async def test_a_rotated_key_opens_what_the_old_one_sealed(
     async with opened(old_key) as old_only:  # the old key never learned the new one
         with pytest.raises(EncryptionUnavailable):
             await old_only.get_messages(project, "q", [new_id])
+
+
+# -- a message that cannot be decrypted never costs another ------------------
+
+
+async def alter(redis_url: str, project: str, queue: str, message_id: str) -> None:
+    """Flip the last bit of a stored body (the body ends the record)."""
+    client = direct_client(redis_url)
+    try:
+        key = QueueKeys.of(project, queue).record(message_id)
+        end = int(await client.strlen(key)) - 1
+        last = await client.getrange(key, end, end)
+        assert isinstance(last, bytes)
+        await client.setrange(key, end, bytes([last[0] ^ 1]))
+    finally:
+        await client.aclose()
+
+
+async def good_bad_good(store: FeedStore, redis_url: str, project: str, queue: str) -> list[str]:
+    """Three messages posted to an encrypted queue, the middle one altered in Redis."""
+    await store.create_queue(project, queue, dict(ENCRYPTED))
+    ids = await store.post_messages(project, queue, WRITER, [body(n) for n in ("a", "b", "c")])
+    await alter(redis_url, project, queue, ids[1])
+    return ids
+
+
+async def test_pop_never_deletes_what_it_cannot_decrypt(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        a, bad, c = await good_bad_good(store, redis_url, project, "q")
+        popped = await store.pop_messages(project, "q", 3)
+        assert [(m.id, orjson.loads(m.body)) for m in popped] == [(a, "a"), (c, "c")]
+        assert await store.pop_messages(project, "q", 3) == []
+        stats = await store.queue_stats(project, "q")
+        assert (stats.total, stats.free) == (1, 1)  # the unreadable one is still there
+        assert (await raw_body(redis_url, project, "q", bad)).startswith(MAGIC)
+        assert store.counters.unreadable_skipped >= 1
+
+
+async def test_claim_never_hides_what_it_cannot_decrypt(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    async with stores(KEY) as store:
+        a, _, c = await good_bad_good(store, redis_url, project, "q")
+        claim = await store.claim_messages(project, "q", 60, 60, 3)
+        assert claim is not None
+        assert [(m.id, orjson.loads(m.body)) for m in claim.messages] == [(a, "a"), (c, "c")]
+        again = await store.get_claim(project, "q", claim.id)
+        assert [(m.id, m.body) for m in again.messages] == [(a, b'"a"'), (c, b'"c"')]
+        stats = await store.queue_stats(project, "q")
+        assert (stats.total, stats.claimed, stats.free) == (3, 2, 1)
+        assert await store.claim_messages(project, "q", 60, 60, 3) is None  # not claimed either
+        stats = await store.queue_stats(project, "q")
+        assert (stats.total, stats.claimed, stats.free) == (3, 2, 1)
+
+
+async def test_a_reader_is_never_stuck_behind_an_unreadable_message(
+    stores: StoreMaker, redis_url: str, project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Skipped, said in a log line and counted: never silently."""
+    async with stores(KEY) as store:
+        a, bad, c = await good_bad_good(store, redis_url, project, "q")
+        page = await store.list_messages(project, "q", ListQuery(READER, limit=1))
+        assert [m.id for m in page.messages] == [a]
+        page = await store.list_messages(
+            project, "q", ListQuery(READER, marker=page.next_marker, limit=1)
+        )
+        # the page that held only the unreadable one is empty but moves on
+        assert page.messages == []
+        assert page.next_marker is not None
+        page = await store.list_messages(
+            project, "q", ListQuery(READER, marker=page.next_marker, limit=1)
+        )
+        assert [m.id for m in page.messages] == [c]
+        whole = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+        assert [m.id for m in whole.messages] == [a, c]
+        assert store.counters.unreadable_skipped >= 2
+    assert any(bad in r.getMessage() and "cannot be decrypted" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+async def test_with_another_key_pop_and_claim_take_nothing(
+    stores: StoreMaker, project: str
+) -> None:
+    """A botched rotation: nothing is taken, nothing is lost; the right key
+    gets every message afterwards."""
+    async with stores(KEY) as keyed:
+        await keyed.create_queue(project, "q", dict(ENCRYPTED))
+        ids = await keyed.post_messages(project, "q", WRITER, [body(n) for n in ("a", "b")])
+    async with stores(OTHER_KEY) as wrong:
+        assert await wrong.pop_messages(project, "q", 5) == []
+        assert await wrong.claim_messages(project, "q", 60, 60, 5) is None
+        assert (await wrong.list_messages(project, "q", ListQuery(READER))).messages == []
+    async with stores(None) as keyless:
+        with pytest.raises(EncryptionUnavailable, match="no --message-encryption-key"):
+            await keyless.pop_messages(project, "q", 5)
+        with pytest.raises(EncryptionUnavailable, match="no --message-encryption-key"):
+            await keyless.claim_messages(project, "q", 60, 60, 5)
+    async with stores(KEY) as keyed:
+        stats = await keyed.queue_stats(project, "q")
+        assert (stats.total, stats.free) == (2, 2)
+        assert [m.id for m in await keyed.pop_messages(project, "q", 5)] == ids
+
+
+async def test_delivery_skips_an_unreadable_message_after_the_retry_policy(
+    redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
+) -> None:
+    got: list[Any] = []
+    app = web.Application()
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append(orjson.loads(await request.read())["body"])
+        return web.Response()
+
+    app.router.add_post("/hook", hook)
+    policy = {"retries_with_no_delay": 1, "minimum_delay_retries": 0,
+              "maximum_delay_retries": 0, "minimum_delay": 0, "maximum_delay": 10}  # fmt: skip
+    base = make_settings(
+        redis_url,
+        driver=driver,
+        message_encryption_key=KEY,
+        subscriber_allow="127.0.0.0/8",
+        delivery_lease=3.0,
+        delivery_timeout=1.0,
+        delivery_sweep=0.2,
+    )
+    async with TestServer(app, host="127.0.0.1") as receiver:
+        async with TestClient(TestServer(create_app(base.replace(deliver=False), clock))) as api:
+            assert (await api.put("/v2/queues/q", json=ENCRYPTED, headers=headers)).status == 201
+            resp = await api.post(
+                "/v2/queues/q/subscriptions",
+                json={"subscriber": str(receiver.make_url("/hook")), "ttl": 3600,
+                      "options": {"_retry_policy": policy}},
+                headers=headers,
+            )  # fmt: skip
+            assert resp.status == 201, await resp.text()
+            sid = (await resp.json())["subscription_id"]
+
+            async def post(text: str) -> None:
+                resp = await api.post(
+                    "/v2/queues/q/messages", json={"messages": [{"body": text}]}, headers=headers
+                )
+                assert resp.status == 201
+
+            await post("a")
+            async with stores_of(redis_url, driver, clock, OTHER_KEY) as other:
+                await other.post_messages(project, "q", WRITER, [body("sealed by another key")])
+            await post("c")
+        async with TestClient(TestServer(create_app(base, clock))) as http:
+            path = f"/v2/queues/q/subscriptions/{sid}"
+            async with asyncio.timeout(30):
+                while True:
+                    doc = await (await http.get(path, headers=headers)).json()
+                    if doc["delivery"]["failures"] == 1 and doc["delivery"]["delivered"] == 2:
+                        break
+                    clock.advance(5)  # across the retry policy's back-off
+                    await asyncio.sleep(0.05)
+    assert got == ["a", "c"]
+    assert "cannot be decrypted" in doc["delivery"]["last_error"]
+
+
+@asynccontextmanager
+async def stores_of(
+    redis_url: str, driver: str, clock: ManualClock, key: str | None
+) -> AsyncIterator[FeedStore]:
+    feed = make_store(make_settings(redis_url, driver=driver, message_encryption_key=key), clock)
+    await feed.open()
+    try:
+        yield feed
+    finally:
+        await feed.close()
+
+
+async def test_a_live_follower_passes_over_an_unreadable_message(
+    redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
+) -> None:
+    """The shared tail reads a page holding only an unreadable message: an
+    empty page that moves on; the next message still reaches the long poll."""
+    async with service(redis_url, driver, clock, KEY) as http:
+        assert (await http.put("/v2/queues/q", json=ENCRYPTED, headers=headers)).status == 201
+        polls = [
+            asyncio.create_task(
+                http.get("/v2/queues/q/messages?wait=20&echo=true", headers=headers)
+            )
+        ]
+        async with stores_of(redis_url, driver, clock, OTHER_KEY) as other:
+            # let the poll catch up and join the tail first (were it later, its
+            # own backlog read would meet the message: passed over just the same)
+            await asyncio.sleep(0.2)
+            await other.post_messages(project, "q", WRITER, [body("sealed by another key")])
+            await asyncio.sleep(0.2)
+        resp = await http.post(
+            "/v2/queues/q/messages", json={"messages": [{"body": "readable"}]}, headers=headers
+        )
+        assert resp.status == 201
+        async with asyncio.timeout(30):
+            answer = await polls[0]
+        assert answer.status == 200, await answer.text()
+        assert [m["body"] for m in (await answer.json())["messages"]] == ["readable"]
+        metrics = await (await http.get("/metrics")).text()
+        [count] = [line for line in metrics.splitlines() if line.startswith("feedsvc_unreadable_")]
+        assert count.startswith("feedsvc_unreadable_skipped_total ")
+        assert float(count.split()[1]) >= 1
+
+
+async def test_over_http_pop_and_claim_pass_over_an_unreadable_message(
+    redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
+) -> None:
+    """The issue's case: pop over [good, bad, good] was a 500 that deleted all
+    three; now it returns the good two and the bad one stays (a claim the same)."""
+    async with service(redis_url, driver, clock, KEY) as http:
+        for queue in ("popped", "claimed"):
+            assert (
+                await http.put(f"/v2/queues/{queue}", json=ENCRYPTED, headers=headers)
+            ).status == 201
+            resp = await http.post(
+                f"/v2/queues/{queue}/messages",
+                json={"messages": [{"body": n} for n in ("a", "b", "c")]},
+                headers=headers,
+            )
+            assert resp.status == 201
+            ids = [h.rsplit("/", 1)[1] for h in (await resp.json())["resources"]]
+            await alter(redis_url, project, queue, ids[1])
+        resp = await http.delete("/v2/queues/popped/messages?pop=3", headers=headers)
+        assert resp.status == 200, await resp.text()
+        assert [m["body"] for m in (await resp.json())["messages"]] == ["a", "c"]
+        resp = await http.post("/v2/queues/claimed/claims?limit=3", json={}, headers=headers)
+        assert resp.status == 201, await resp.text()
+        assert [m["body"] for m in (await resp.json())["messages"]] == ["a", "c"]
+        for queue, claimed in (("popped", 0), ("claimed", 2)):
+            stats = await (await http.get(f"/v2/queues/{queue}/stats", headers=headers)).json()
+            assert stats["messages"]["total"] == (1 if queue == "popped" else 3)
+            assert stats["messages"]["claimed"] == claimed

@@ -63,6 +63,11 @@ class StoreCollector(Collector):
             ("not_replicated", "writes answered 503: too few replicas confirmed them in time"),
             ("master_switches", "new masters announced by Redis Sentinel"),
             (
+                "unreadable_skipped",
+                "messages passed over by a list, pop, claim or delivery because they cannot "
+                "be decrypted (each time one is met; see the log for which)",
+            ),
+            (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",
             ),

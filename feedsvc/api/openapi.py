@@ -218,7 +218,9 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "description": "Bodies posted from now on are stored encrypted "
                     "(AES-256-GCM) and decrypted on every read. Only where the service "
                     "has a --message-encryption-key (else true is a 400); a service "
-                    "without the key answers 500 for encrypted messages.",
+                    "without the key answers 500 for encrypted messages. A message that "
+                    "cannot be decrypted (another key's, or altered) is a 500 when read by "
+                    "id; lists, pop and claim pass over it, and never delete or claim it.",
                 },
             },
         },

@@ -94,7 +94,9 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         "(all are mailed). A webhook needs a valid host name or IP and a port from 1 to "
         "65535; spaces and control characters must be percent-encoded. A webhook may reach "
         "only public addresses unless the operator allows more (--subscriber-allow); a "
-        "literal IP is checked here, a name at every delivery.",
+        "host that is an address (read as the HTTP client reads it, so Unicode digits "
+        "count; legacy numeric forms such as 2130706433 are refused) is checked here, and "
+        "every address at every delivery.",
     }
     ttl: Schema = {"type": "integer", "minimum": rules.MIN_SUBSCRIPTION_TTL}
     forbidden = ", ".join(sorted(subscribers.FORBIDDEN_HEADERS))

@@ -6,9 +6,9 @@ Unlike Zaqar, ``trust+http(s)`` subscribers are refused (they need Keystone
 trusts), a subscriber must be a string that some delivery can reach
 (``feedsvc.delivery.subscribers``, which also owns the post_headers rules),
 the retry policy's numbers are bounded (``feedsvc.delivery.retry``), and a
-webhook's address is checked against the address guard when it is a
-literal IP (a name is checked when it is resolved, at every delivery: see
-``feedsvc.delivery.guard``).
+webhook's address is checked against the address guard when its host, read
+as the HTTP client reads it, is an address (a name is checked when it is
+resolved, at every delivery: see ``feedsvc.delivery.guard``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import orjson
 
 from feedsvc.config import Settings, subscriber_networks
 from feedsvc.delivery import retry, subscribers
-from feedsvc.delivery.guard import allowed, literal_ip
+from feedsvc.delivery.guard import RefusedAddress, check_host, url_host
 from feedsvc.errors import BadRequest
 
 MIN_SUBSCRIPTION_TTL = 60
@@ -48,15 +48,17 @@ def subscriber(value: Any, settings: Settings) -> str:
             for given in query.get("subject", []):
                 subscribers.subject(given)
             return value
-        parts = subscribers.webhook(value)
+        subscribers.webhook(value)
     except subscribers.Unreachable as exc:
         raise BadRequest(str(exc)) from None
-    address = literal_ip(parts.hostname or "")
-    if address is not None and not allowed(address, subscriber_networks(settings.subscriber_allow)):
+    try:
+        check_host(url_host(value), subscriber_networks(settings.subscriber_allow))
+    except RefusedAddress as exc:
         raise BadRequest(
-            f"The subscriber's address {address} is not public; the operator may allow it "
-            "(--subscriber-allow)."
-        )
+            f"The subscriber's host is refused: {exc}. Only public addresses are reached, "
+            "unless the operator allows others (--subscriber-allow); write an address as "
+            "a dotted quad."
+        ) from None
     return value
 
 

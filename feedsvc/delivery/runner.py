@@ -24,7 +24,15 @@ from feedsvc.config import Settings
 from feedsvc.delivery.retry import effective_policy
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
-from feedsvc.storage.base import Delivery, FeedStore, Parent, Subscription, checkpoint, feed_of
+from feedsvc.storage.base import (
+    Delivery,
+    FeedStore,
+    Parent,
+    Subscription,
+    Unreadable,
+    checkpoint,
+    feed_of,
+)
 
 log = logging.getLogger("feedsvc")
 
@@ -198,7 +206,12 @@ class Runner:
                     await self._settle(replace(d, position=seq, attempts=0, due_ms=0), "")
                     d = replace(d, position=seq)
                     continue
-                outcome = await self._attempt(sub, notification(sub, message), message.id)
+                if isinstance(message, Unreadable):
+                    # not sent: a failed attempt, so the retry policy gives a
+                    # key put back in time its chance, then it is given up on
+                    outcome = Outcome(False, error=message.reason)
+                else:
+                    outcome = await self._attempt(sub, notification(sub, message), message.id)
                 if not await self._after(sub, d, outcome, seq):
                     break
                 d = replace(d, position=seq, attempts=0, due_ms=0)

@@ -37,7 +37,13 @@ from multidict import CIMultiDict
 
 from feedsvc.config import Settings, smtp_address, subscriber_networks
 from feedsvc.delivery import subscribers
-from feedsvc.delivery.guard import GuardedResolver, RefusedAddress, check_host, describe
+from feedsvc.delivery.guard import (
+    RefusedAddress,
+    check_host,
+    describe,
+    guarded_connector,
+    url_host,
+)
 from feedsvc.storage.base import Message, Subscription
 
 
@@ -98,11 +104,8 @@ class Senders:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                resolver=GuardedResolver(self._networks), use_dns_cache=False, limit=100
-            )
             self._session = aiohttp.ClientSession(
-                connector=connector,
+                connector=guarded_connector(self._networks),
                 timeout=aiohttp.ClientTimeout(total=self._settings.delivery_timeout),
             )
         return self._session
@@ -131,11 +134,11 @@ class Senders:
             else data.decode()
         )
         try:
-            parts = subscribers.webhook(sub.subscriber)
+            subscribers.webhook(sub.subscriber)
         except subscribers.Unreachable as exc:
             return final(str(exc))
         try:
-            check_host(parts.hostname or "", self._networks)
+            check_host(url_host(sub.subscriber), self._networks)
             async with self._client().post(
                 sub.subscriber, data=body.encode(), headers=headers, allow_redirects=False
             ) as response:

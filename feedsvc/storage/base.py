@@ -138,6 +138,15 @@ class Message:
         return max(0, (now_ms - self.created_ms) // 1000)
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A message whose body cannot be decrypted (see ``sealing.py``), where a
+    reader must be told so instead of its body: delivery."""
+
+    id: str
+    reason: str
+
+
 @dataclass(slots=True)  # one per list request: not frozen (see Message)
 class ListQuery:
     client_id: str
@@ -321,9 +330,10 @@ class DeliveryState(Protocol):
 
     async def messages_after(
         self, parent: Parent, position: int, limit: int
-    ) -> list[tuple[int, Message | None]]:
+    ) -> list[tuple[int, Message | Unreadable | None]]:
         """(seq, message) in post order after position; None for a message
-        that expired or was deleted before it could be delivered."""
+        that expired or was deleted before it could be delivered, Unreadable
+        for one whose body cannot be decrypted."""
         ...
 
     async def settle(
@@ -354,6 +364,8 @@ class StoreCounters:
     read_retries: int = 0  # reads sent again after finding their connection closed
     not_replicated: int = 0  # writes answered 503: too few replicas confirmed them in time
     master_switches: int = 0  # new masters announced by the sentinels
+    # messages passed over because they cannot be decrypted, each time one is met
+    unreadable_skipped: int = 0
     redis_calls: int = 0
     redis_seconds: float = 0.0
 

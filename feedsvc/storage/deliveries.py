@@ -22,7 +22,7 @@ import orjson
 from feedsvc.clock import Clock
 from feedsvc.storage import record as r
 from feedsvc.storage import subscriptions as s
-from feedsvc.storage.base import Delivery, Message, Parent
+from feedsvc.storage.base import Delivery, Message, Parent, Unreadable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import SUBSCRIBED_KEY
 from feedsvc.storage.transport import Transport
@@ -37,12 +37,12 @@ class RedisDeliveries:
         transport: Transport,
         clock: Clock,
         keys: dict[str, s.KeyBuilder],
-        reveal: Callable[[list[Message]], list[Message]],
+        reveal: Callable[[list[Message], Parent], list[Message | Unreadable]],
     ) -> None:
         self._transport = transport
         self._clock = clock
         self._keys = keys
-        self._reveal = reveal  # opens the bodies of encrypted feeds
+        self._reveal = reveal  # opens the bodies of encrypted feeds (or says it cannot)
 
     def _parent_keys(self, parent: Parent) -> Any:
         return self._keys[parent.kind](parent.project, parent.name)
@@ -146,7 +146,7 @@ class RedisDeliveries:
 
     async def messages_after(
         self, parent: Parent, position: int, limit: int
-    ) -> list[tuple[int, Message | None]]:
+    ) -> list[tuple[int, Message | Unreadable | None]]:
         keys = self._parent_keys(parent)
         [entries] = await self._transport.call_checked(
             [("ZRANGEBYSCORE", keys.index, f"({position}", "+inf", "WITHSCORES",
@@ -160,7 +160,7 @@ class RedisDeliveries:
         now = self._clock.now_ms()
         messages = r.live_messages(ids, replies, now)
         found = [(seq, m) for (_, seq), m in zip(pairs, messages, strict=True)]
-        opened = iter(self._reveal([m for _, m in found if m is not None]))
+        opened = iter(self._reveal([m for _, m in found if m is not None], parent))
         return [(seq, None if m is None else next(opened)) for seq, m in found]
 
     async def settle(

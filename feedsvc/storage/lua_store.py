@@ -36,11 +36,14 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.redis_store import RedisStore, idempotency_token
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
-from feedsvc.storage.sealing import MustSeal
+from feedsvc.storage.sealing import MAGIC, MustSeal
 
 log = logging.getLogger("feedsvc")
 
 DROP_BATCH = 500
+#: Rounds of pop or claim that ask for sealed bodies to be opened before
+#: one takes them: a second round normally suffices (see ``_opening``).
+OPENING_ROUNDS = 5
 
 
 def _flag(value: bool) -> str:
@@ -196,7 +199,7 @@ class LuaStore(RedisStore):
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)
         page = r.list_reply(reply, now, query.with_authors)
-        return self._reveal_page(page)
+        return self._reveal_page(page, project, queue)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -237,7 +240,7 @@ class LuaStore(RedisStore):
             now = self._clock.now_ms()
             args = [now, claim_id, ttl, grace, limit, self._claim_scan_limit()]
             args += [max_claims, dlq_ttl, dlq, "1" if dead_letters else "0"]
-            out = await self._script(script, keys.fixed(), args)
+            out = await self._opening(script, keys, args, "a claim", project, queue)
             if out[0] != b"retry":
                 break
         else:
@@ -250,4 +253,24 @@ class LuaStore(RedisStore):
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
-        return self._reveal(r.pop_reply(await self._script(load_script("pop"), keys.fixed(), args)))
+        out = await self._opening(load_script("pop"), keys, args, "a pop", project, queue)
+        return self._reveal(r.pop_reply(out))
+
+    async def _opening(
+        self, script: LuaScript, keys: QueueKeys, args: list[Any], op: str, project: str, queue: str
+    ) -> Any:
+        """Run pop.lua or claim.lua, opening first the sealed bodies it asks
+        about: it takes a sealed body only with this process's verdict on it
+        (the SHA1 of the body it opened, or '' for one it cannot open: that
+        one is skipped), so it never removes or claims what cannot be
+        returned (see ``sealing.py``)."""
+        checked: dict[str, str] = {}
+        for _ in range(OPENING_ROUNDS):
+            verdicts = [x for pair in checked.items() for x in pair]
+            out = await self._script(script, keys.fixed(), [*args, MAGIC, *verdicts])
+            if not out or out[0] != b"open":
+                return out
+            for i in range(1, len(out), 2):
+                message_id = r.text(out[i])
+                checked[message_id] = self._verdict(message_id, out[i + 1], op, project, queue)
+        raise StorageUnavailable("The queue kept changing while its messages were opened; retry.")

@@ -22,7 +22,7 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import PostTooLarge, QueueNotFound
+from feedsvc.errors import PostTooLarge, QueueNotFound, UnreadableMessage
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -33,16 +33,18 @@ from feedsvc.storage.base import (
     MessagePage,
     MessageSummary,
     NewMessage,
+    Parent,
     QueueInfo,
     QueueStats,
     StoreCounters,
+    Unreadable,
     reserved_fields,
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.keys import KINDS, QueueKeys
-from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
+from feedsvc.storage.sealing import BodySealer, MustSeal, is_sealed, reveal, reveal_each
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
@@ -81,7 +83,7 @@ class RedisStore(ClaimUpkeep):
             kind: RedisSubscriptions(transport, clock, kind, build)
             for kind, build in builders.items()
         }
-        self._deliveries = RedisDeliveries(transport, clock, builders, self._reveal)
+        self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -310,9 +312,54 @@ class RedisStore(ClaimUpkeep):
         """The messages with their bodies as posted (sealed ones opened)."""
         return reveal(self._sealer, messages)
 
-    def _reveal_page(self, page: MessagePage) -> MessagePage:
-        opened = self._reveal(page.messages)
+    def _reveal_page(self, page: MessagePage, project: str, queue: str) -> MessagePage:
+        """A page with its bodies opened; one that cannot be is skipped (the
+        next marker stays where the scan got to, so the reader moves on)."""
+        opened = self._readable(page.messages, "a list", project, queue)
         return page if opened is page.messages else dataclasses.replace(page, messages=opened)
+
+    def _readable(
+        self, messages: list[Message], op: str, project: str, queue: str
+    ) -> list[Message]:
+        """The messages with their bodies opened, less those that cannot be
+        (each logged and counted: never silently)."""
+        if not any(is_sealed(m.body) for m in messages):
+            return messages
+        opened = reveal_each(self._sealer, messages)
+        for item in opened:
+            if isinstance(item, Unreadable):
+                self._passed_over(item, op, self._noun, project, queue)
+        return [m for m in opened if isinstance(m, Message)]
+
+    def _open_for_delivery(
+        self, messages: list[Message], parent: Parent
+    ) -> list[Message | Unreadable]:
+        opened = reveal_each(self._sealer, messages)
+        for item in opened:
+            if isinstance(item, Unreadable):
+                self._passed_over(item, "delivery", parent.kind, parent.project, parent.name)
+        return opened
+
+    def _verdict(self, message_id: str, stored: bytes, op: str, project: str, queue: str) -> str:
+        """What pop and claim tell their script of a sealed body (see
+        ``sealing.py``): the SHA1 of the body if this process can open it,
+        '' if it cannot (logged and counted). Without a key: raises, and the
+        script takes nothing."""
+        try:
+            self._sealer.open(stored, message_id)
+        except UnreadableMessage as exc:
+            self._passed_over(
+                Unreadable(message_id, exc.description), op, self._noun, project, queue
+            )
+            return ""
+        return hashlib.sha1(stored, usedforsecurity=False).hexdigest()
+
+    def _passed_over(self, item: Unreadable, op: str, noun: str, project: str, queue: str) -> None:
+        self._transport.counters.unreadable_skipped += 1
+        log.warning(
+            "%s of %s %s (project %s) skipped message %s: %s",
+            op, noun, queue, project, item.id, item.reason,
+        )  # fmt: skip
 
     def _reveal_claim(self, claim: Claim | None) -> Claim | None:
         if claim is None:

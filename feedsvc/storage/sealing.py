@@ -21,6 +21,21 @@ met on a read, or a post to a queue encrypted by a service that had a key,
 is a 500 that says the key is missing (the data is kept). A rotation
 names the earlier keys in ``--message-encryption-old-keys``: they open what
 they sealed, never seal (docs/security.md gives the three rolling steps).
+
+One message that cannot be decrypted (sealed with a key this service does
+not have, or altered in Redis) never costs another. Asked for by id it is a
+500 (:class:`~feedsvc.errors.UnreadableMessage`); everywhere else it is
+skipped, with a log line and ``feedsvc_unreadable_skipped_total``: a list
+passes over it (its next link moves on), delivery counts it a failed attempt
+and gives up on it after the retry policy (its ``last_error`` says why), and
+pop and claim never take it. They cannot decrypt inside Redis, so their
+scripts ask first: a script that would take a sealed body the caller has
+not opened yet takes nothing and returns those bodies; the caller opens
+them and runs it again with its verdicts (the SHA1 of each body it opened,
+or '' for one it cannot open), and the script takes only what was opened,
+unchanged since (``LuaStore._opening``; the watch driver checks the same
+before its transaction). Without any key every read of a sealed body is
+still a 500, and pop and claim take nothing.
 """
 
 from __future__ import annotations
@@ -33,8 +48,8 @@ from collections.abc import Sequence
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from feedsvc.errors import EncryptionUnavailable
-from feedsvc.storage.base import Message
+from feedsvc.errors import EncryptionUnavailable, UnreadableMessage
+from feedsvc.storage.base import Message, Unreadable
 
 MAGIC = b"\x00fs-aes256gcm:"
 NONCE_SIZE = 12
@@ -93,7 +108,7 @@ class BodySealer:
                 return aead.decrypt(sealed[:NONCE_SIZE], sealed[NONCE_SIZE:], None)
             except InvalidTag:
                 continue  # another key's, or altered
-        raise EncryptionUnavailable(
+        raise UnreadableMessage(
             f"Message {message_id} cannot be decrypted: it was encrypted with "
             "another --message-encryption-key, or altered in storage."
         )
@@ -111,3 +126,19 @@ def reveal(sealer: BodySealer, messages: list[Message]) -> list[Message]:
         dataclasses.replace(m, body=sealer.open(m.body, m.id)) if is_sealed(m.body) else m
         for m in messages
     ]
+
+
+def reveal_each(sealer: BodySealer, messages: list[Message]) -> list[Message | Unreadable]:
+    """Each message with its body as posted, or Unreadable where it cannot be
+    decrypted. Without any key a sealed body still raises: that is the
+    operator's to fix for the whole queue, not one message to pass over."""
+    out: list[Message | Unreadable] = []
+    for m in messages:
+        if not is_sealed(m.body):
+            out.append(m)
+            continue
+        try:
+            out.append(dataclasses.replace(m, body=sealer.open(m.body, m.id)))
+        except UnreadableMessage as exc:
+            out.append(Unreadable(m.id, exc.description))
+    return out

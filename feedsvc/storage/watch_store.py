@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -67,7 +67,7 @@ from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.redis_store import RedisStore, idempotency_token
-from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
 
 GC_BATCH = 100
@@ -76,6 +76,7 @@ DROP_BATCH = 500
 MAX_COMBINED_POSTS = 64
 # A claim transaction's result: the claim (None: nothing claimed), the
 # messages parked for the dead-letter queue, and that queue.
+T = TypeVar("T")
 Taken = tuple[Claim | None, list[r.Parked], str | None]
 # What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
@@ -386,7 +387,7 @@ class WatchStore(RedisStore):
             start = f"({last}"
             chunk = min(chunk * 2, 512)
         next_marker = last if (found or scanned >= scan_limit) else None
-        return self._reveal_page(MessagePage(found, next_marker))
+        return self._reveal_page(MessagePage(found, next_marker), project, queue)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -420,12 +421,20 @@ class WatchStore(RedisStore):
         await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
 
     async def _free_candidates(
-        self, keys: QueueKeys, now: int, limit: int, max_claims: int | None = None
+        self,
+        keys: QueueKeys,
+        now: int,
+        limit: int,
+        max_claims: int | None,
+        opened: dict[str, bytes],
+        where: tuple[str, str, str],
     ) -> list[str]:
         """Up to limit messages from the head that nobody holds (read without WATCH).
 
         With max_claims, messages claimed that often (to be dead-lettered) are
-        included too but do not count towards limit.
+        included too but do not count towards limit. A sealed body is
+        included only if this process can open it (else it is skipped, logged
+        and counted), and noted in opened as it was read.
         """
         found: list[str] = []
         counted = 0
@@ -442,6 +451,11 @@ class WatchStore(RedisStore):
             for row in r.rows(names, replies):
                 scanned += 1
                 if row is not None and row.free(now):
+                    parked = max_claims is not None and row.count >= max_claims
+                    if not parked and is_sealed(row.body):  # parked ones move as stored
+                        if not self._verdict(row.id, row.body, *where):
+                            continue
+                        opened[row.id] = row.body
                     found.append(row.id)
                     if max_claims is None or row.count < max_claims:
                         counted += 1
@@ -449,10 +463,13 @@ class WatchStore(RedisStore):
                         break
         return found
 
-    async def _take(self, keys: QueueKeys, limit: int, plan_for: Any) -> Any:
+    async def _take(
+        self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
+    ) -> Any:
         """Find free candidates, then run plan_for(now, candidates, meta) over
-        them in a transaction; again after a backoff on conflict. None when
-        nothing is free."""
+        them in a transaction; again after a backoff on conflict (a sealed
+        body changed since it was opened is one). None when nothing is free;
+        where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
         async with transport.slot():
@@ -462,13 +479,17 @@ class WatchStore(RedisStore):
                     [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 )
                 plan, max_claims = plan_for(now, meta)
-                candidates = await self._free_candidates(keys, now, limit, max_claims)
+                opened: dict[str, bytes] = {}
+                candidates = await self._free_candidates(
+                    keys, now, limit, max_claims, opened, where
+                )
                 if not candidates:
                     return None
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 reads += r.read_commands(keys, candidates)
-                done, result = await transport.attempt(watch, reads, plan(candidates))
+                run = _as_opened(candidates, opened, plan(candidates))
+                done, result = await transport.attempt(watch, reads, run)
                 if done and result is not None:
                     return result
                 await transport.backoff(attempt)
@@ -490,7 +511,7 @@ class WatchStore(RedisStore):
 
             return plan, max_claims
 
-        taken = await self._take(keys, limit, plan_for)
+        taken = await self._take(keys, limit, plan_for, ("a claim", project, queue))
         if taken is None:
             return None
         claim, parked, dlq = taken
@@ -514,8 +535,23 @@ class WatchStore(RedisStore):
 
             return plan, None
 
-        popped = await self._take(keys, limit, plan_for)
+        popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if popped is None else self._reveal(popped)
+
+
+def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
+    """plan, once the sealed bodies read in the transaction are the ones
+    opened before it (Conflicted otherwise: the next attempt opens again)."""
+    if not opened:
+        return plan
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
+        for row in r.rows(candidates, replies[1:]):
+            if row is not None and row.id in opened and row.body != opened[row.id]:
+                raise Conflicted
+        return plan(replies)
+
+    return run
 
 
 def _claim_plan(
