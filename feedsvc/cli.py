@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the HTTP service",
+        usage="%(prog)s [--help] [options]",  # every flag is listed below, by section
         description="Run the HTTP service. Every flag can also be set with the "
         "FEEDSVC_* environment variable named in its help; a flag wins.",
     )
