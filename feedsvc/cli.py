@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the HTTP service",
+        usage="%(prog)s [--help] [options]",  # every flag is listed below, by section
         description="Run the HTTP service. Every flag can also be set with the "
         "FEEDSVC_* environment variable named in its help; a flag wins.",
     )
@@ -196,17 +198,31 @@ def serve_on(
 ACCESS_FORMAT = '%a "%r" %s %b %Tf %{X-Openstack-Request-Id}o'
 
 
+def iso_utc(record: logging.LogRecord) -> str:
+    """A record's time in ISO 8601, UTC, to the millisecond: 2026-01-31T12:00:00.123Z."""
+    moment = dt.datetime.fromtimestamp(record.created, dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def json_formatter() -> logging.Formatter:
+    """One JSON object a line: time (``iso_utc``), level, logger, pid, message,
+    and whatever ``extra`` a call adds."""
+    from pythonjsonlogger.json import JsonFormatter
+
+    class Formatter(JsonFormatter):
+        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+            return iso_utc(record)
+
+    return Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+        rename_fields={"levelname": "level", "asctime": "time", "name": "logger", "process": "pid"},
+    )
+
+
 def configure_logging(settings: Settings) -> None:
     handler = logging.StreamHandler()
     if settings.log_format == "json":
-        from pythonjsonlogger.json import JsonFormatter
-
-        handler.setFormatter(
-            JsonFormatter(
-                "%(asctime)s %(levelname)s %(name)s %(message)s",
-                rename_fields={"levelname": "level", "asctime": "time", "name": "logger"},
-            )
-        )
+        handler.setFormatter(json_formatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -76,12 +76,24 @@ class SentinelURL:
         )
 
 
+# The section of ``serve --help`` that the settings declared next belong to:
+# Settings' body calls _section() before each run of fields, and _opt() files
+# each field under the latest one, so a new setting takes its neighbours'.
+_current_section = ["options"]
+
+
+def _section(title: str) -> None:
+    _current_section[0] = title
+
+
 def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+    metadata = {"help": help, "section": _current_section[0], **extra}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    _section("service")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
     workers: str = _opt(
@@ -98,6 +110,8 @@ class Settings:
         "write {url, host, port, pid, workers, redis_url} as JSON to this path, atomically "
         "(it holds the real port with --port 0); removed when the service stops",
     )
+    loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
+    _section("Redis")
     redis_url: str | None = _opt(
         None,
         "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
@@ -118,7 +132,6 @@ class Settings:
         "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
         choices=DRIVER_NAMES,
     )
-    loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
     pool_size: int = _opt(
         32,
         "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",
@@ -157,6 +170,7 @@ class Settings:
     watch_retries: int = _opt(
         50, "watch driver: attempts per write before answering 503", minimum=1
     )
+    _section("messages, claims and their limits")
     idempotency_window: int = _opt(
         3600,
         "seconds during which a POST repeated with the same Idempotency-Key (and "
@@ -195,6 +209,7 @@ class Settings:
         "before answering with a forward 'next' link",
         minimum=1,
     )
+    _section("access and encryption")
     auth_token: str | None = _opt(
         None,
         "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...]: when set, queue "
@@ -222,6 +237,7 @@ class Settings:
         "commas): tried after the current key to open bodies sealed before a "
         "rotation, never used to seal",
     )
+    _section("subscriptions")
     default_subscription_ttl: int = _opt(
         3600, "subscription ttl in seconds when none is given", minimum=60
     )
@@ -269,6 +285,7 @@ class Settings:
         "live worker (new messages wake delivery at once, without a sweep)",
         minimum=0.1,
     )
+    _section("clients, long polls and streams")
     client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "
@@ -301,6 +318,7 @@ class Settings:
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
+    _section("logs and benchmarks")
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(
         False,
@@ -472,13 +490,22 @@ def _converter(f: dataclasses.Field[Any]) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting; defaults are resolved later (env, then field)."""
+    """Add one flag per setting, in a group per section; defaults are resolved
+    later (env, then field). A flag with choices shows them as its metavar
+    (the settings check the value, with their own one-line message)."""
+    groups: dict[str, Any] = {}
     for f in dataclasses.fields(Settings):
+        section = f.metadata["section"]
+        if section not in groups:
+            groups[section] = parser.add_argument_group(section)
+        group = groups[section]
         default = f.default
         shown = "unset" if default is None else str(default)
         help_text = f"{f.metadata['help']} (env {_env_name(f.name)}; default {shown})"
+        choices = f.metadata.get("choices")
+        metavar = f.name.upper() if choices is None else "{" + ",".join(choices) + "}"
         if str(f.type) == "bool":
-            parser.add_argument(
+            group.add_argument(
                 _flag(f.name),
                 dest=f.name,
                 default=None,
@@ -486,11 +513,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
             )
         else:
-            parser.add_argument(
+            group.add_argument(
                 _flag(f.name),
                 dest=f.name,
                 default=None,
-                metavar=f.name.upper(),
+                metavar=metavar,
                 help=help_text,
             )
 

@@ -11,6 +11,7 @@ status from ``FeedError.status``. Nothing else catches them.
     │   ├── InvalidClaim           400  claim_id wrong or expired on delete
     │   ├── PostTooLarge           400  a message post over the service's or the
     │   │                               queue's size limit (Zaqar's status)
+    │   ├── MarkerNotGivenOut      400  a marker or event id past the queue's last
     │   └── InvalidContentType     400  a body sent as a form (x-www-form-urlencoded)
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
@@ -68,6 +69,14 @@ class PostTooLarge(BadRequest):
     ``_max_messages_post_size``. 400, not 413: Zaqar treats both as failed
     validation, and python-zaqarclient turns a 400 into ``MalformedRequest``
     but has no exception of its own for a 413 (docs/zaqar-differences.md)."""
+
+
+class MarkerNotGivenOut(BadRequest):
+    """A marker (or Last-Event-ID) past the queue's counter: no page or event
+    of this service named it. Taken, it would hide every message posted until
+    the counter passed it; refused, the client learns that its id is bad."""
+
+    title = "Unknown marker"
 
 
 class InvalidContentType(BadRequest):

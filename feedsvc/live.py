@@ -72,7 +72,13 @@ class Filters:
     echo: bool = False
     include_claimed: bool = False
 
-    def query(self, marker: int | None, limit: int = PAGE, with_authors: bool = False) -> ListQuery:
+    def query(
+        self,
+        marker: int | None,
+        limit: int = PAGE,
+        with_authors: bool = False,
+        check_marker: bool = False,
+    ) -> ListQuery:
         return ListQuery(
             self.client_id,
             marker=marker,
@@ -80,6 +86,7 @@ class Filters:
             echo=self.echo,
             include_claimed=self.include_claimed,
             with_authors=with_authors,
+            check_marker=check_marker,
         )
 
 
@@ -87,10 +94,13 @@ class Follower:
     """One long poll or event stream: a position and filters; once caught up,
     its tail hands it every batch (``offer``), in the tail's own task."""
 
-    __slots__ = ("_done", "filters", "gone", "position")
+    __slots__ = ("_done", "filters", "given", "gone", "position")
 
     def __init__(self, position: int | None, filters: Filters) -> None:
         self.position = position
+        # the position is still the client's marker: its first read checks
+        # it against the queue's counter (MarkerNotGivenOut)
+        self.given = position is not None
         self.filters = filters
         self.gone = False  # its client went away
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -295,8 +305,11 @@ class LiveFeeds:
                 tail = None
             before = tail.position if tail is not None else None
             page = await self._store.list_messages(
-                project, queue, follower.filters.query(follower.position, limit)
+                project,
+                queue,
+                follower.filters.query(follower.position, limit, check_marker=follower.given),
             )
+            follower.given = False
             if page.messages:
                 follower.position = page.messages[-1].seq
                 return page.messages

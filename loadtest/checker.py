@@ -36,6 +36,13 @@ of order. Hence:
 Deleted and expired messages can only make messages disappear, never repeat
 or reorder them, so duplicates and reorders are never excused.
 
+Only this run's streams are judged: a stamp carries ``run``, the id of the
+Locust run that posted it, and a checker given a run ignores the others'
+stamps (counting them in ``other_runs``). A queue may still hold an earlier
+run's messages (the same ``--queue-prefix``, a Redis volume kept across
+``down`` / ``up``), with heads its consumers deleted: this run cannot know
+what happened to them, so it says nothing about them.
+
 A reader that has read a whole queue after the producers stopped (the
 comparison runner's audit) can also be asked for what it never saw:
 
@@ -75,12 +82,15 @@ class Stamp:
     seq: int
     started: float
     posted: float | None = None  # wall-clock time its POST was sent
+    run: str = ""  # the Locust run that posted it ("" before runs were told apart)
 
     def body(self, pad: str = "") -> dict[str, Any]:
         """The message body that carries this stamp (``pad`` sets its size)."""
         body: dict[str, Any] = {"p": self.producer, "s": self.seq, "t": self.started}
         if self.posted is not None:
             body["w"] = self.posted
+        if self.run:
+            body["r"] = self.run
         body["x"] = pad
         return body
 
@@ -100,7 +110,14 @@ def read_stamp(body: object) -> Stamp | None:
     posted = body.get("w")
     if not isinstance(posted, int | float) or isinstance(posted, bool):
         posted = None
-    return Stamp(producer, seq, float(started), None if posted is None else float(posted))
+    run = body.get("r")
+    return Stamp(
+        producer,
+        seq,
+        float(started),
+        None if posted is None else float(posted),
+        run if isinstance(run, str) else "",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +166,14 @@ class FeedChecker:
 
     ``consumed(queue, producer, seq)`` tells whether a consumer deleted (or
     tried to delete) that message; it is asked only about skipped seqs.
+    With ``run``, stamps of other runs are passed over (``other_runs``).
     """
 
     queue: str
     consumed: Callable[[str, str, int], bool] = _never
+    run: str | None = None
     checked: int = 0
+    other_runs: int = 0
     excused_expired: int = 0
     excused_consumed: int = 0
     findings: int = 0
@@ -163,6 +183,9 @@ class FeedChecker:
 
     def see(self, stamp: Stamp, ttl: float, now: float) -> Finding | None:
         """Take the next message read (``ttl`` in seconds, ``now`` wall clock)."""
+        if self.run is not None and stamp.run != self.run:
+            self.other_runs += 1
+            return None
         self.checked += 1
         if stamp.posted is not None and (
             self.latest_posted is None or stamp.posted > self.latest_posted

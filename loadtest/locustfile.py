@@ -223,6 +223,10 @@ ACKED_STREAMS: dict[str, dict[str, int]] = {}
 #: what each reader must have seen by the end (FeedChecker.missed).
 ACK_LOG: dict[str, dict[str, list[tuple[float, int]]]] = {}
 JUDGE_GAPS = {"exact": True}
+#: this run's id, stamped on every message posted and the only one judged:
+#: made by the master (or the one process) at each test start and handed to
+#: the workers with the spawn message, as Locust does for custom options
+RUN = {"id": ""}
 #: followers started so far per class, to spread them over the queues
 FOLLOWER_NUMBERS: dict[str, itertools.count[int]] = {}
 
@@ -282,6 +286,14 @@ def on_init(environment: Environment, **_: Any) -> None:
 @listen(events.test_start)
 def on_test_start(environment: Environment, **_: Any) -> None:
     apply_weights(environment)  # the web UI may have changed them
+    options = environment.parsed_options
+    if isinstance(environment.runner, WorkerRunner) and options is not None:
+        RUN["id"] = getattr(options, "feed_run_id", "") or RUN["id"]
+    else:
+        RUN["id"] = uuid.uuid4().hex[:12]
+        if options is not None:
+            options.feed_run_id = RUN["id"]
+    log.info("run %s: only its own messages are judged", RUN["id"])
     RECORDER.samples.clear()
     RECORDER.failures.clear()
     RECORDER.spawned_at = RECORDER.stopping_at = None
@@ -332,6 +344,7 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
     totals = {
         "acknowledged": ACKED["messages"],
         "checked": sum(c.checked for c in CHECKERS),
+        "other_runs": sum(c.other_runs for c in CHECKERS),
         "readers": len(CHECKERS),
         "missed_at_stop": missed,
         "findings": sum(c.findings for c in CHECKERS),
@@ -400,7 +413,10 @@ class Producer(FeedUser):
         first = stream.next_seq
         posted = time.time()
         messages = [
-            {"ttl": o.ttl, "body": Stamp(stream.producer, seq, stream.started, posted).body(o.pad)}
+            {
+                "ttl": o.ttl,
+                "body": Stamp(stream.producer, seq, stream.started, posted, RUN["id"]).body(o.pad),
+            }
             for seq in range(first, first + count)
         ]
         with self.client.post(
@@ -432,7 +448,7 @@ class Observer(FeedUser):
         o = self.options
         first = f"?limit={o.page_size}&echo=true&include_claimed=true"
         self.cursors = {q: f"/v2/queues/{q}/messages{first}" for q in o.queues}
-        self.checkers = {q: FeedChecker(q, was_consumed) for q in o.queues}
+        self.checkers = {q: FeedChecker(q, was_consumed, RUN["id"]) for q in o.queues}
         CHECKERS.extend(self.checkers.values())
         self.order = cycle(o.queues)
         self.idle = False
@@ -519,7 +535,7 @@ class LongPoller(FeedUser):
     def on_start(self) -> None:
         super().on_start()
         self.queue = follower_queue(self.environment, "LongPoller")
-        self.checker = FeedChecker(self.queue, was_consumed)
+        self.checker = FeedChecker(self.queue, was_consumed, RUN["id"])
         CHECKERS.append(self.checker)
         self.cursor = f"/v2/queues/{self.queue}/messages?" + urlencode(
             {"limit": self.options.page_size, "echo": "true", "include_claimed": "true"}
@@ -560,7 +576,7 @@ class Streamer(FeedUser):
     def on_start(self) -> None:
         super().on_start()
         self.queue = follower_queue(self.environment, "Streamer")
-        self.checker = FeedChecker(self.queue, was_consumed)
+        self.checker = FeedChecker(self.queue, was_consumed, RUN["id"])
         CHECKERS.append(self.checker)
         self.last_id: str | None = None
         self.pause = 0.0

@@ -2,9 +2,13 @@
 -- KEYS: the 6 fixed keys.
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
---       with_authors (1/0; a record carries the author anyway)
+--       with_authors (1/0; a record carries the author anyway),
+--       check_marker (1/0: the marker is a client's)
 -- Returns {next_marker or '', then per message: id, record}, the record as
--- stored (record.py; record.list_reply decodes it).
+-- stored (record.py; record.list_reply decodes it); {'ahead'} if
+-- check_marker is 1 and the marker is past anything given out: past the
+-- queue's counter, or with no counter past now in microseconds (where a
+-- first post starts it).
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
@@ -21,6 +25,13 @@ local include_delayed = ARGV[7] == '1'
 local scan_limit = tonumber(ARGV[8])
 local own = H_AUTHOR + #client  -- where a newline follows client as the author
 local NO_CLAIM, NL = byte(' '), byte(NEWLINE)
+
+if ARGV[10] == '1' and ARGV[2] ~= '' then
+  local top = redis.call('GET', KEYS[K_SEQ])
+  -- doubles: exact below 2**53, and a longer marker is past any counter
+  local ceiling = top and tonumber(top) or tonumber(ARGV[1]) * 1000
+  if tonumber(ARGV[2]) > ceiling then return {'ahead'} end
+end
 
 local out, n = {''}, 1
 local count, scanned = 0, 0

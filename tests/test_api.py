@@ -1128,7 +1128,12 @@ async def test_delayed_messages_are_hidden_unless_asked(http: Client, headers: H
         "marker=1.5",
         "marker=1e3",
         "marker=" + "9" * 30,
+        "marker=9999999999999999999",  # 19 digits: well formed, never given out
         f"marker={UNKNOWN_ID}x",
+        "limit=1_0",  # int() would read 10
+        "limit=%D9%A3",  # an Arabic-Indic 3, which int() would read
+        "limit=%2B5",
+        "limit=%205",
         "echo=maybe",
         "include_claimed=maybe",
         "include_delayed=maybe",
@@ -1139,6 +1144,58 @@ async def test_message_list_bad_parameters_are_400(
 ) -> None:
     await post_bodies(http, other_client(headers), "bp", ["x"])
     await error(await http.get(f"{messages_path('bp')}?{query}", headers=headers), 400)
+
+
+def marker_of(link: dict[str, str]) -> int:
+    return int(link["href"].split("marker=")[1].split("&")[0])
+
+
+async def test_a_marker_past_the_last_message_is_400_and_the_last_one_is_not(
+    http: Client, headers: Headers
+) -> None:
+    """A marker past the queue's counter was never given out: taken, it would
+    hide every message posted until the counter caught up (issue 28, item 10)."""
+    poster = other_client(headers)
+    await post_bodies(http, poster, "ahead", ["a", "b"])
+    page = await list_page(http, messages_path("ahead") + "?limit=2", headers)
+    last = marker_of(page["links"][0])
+    for marker in (last + 1, 9999999999999999999):
+        url = f"{messages_path('ahead')}?marker={marker}"
+        doc = await error(await http.get(url, headers=headers), 400)
+        assert doc["title"] == "Unknown marker"
+        assert str(marker) in doc["description"]
+    # the last marker given out is an empty page; then what follows it
+    url = f"{messages_path('ahead')}?marker={last}"
+    assert await list_page(http, url, headers) == {"messages": [], "links": []}
+    more = await post_bodies(http, poster, "ahead", ["c"])
+    assert [m["id"] for m in (await list_page(http, url, headers))["messages"]] == more
+
+
+async def test_a_queue_without_messages_refuses_a_marker_past_now(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    """With no counter yet, a first post starts it at now in microseconds: a
+    marker past that is refused, one before it sees every message posted."""
+    now_us = clock.now_ms() * 1000
+    url = messages_path("fresh") + "?marker="
+    await error(await http.get(url + str(now_us + 1), headers=headers), 400)
+    assert await list_page(http, url + str(now_us), headers) == {"messages": [], "links": []}
+    ids = await post_bodies(http, other_client(headers), "fresh", ["first"])
+    assert [m["id"] for m in (await list_page(http, url + str(now_us), headers))["messages"]] == ids
+
+
+async def test_a_marker_of_a_deleted_queue_reads_its_successor_from_the_start(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    poster = other_client(headers)
+    await post_bodies(http, poster, "again", ["old"])
+    page = await list_page(http, messages_path("again"), headers)
+    url = f"{messages_path('again')}?marker={marker_of(page['links'][0])}"
+    await no_content(await http.delete("/v2/queues/again", headers=headers))
+    clock.advance(0.001)  # the old counter started at this same millisecond
+    assert await list_page(http, url, headers) == {"messages": [], "links": []}
+    ids = await post_bodies(http, poster, "again", ["new"])
+    assert [m["id"] for m in (await list_page(http, url, headers))["messages"]] == ids
 
 
 async def test_list_of_nonexistent_queue_is_empty_and_creates_nothing(

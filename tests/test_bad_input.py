@@ -527,10 +527,16 @@ NUMBERS = [
     "-1", "0", "-60", "1e400", "-1e400", "60.0", "60.5", "6e1", "-6e1", str(2**63),
     str(2**64), str(BIG), str(-BIG), "1" * 400, "true", '"60"',
 ]  # fmt: skip
-LIMITS = ["-1", "0", "21", "1e3", "abc", "1.0", "99999999999999999999999", "%00", "%C2%B2"]
+LIMITS = [
+    "-1", "0", "21", "1e3", "abc", "1.0", "99999999999999999999999", "%00", "%C2%B2",
+    "1_0", "%D9%A3", "%2B5", "%205", "5%20",  # int() reads these: 10, 3, 5, 5, 5
+]  # fmt: skip
+# float() reads all but the last three
+WAITS = ["1_0", "%D9%A3", "%2B1", "%201", "-0", "1e400", "nan", "0x1", "21"]
 MESSAGE_MARKERS = [
     "abc", "-1", "1.5", "1e3", "99999999999999999999", "%00", "%C3%BF", "0x10", "%20",
     "1%2C2", "%C2%B2", "%D9%A1%D9%A2", "%EF%BC%91",  # superscript two, Arabic-Indic, fullwidth
+    "9999999999999999999",  # well formed, but past the queue's last message
 ]  # fmt: skip
 QUEUE_MARKERS = ["a%20b", "x" * 65, "%00", "caf%C3%A9", "a%2Fb"]
 BAD_NAMES = ["caf%C3%A9", "%00", "a%00b", "%E2%80%AE", "%F0%9F%98%80", "a%20b", "a%2Fb", "x" * 65]
@@ -592,6 +598,9 @@ def json_probes(seed: Seed, settings: Settings) -> list[Probe]:
         add(f"queues limit={limit}", "GET", f"/v2/queues?limit={limit}")
         add(f"claim limit={limit}", "POST", f"{q}/claims?limit={limit}")
         add(f"pop={limit}", "DELETE", f"{m}?pop={limit}")
+    for wait in WAITS:
+        add(f"list wait={wait}", "GET", f"{m}?wait={wait}")
+        add(f"claim wait={wait}", "POST", f"{q}/claims?wait={wait}")
     add("pop and ids", "DELETE", f"{m}?pop=1&ids={seed.ids[1]}")
     add("too many ids", "DELETE", f"{m}?ids=" + ",".join([UNKNOWN_ID] * 21))
     add("empty ids", "DELETE", f"{m}?ids=,")

@@ -49,6 +49,29 @@ def test_help_documents_every_setting() -> None:
         assert ENV_PREFIX + f.name.upper() in result.stdout
 
 
+def test_help_groups_the_flags_by_section_and_shows_choices() -> None:
+    """305 lines of flags in one list were hard to read (issue 28): each flag
+    is under the heading of its section, and a flag with choices names them."""
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0
+    sections: dict[str, list[str]] = {}
+    heading = ""
+    for line in result.stdout.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line[:-1]
+            sections[heading] = []
+        elif line.startswith("  --"):
+            sections[heading].append(line.split()[0].rstrip(","))
+    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(Settings)}
+    grouped = [flag for heading, found in sections.items() for flag in found if flag in flags]
+    assert sorted(grouped) == sorted(flags)  # each flag once
+    assert {"service", "Redis", "subscriptions", "logs and benchmarks"} <= set(sections)
+    assert all(len(found) <= 25 for found in sections.values()), sections
+    assert "--redis-url" in sections["Redis"]
+    assert "--driver {lua,watch,watch-naive}" in result.stdout
+    assert "--log-format {text,json}" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [

@@ -103,6 +103,40 @@ async def test_a_bad_wait_is_400(http: Client, headers: Headers, wait: str) -> N
     assert claim.status == 400
 
 
+# int() and float() take these; a list, a claim and a stream refuse them alike
+LOOSE_WAITS = ["1_0", "\u0663", "+1", " 1", "1 ", "0x1", "1e400", "\uff11"]
+
+
+@pytest.mark.parametrize("wait", LOOSE_WAITS)
+async def test_a_loosely_written_wait_is_400(http: Client, headers: Headers, wait: str) -> None:
+    response = await http.get(MESSAGES, params={"wait": wait}, headers=headers)
+    assert response.status == 400, await response.text()
+    assert "wait" in (await response.json())["description"]
+    claim = await http.post(
+        "/v2/queues/q/claims", params={"wait": wait}, json={"ttl": 60, "grace": 60}, headers=headers
+    )
+    assert claim.status == 400
+
+
+@pytest.mark.parametrize("wait", ["0.05", "1e-2", "0"])
+async def test_a_wait_written_as_json_writes_numbers_is_taken(
+    http: Client, headers: Headers, wait: str
+) -> None:
+    response = await http.get(MESSAGES, params={"wait": wait}, headers=headers)
+    assert response.status == 200, await response.text()
+
+
+async def test_a_long_poll_after_a_marker_past_the_last_message_is_400(
+    http: Client, headers: Headers
+) -> None:
+    await post(http, other_client(headers), "x")
+    for include_delayed in ("false", "true"):  # the tail's path and the store's
+        params = {"wait": "10", "marker": "9" * 19, "include_delayed": include_delayed}
+        response = await http.get(MESSAGES, params=params, headers=headers)
+        assert response.status == 400, await response.text()
+        assert (await response.json())["title"] == "Unknown marker"
+
+
 async def test_a_waiting_claim_takes_the_message_posted_meanwhile(
     http: Client, headers: Headers
 ) -> None:
@@ -220,6 +254,83 @@ async def test_a_stream_with_a_bad_last_event_id_is_400(http: Client, headers: H
     )
     assert response.status == 400
     assert "Last-Event-ID" in (await response.json())["description"]
+
+
+async def stream_answer(http: Client, headers: Headers, **params: str) -> ClientResponse:
+    """The answer to a stream request, its body left unread (a stream never ends)."""
+    response = await http.get(MESSAGES, params=params, headers=headers)
+    response.close()
+    return response
+
+
+async def test_a_stream_after_an_id_past_the_last_message_is_400(
+    http: Client, headers: Headers
+) -> None:
+    """Taken, such an id would hide every message posted until the queue's
+    counter passed it: the stream would show nothing, silently (issue 28)."""
+    await post(http, other_client(headers), "x")
+    stream = {**headers, "Accept": "text/event-stream"}
+    last = await open_stream(http, headers)
+    try:
+        await next_event(last)  # retry
+        last_id = int((await next_event(last))["id"])
+    finally:
+        last.close()
+    for bad in (str(last_id + 1), "9999999999999999999"):
+        response = await http.get(MESSAGES, headers={**stream, "Last-Event-ID": bad})
+        assert response.status == 400, response.headers
+        doc = await response.json()
+        assert doc["title"] == "Unknown marker"
+        assert "Last-Event-ID" in doc["description"]
+        response = await stream_answer(http, stream, marker=bad)
+        assert response.status == 400, response.headers
+    # the last id given out still resumes, and sees what follows
+    again = await open_stream(http, headers, last_event_id=str(last_id))
+    try:
+        await next_event(again)
+        more = await post(http, other_client(headers), "y")
+        assert orjson.loads((await next_event(again))["data"])["id"] == more[0]
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"limit": "0"}, {"limit": "21"}, {"limit": "1_0"}, {"limit": "\u0663"}, {"wait": "abc"},
+     {"wait": "21"}, {"wait": "1_0"}, {"wait": "\u0663"}, {"echo": "maybe"},
+     {"ids": ",".join(["0" * 24] * 21)}],
+)  # fmt: skip
+async def test_a_stream_refuses_what_a_list_refuses(
+    http: Client, headers: Headers, params: dict[str, str]
+) -> None:
+    listed = await http.get(MESSAGES, params=params, headers=headers)
+    assert listed.status == 400
+    response = await stream_answer(http, {**headers, "Accept": "text/event-stream"}, **params)
+    assert response.status == 400, response.headers
+    assert response.content_type == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("accept", "streams"),
+    [
+        ("text/event-stream", True),
+        ("text/event-stream;q=0, application/json", False),
+        ("application/json, text/event-stream;q=0.5", False),
+        ("text/event-stream;q=0.5, */*", False),
+        ("application/json;q=0.5, text/event-stream", True),
+        ("TEXT/Event-Stream ; q=1.0", True),
+        ("text/event-stream;q=0.000", False),
+        ("text/event-stream;q=2", False),  # malformed weight: as if not sent
+        ("text/*, application/json;q=0.1", False),  # a wildcard never opts in
+        ("*/*", False),
+    ],
+)
+async def test_a_stream_is_sent_only_to_a_client_that_prefers_one(
+    http: Client, headers: Headers, accept: str, streams: bool
+) -> None:
+    response = await stream_answer(http, {**headers, "Accept": accept})
+    assert response.status == 200
+    assert response.content_type == ("text/event-stream" if streams else "application/json")
 
 
 async def test_a_stream_sees_nothing_of_another_project(http: Client, headers: Headers) -> None:

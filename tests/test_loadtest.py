@@ -135,6 +135,21 @@ def test_posted_stamps_round_trip() -> None:
     assert read_stamp({"p": "a", "s": 1, "t": T0, "w": True}) == Stamp("a", 1, T0)
 
 
+def test_only_this_runs_stamps_are_judged() -> None:
+    """A queue may still hold an earlier run's streams, whose heads that run's
+    consumers deleted: this run cannot know what happened to them (issue 28)."""
+    stamp = Stamp("p.1", 7, T0, T0 + 1, run="r2")
+    assert read_stamp(json.loads(json.dumps(stamp.body()))) == stamp
+    checker = FeedChecker("q", run="r2")
+    earlier = [Stamp("old.1", 5, T0, T0, run="r1"), Stamp("old.1", 5, T0), Stamp("old.1", 9, T0)]
+    assert [checker.see(s, TTL, T0 + 10) for s in earlier] == [None, None, None]
+    assert (checker.checked, checker.other_runs, checker.latest_posted) == (0, 3, None)
+    assert checker.see(Stamp("p.1", 2, T0, run="r2"), TTL, T0 + 10) == Finding(
+        GAP, "q", "p.1", 1, 1
+    )
+    assert checker.checked == 1
+
+
 def seen_by(items: list[tuple[str, int, float]]) -> FeedChecker:
     checker = FeedChecker("q")
     for producer, seq, posted in items:
@@ -348,6 +363,39 @@ def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
     checker = records[0].meta["checker"]
     assert checker["checked"] > 0, checker
     assert checker["findings"] == 0, checker
+
+
+@pytest.mark.process
+def test_a_second_run_against_the_same_queues_judges_only_its_own_messages(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The first run's consumers delete the heads of its streams and leave
+    their tails; the second run's readers, starting at the head, must not
+    call that a gap (issue 28: 130 false "no-miss: gap" on a second run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
+    project = f"again-{uuid.uuid4().hex}"
+    flags = ("--redis-url", redis_url, "--log-level", "WARNING")
+    locustfile = str(REPO_ROOT / "loadtest" / "locustfile.py")
+    results = []
+    with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
+        for run in (1, 2):
+            result = subprocess.run(
+                [sys.executable, "-m", "locust", "-f", locustfile, "--headless",
+                 "--only-summary", "-u", "6", "-r", "6", "-t", "4s",
+                 "--host", serve.url, "--project", project, "--queue-prefix", "same",
+                 "--queues", "1", "--observers", "1", "--poll-interval", "0.05",
+                 "--timings-dir", str(tmp_path / f"timings{run}"),
+                 "Producer", "Consumer", "Observer"],
+                capture_output=True, text=True, timeout=60, check=False, env=env, cwd=REPO_ROOT,
+            )  # fmt: skip
+            results.append(result)
+        serve.stop(signal.SIGTERM)
+    first, second = (timings.load(tmp_path / f"timings{run}")[0].meta["checker"] for run in (1, 2))
+    for result, checker in zip(results, (first, second), strict=True):
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert checker["findings"] == 0 and checker["checked"] > 0, checker
+    # the first run left messages of its own behind, which the second saw and did not judge
+    assert second["other_runs"] > 0, second
 
 
 @pytest.mark.process

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
+import logging
+import os
 import re
 import signal
 import time
@@ -16,6 +20,7 @@ from aiohttp.test_utils import TestClient
 
 from feedsvc.api.middleware import request_middleware
 from feedsvc.app import create_app
+from feedsvc.cli import configure_logging
 from feedsvc.testing import ServiceProcess
 from tests.conftest import make_settings
 
@@ -110,6 +115,32 @@ def test_feedsvc_runs_one_middleware() -> None:
     request; feedsvc's work around a handler is one (docs/BENCHMARKS.md)."""
     app = create_app(make_settings("redis://127.0.0.1:1/0"))
     assert list(app.middlewares) == [request_middleware]
+
+
+def test_a_json_log_line_has_an_iso_8601_utc_time_in_ms_and_the_pid() -> None:
+    """Log collectors read the time without guessing a zone or format, and
+    tell the workers of one service apart (issue 28)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    out = io.StringIO()
+    try:
+        configure_logging(make_settings("redis://127.0.0.1:1/0", log_format="json"))
+        [handler] = root.handlers
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(out)
+        logging.getLogger("feedsvc").warning("hello %s", "there")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    record = json.loads(out.getvalue())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"]), record
+    assert dt.datetime.fromisoformat(record["time"]).utcoffset() == dt.timedelta(0)
+    assert record["pid"] == os.getpid()
+    assert (record["level"], record["logger"], record["message"]) == (
+        "WARNING",
+        "feedsvc",
+        "hello there",
+    )
 
 
 @pytest.mark.process

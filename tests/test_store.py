@@ -17,7 +17,7 @@ import pytest
 
 from feedsvc.clock import SYSTEM_CLOCK, ManualClock
 from feedsvc.config import Settings
-from feedsvc.errors import InvalidClaim
+from feedsvc.errors import InvalidClaim, MarkerNotGivenOut
 from feedsvc.storage import record
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
@@ -123,6 +123,29 @@ async def test_marker_of_first_message_does_not_restart(store: FeedStore, projec
         project, "q", ListQuery(READER, marker=first.next_marker, limit=1)
     )
     assert [m.id for m in second.messages] == ids[1:2]
+
+
+async def test_a_clients_marker_past_the_counter_is_refused_in_the_read(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    """check_marker: past the queue's counter (or, with none, past now in
+    microseconds) is MarkerNotGivenOut; the service's own positions
+    (check_marker off, a tail's) are read as before."""
+    await post_n(store, project, "q", 2)
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=20))
+    last = page.next_marker
+    assert last is not None
+    for feed, ahead in (("q", last + 1), ("never-posted", clock.now_ms() * 1000 + 1)):
+        with pytest.raises(MarkerNotGivenOut, match=str(ahead)):
+            await store.list_messages(
+                project, feed, ListQuery(READER, marker=ahead, check_marker=True)
+            )
+        unchecked = await store.list_messages(project, feed, ListQuery(READER, marker=ahead))
+        assert (unchecked.messages, unchecked.next_marker) == ([], None)
+    at_end = await store.list_messages(
+        project, "q", ListQuery(READER, marker=last, check_marker=True)
+    )
+    assert (at_end.messages, at_end.next_marker) == ([], None)
 
 
 async def test_marker_whose_message_was_deleted(store: FeedStore, project: str) -> None:

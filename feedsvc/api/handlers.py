@@ -454,6 +454,7 @@ def list_query_of(request: web.Request, client: str) -> ListQuery:
         echo=v.flag(query, "echo"),
         include_claimed=v.flag(query, "include_claimed"),
         include_delayed=v.flag(query, "include_delayed"),
+        check_marker=True,
     )
 
 

@@ -544,13 +544,16 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "marker",
             {"type": "string", "pattern": "^[0-9]{1,19}$"},
             "Opaque position from a `next` link: the page starts after it. A marker this "
-            "service did not give out is 400.",
+            "service did not give out is 400, and so is one past the queue's last message "
+            "(title `Unknown marker`): taken, it would hide what is posted next.",
         ),
         "Wait": _query(
             "wait",
             {"type": "number", "minimum": 0, "maximum": v.MAX_WAIT, "default": 0},
             "Long poll: seconds (decimals allowed) to hold the request while its answer "
-            "would be empty, answering as soon as there is something (0: answer at once).",
+            "would be empty, answering as soon as there is something (0: answer at once). "
+            "Written as JSON writes a number, unsigned (`2`, `2.5`, `25e-1`); other "
+            "spellings (`1_0`, `+1`, other scripts' digits) are 400.",
         ),
         "LastEventId": {
             "name": "Last-Event-ID",
@@ -559,7 +562,8 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "description": "Event stream only (Accept: text/event-stream): start after this "
             "event id, i.e. the marker of the last message received (what EventSource sends "
             "when it reconnects); it takes precedence over marker. An id this service did "
-            "not give out is 400. Ignored by a plain list.",
+            "not give out is 400, one past the queue's last message too. Ignored by a "
+            "plain list.",
             "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
         },
         "Ids": {
@@ -845,9 +849,12 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 "be empty is held until a message is visible after the marker (then that "
                 "page at once) or S seconds pass or the service begins to stop (then the "
                 "empty page); wait is ignored "
-                "with ids. A request with Accept: text/event-stream gets a stream of the "
-                "queue instead (see the 200 response); limit, ids and wait do not apply to "
-                "it, and include_delayed is ignored (a delayed message appears once due).",
+                "with ids. A request whose Accept names text/event-stream (with a weight "
+                "above 0 and at least that of application/json; a wildcard alone does not "
+                "ask for it) gets a stream of the queue instead (see the 200 response); "
+                "limit, ids and wait do not apply to it, though a value a list refuses is "
+                "400 there too, and include_delayed is ignored (a delayed message appears "
+                "once due).",
             },
             "delete": _operation(
                 "deleteMessages",

@@ -33,7 +33,7 @@ from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
 from feedsvc.appkeys import CLOCK, DRAINING, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
-from feedsvc.errors import BadRequest, TooManyFollowers, Unavailable
+from feedsvc.errors import BadRequest, MarkerNotGivenOut, TooManyFollowers, Unavailable
 from feedsvc.live import PAGE, Batch, Filters, Follower, LiveFeeds, Waiter
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
@@ -45,7 +45,13 @@ async def get_messages(request: web.Request) -> web.StreamResponse:
     wait=, else the plain list (``handlers.get_messages``)."""
     if wants_stream(request):
         project, client = v.caller(request)
-        return await stream_messages(request, project, client, v.queue_name(request))
+        queue = v.queue_name(request)
+        # limit, wait and ids do not apply to a stream, but what a list
+        # refuses a stream refuses too, through the same parsers
+        list_query = h.list_query_of(request, client)
+        v.wait_seconds(request.query)
+        v.id_list(request.query, "ids", request.app[SETTINGS].max_messages_per_page)
+        return await stream_messages(request, project, queue, list_query)
     seconds = v.wait_seconds(request.query)
     if not seconds or "ids" in request.query:
         return await h.get_messages(request)
@@ -73,18 +79,24 @@ def _room_for_a_follower(request: web.Request) -> None:
 
 
 def wants_stream(request: web.Request) -> bool:
-    return EVENT_STREAM in request.headers.get("Accept", "")
+    """Whether Accept names text/event-stream, above q=0 and weighed at least
+    as JSON (a wildcard alone asks for JSON, as a client that names nothing)."""
+    return v.prefers(request.headers.get("Accept"), EVENT_STREAM, "application/json")
+
+
+LAST_EVENT_ID_NOT_GIVEN_OUT = "Last-Event-ID is not an event id this service gave out."
 
 
 def last_event_id(request: web.Request) -> int | None:
-    """Where a stream starts: after Last-Event-ID, else after marker."""
+    """The Last-Event-ID header's marker, if any (the stream starts after it,
+    rather than after ``marker``)."""
     raw = request.headers.get("Last-Event-ID")
     if raw is None or raw == "":
-        return v.message_marker(request.query)
+        return None
     try:
         return v.message_marker({"marker": raw})
     except BadRequest:
-        raise BadRequest("Last-Event-ID is not an event id this service gave out.") from None
+        raise BadRequest(LAST_EVENT_ID_NOT_GIVEN_OUT) from None
 
 
 async def long_poll(
@@ -217,16 +229,17 @@ class Stream(Follower):
 
 
 async def stream_messages(
-    request: web.Request, project: str, client: str, queue: str
+    request: web.Request, project: str, queue: str, query: ListQuery
 ) -> web.StreamResponse:
+    """The stream of a queue after Last-Event-ID, else after query's marker;
+    query's echo and include_claimed filter it (its limit does not apply)."""
     settings = request.app[SETTINGS]
     draining = request.app[DRAINING]
     live = _live(request)
     prefix = f"{h.feed_path(request, queue)}/messages/"  # what the events' hrefs name
-    position = last_event_id(request)
-    filters = Filters(
-        client, v.flag(request.query, "echo"), v.flag(request.query, "include_claimed")
-    )
+    resumed = last_event_id(request)
+    position = query.marker if resumed is None else resumed
+    filters = Filters(query.client_id, query.echo, query.include_claimed)
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
@@ -242,8 +255,17 @@ async def stream_messages(
         }
     )
     async with live.follower(project, queue, stream), _hung_up(request, stream.hang_up):
-        # the first page is read before answering: Redis trouble is still a 503
-        backlog = await live.catch_up(project, queue, stream, PAGE)
+        # the first page is read before answering: Redis trouble is still a
+        # 503, and a position past anything given out a 400
+        try:
+            backlog = await live.catch_up(project, queue, stream, PAGE)
+        except MarkerNotGivenOut:
+            if resumed is None:
+                raise
+            raise MarkerNotGivenOut(
+                f"Last-Event-ID {resumed} is past the last message of {queue}: "
+                "this service did not give it out."
+            ) from None
         writer = await response.prepare(request)
         transport = request.transport
         assert writer is not None and transport is not None

@@ -167,16 +167,23 @@ def flag(query: Mapping[str, str], name: str, default: bool = False) -> bool:
     raise BadRequest(f"The value of {name} must be true or false.")
 
 
+# Numbers in a query are ASCII digits only: int() and float() also take
+# "1_0", " 5", "+5" and other scripts' digits ("٣"), which no client means.
+_WHOLE = re.compile(r"[0-9]{1,19}")
+# A number of seconds as JSON writes it, unsigned ("0.5", "1e-05": what a
+# client's float becomes in a URL); bounded in length before float() reads it.
+_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?(?:[eE][+-]?[0-9]{1,3})?")
+
+
 def bounded_int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """An integer from low to high, in ASCII digits; default if absent or empty."""
     raw = query.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"The value of {name} must be an integer.") from None
-    if not low <= value <= high:
-        raise BadRequest(f"The value of {name} must be at least {low} and at most {high}.")
+    if _WHOLE.fullmatch(raw) is None or not low <= (value := int(raw)) <= high:
+        raise BadRequest(
+            f"The value of {name} must be an integer (ASCII digits) from {low} to {high}."
+        )
     return value
 
 
@@ -189,23 +196,73 @@ def wait_seconds(query: Mapping[str, str]) -> float:
     raw = query.get("wait")
     if raw is None or raw == "":
         return 0.0
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise BadRequest("The value of wait must be a number of seconds.") from None
-    if not 0 <= seconds <= MAX_WAIT:  # also refuses nan
-        raise BadRequest(f"The value of wait must be at least 0 and at most {MAX_WAIT:g}.")
+    if _SECONDS.fullmatch(raw) is None or not 0 <= (seconds := float(raw)) <= MAX_WAIT:
+        raise BadRequest(
+            f"The value of wait must be a number of seconds from 0 to {MAX_WAIT:g}, "
+            'in ASCII digits with an optional decimal point (e.g. "2.5").'
+        )
     return seconds
+
+
+#: What a message marker looks like (a sequence number); one given out is
+#: also at most the queue's counter, which the store checks as it reads.
+MARKER = re.compile(r"[0-9]{1,19}")
 
 
 def message_marker(query: Mapping[str, str]) -> int | None:
     raw = query.get("marker")
     if raw is None or raw == "":
         return None
-    # isdigit() alone takes "²" (which int() refuses) and other scripts' digits
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
+    if MARKER.fullmatch(raw) is None:
         raise BadRequest("The marker is not one this service gave out.")
     return int(raw)
+
+
+# -- content negotiation -----------------------------------------------------------
+
+# One media range of an Accept header and its parameters (RFC 9110 12.5.1);
+# a weight is "q=" 0 to 1 with at most three decimals.
+_WEIGHT = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
+
+
+def accepted(header: str) -> dict[str, float]:
+    """The media ranges of an Accept header ("text/event-stream", "*/*", ...,
+    lower case) and their weights. A range whose weight is malformed is left
+    out, as one the client did not send; if a range is listed twice, the
+    first counts."""
+    ranges: dict[str, float] = {}
+    for item in header.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        media = media.lower()
+        if "/" not in media:
+            continue
+        weight: float | None = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                value = value.strip()
+                weight = float(value) if _WEIGHT.fullmatch(value) else None
+                break
+        if weight is not None:
+            ranges.setdefault(media, weight)
+    return ranges
+
+
+def prefers(header: str | None, wanted: str, default: str) -> bool:
+    """Whether a request with this Accept header asks for ``wanted``, which it
+    must name itself (no wildcard opts in) with a weight above 0 and at least
+    that of ``default`` (which ranges such as ``*/*`` may match)."""
+    if not header:
+        return False
+    ranges = accepted(header)
+    weight = ranges.get(wanted, 0.0)
+    if weight <= 0:
+        return False
+    kind = default.split("/", maxsplit=1)[0]
+    for media in (default, f"{kind}/*", "*/*"):  # the most specific range counts
+        if media in ranges:
+            return weight >= ranges[media]
+    return True
 
 
 def queue_marker(query: Mapping[str, str]) -> str | None:

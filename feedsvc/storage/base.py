@@ -48,7 +48,10 @@ Invariants, kept by both drivers:
   shown and disappears at its own expiry.
 * Sequence numbers are given out in commit order: the counter and the index
   entry change in one script / one EXEC, so a reader that has seen seq N will
-  never later find a new message below N. Markers are sequence numbers.
+  never later find a new message below N. Markers are sequence numbers,
+  so none given out is past ``Q:seq``, or, while a queue has no counter
+  (never posted to, or deleted), past now in microseconds, where its first
+  post will start it: a list refuses such a marker (``check_marker``).
 * The message key's PEXPIREAT equals its expiry; a claim that outlives the message
   raises both (never lowers them).
 * Time is the service host's clock in milliseconds, passed to every script, so
@@ -158,6 +161,10 @@ class ListQuery:
     # each Message's author too (a shared tail filters echo per follower);
     # a list request filters it in the store and needs none
     with_authors: bool = False
+    # the marker is a client's: MarkerNotGivenOut if it is past the queue's
+    # counter (or, with no counter, past where a first post would start it);
+    # off for the service's own positions, which never are
+    check_marker: bool = False
 
 
 @dataclass(slots=True)  # one per list request: not frozen (see Message)

@@ -34,7 +34,7 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.redis_store import RedisStore, idempotency_token
+from feedsvc.storage.redis_store import RedisStore, idempotency_token, marker_not_given_out
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC, MustSeal
 
@@ -195,9 +195,13 @@ class LuaStore(RedisStore):
             _flag(query.include_delayed),
             self._settings.scan_limit,
             _flag(query.with_authors),
+            _flag(query.check_marker),
         ]
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)
+        if reply[0] == b"ahead":
+            assert query.marker is not None
+            raise marker_not_given_out(queue, query.marker)
         page = r.list_reply(reply, now, query.with_authors)
         return self._reveal_page(page, project, queue)
 

@@ -22,7 +22,7 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import PostTooLarge, QueueNotFound, UnreadableMessage
+from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueNotFound, UnreadableMessage
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -61,6 +61,21 @@ SEALING_MEMORY_SIZE = 10000
 def idempotency_token(client_id: str, key: str) -> str:
     """The field under which a client's Idempotency-Key is remembered."""
     return hashlib.sha1(f"{client_id}\n{key}".encode()).hexdigest()
+
+
+def marker_ceiling(counter: Any, now: int) -> int:
+    """The highest marker a feed can have given out: its counter (``Q:seq``),
+    or with none (never posted to, or deleted) where its first post will
+    start it, now in microseconds (list.lua computes the same)."""
+    return int(counter) if counter is not None else now * 1000
+
+
+def marker_not_given_out(feed: str, marker: int) -> MarkerNotGivenOut:
+    return MarkerNotGivenOut(
+        f"The marker {marker} is past the last message of {feed}: this service did not "
+        "give it out. Resume from the id of the last message received, or start "
+        "without a marker."
+    )
 
 
 class RedisStore(ClaimUpkeep):

@@ -66,7 +66,12 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
-from feedsvc.storage.redis_store import RedisStore, idempotency_token
+from feedsvc.storage.redis_store import (
+    RedisStore,
+    idempotency_token,
+    marker_ceiling,
+    marker_not_given_out,
+)
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
 
@@ -357,11 +362,20 @@ class WatchStore(RedisStore):
         last: int | None = None
         start = "-inf" if query.marker is None else f"({query.marker}"
         chunk = query.limit + 2
+        check = query.check_marker and query.marker is not None
         while len(found) < query.limit and scanned < scan_limit:
             want = min(chunk, scan_limit - scanned)
-            [raw] = await self._transport.call_checked(
-                [("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)]
-            )
+            commands: list[Command] = [
+                ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
+            ]
+            if check:  # in the first read's round trip
+                commands.append(("GET", keys.seq))
+            [raw, *counter] = await self._transport.call_checked(commands)
+            if check:
+                assert query.marker is not None
+                if query.marker > marker_ceiling(counter[0], now):
+                    raise marker_not_given_out(queue, query.marker)
+                check = False
             entries = r.pairs(raw)
             if not entries:
                 break
