@@ -30,6 +30,12 @@ is not after its own.
 
 A lost wake-up costs latency only: the tail re-reads from its position on the
 next one, and the store wakes everyone after a lost subscription.
+
+What becomes visible with time alone (a delayed message falling due) is
+announced by no post: the tail's read that comes back empty says when the
+first delayed message after its position falls due (``MessagePage.next_due``),
+and the tail asks its wake-ups for a local timer then (``Follow.due``). An
+idle tail whose queue holds no delayed message still costs Redis nothing.
 """
 
 from __future__ import annotations
@@ -179,6 +185,9 @@ class Tail:
         self.ended = False  # the queue was deleted: a new follower starts a new tail
         self.followers: set[Follower] = set()
         self.reads = 0
+        # when the first delayed message after the position falls due, as the
+        # last read found it (None: none is waiting)
+        self.next_due: int | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -211,6 +220,10 @@ class Tail:
                     await self.hand_out(batch)
                 if follow.ended:
                     break
+                if self.next_due is not None:
+                    # nobody announces a message falling due: a local timer
+                    # wakes this tail then (no Redis command meanwhile)
+                    follow.due(self.next_due)
                 if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
                     await follow.wait(token, 3600.0)
             self.ended = True
@@ -227,6 +240,7 @@ class Tail:
         everything = Filters("", echo=True, include_claimed=True)
         messages: list[Message] = []
         marker = after = self.position
+        self.next_due = None
         for _ in range(PAGES_PER_READ):
             page = await self._store.list_messages(
                 self._project, self._queue, everything.query(marker, with_authors=True)
@@ -234,6 +248,7 @@ class Tail:
             self.reads += 1
             messages += page.messages
             if page.next_marker is None:
+                self.next_due = page.next_due
                 break
             scanned_at_most = page.next_marker - (marker or 0)  # seqs are consecutive
             marker = page.next_marker

@@ -115,6 +115,17 @@ local function is_free(m, now)
     and not (m.claim ~= '' and m.claim_expires > now)
 end
 
+-- When a message (a read_message table) not free now becomes free by itself
+-- (it falls due, its claim expires), if it is still alive then; nil: never,
+-- or it is free already. record.py's Row.free_at is the same rule.
+local function free_at(m, now)
+  if not m or m.seq == 0 or m.expires <= now then return nil end
+  local at = m.due
+  if m.claim ~= '' and m.claim_expires > at then at = m.claim_expires end
+  if at > now and at < m.expires then return at end
+  return nil
+end
+
 -- Tell the queue's followers (every feedsvc process subscribed to the queue's
 -- shard channel) that messages up to seq were indexed; due is the earliest
 -- time (ms) one of them, posted with a delay, becomes visible (0: none).

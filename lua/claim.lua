@@ -6,6 +6,9 @@
 --       whether to dead-letter ('1') or not ('0').
 -- Returns {'retry'} when the queue's dead-letter settings changed since the
 -- caller read them; else {claim_id or '', number of messages parked,
+--   the earliest time (ms) a message looked at and not free becomes free by
+--   itself (falls due, its claim expires; '' = none): when nothing was
+--   claimed, a claim wait sleeps until then at most,
 --   then per parked message: id, body, author, dead-letter ttl, claim count,
 --   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
 -- A message claimed max_claim_count times already is *parked* instead of
@@ -33,6 +36,7 @@ local out = {}
 local parked = {}
 local claimed_ids = {}
 local scanned, offset = 0, 0
+local next_free = nil
 while #claimed_ids < limit and scanned < scan_limit do
   local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
   if #entries == 0 then break end
@@ -42,6 +46,8 @@ while #claimed_ids < limit and scanned < scan_limit do
     scanned = scanned + 1
     local key = record_key(id)
     local m = read_message(id)
+    local at = free_at(m, now)
+    if at and (not next_free or at < next_free) then next_free = at end
     if is_free(m, now) then
       local count = m.count
       if dead_letters and max_claims and count >= max_claims then
@@ -80,7 +86,7 @@ if #claimed_ids > 0 then
   redis.call('PEXPIREAT', ckey, int(claim_expires))
   redis.call('ZADD', KEYS[K_CLAIMS], int(claim_expires), claim_id)
 end
-local reply = {'', math.floor(#parked / 5)}
+local reply = {'', math.floor(#parked / 5), next_free and int(next_free) or ''}
 if #claimed_ids > 0 then reply[1] = claim_id end
 for _, v in ipairs(parked) do reply[#reply + 1] = v end
 for _, v in ipairs(out) do reply[#reply + 1] = v end

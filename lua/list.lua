@@ -3,8 +3,11 @@
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
 --       with_authors (1/0; a record carries the author anyway)
--- Returns {next_marker or '', then per message: id, record}, the record as
--- stored (record.py; record.list_reply decodes it).
+-- Returns {next_marker or '', next_due or '', then per message: id, record},
+-- the record as stored (record.py; record.list_reply decodes it). next_due,
+-- given on an empty page at the end of the feed only: when the first delayed
+-- message after the marker that this query would show falls due (a waiter
+-- sleeps until then at most).
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
 -- the last entry looked at ('' when nothing was returned and the feed ended).
@@ -22,7 +25,8 @@ local scan_limit = tonumber(ARGV[8])
 local own = H_AUTHOR + #client  -- where a newline follows client as the author
 local NO_CLAIM, NL = byte(' '), byte(NEWLINE)
 
-local out, n = {''}, 1
+local out, n = {'', ''}, 2
+local next_due = nil
 local count, scanned = 0, 0
 local last, last_id = nil, nil
 local start = '-inf'
@@ -48,15 +52,20 @@ while count < limit and scanned < scan_limit do
       if not r then r = legacy_record(id) end
       last, last_id = r, id
       if r then
-        if sub(r, H_EXPIRES, H_EXPIRES_END) > now
+        local expires = sub(r, H_EXPIRES, H_EXPIRES_END)
+        if expires > now
             and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
             and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
-              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
-            and (include_delayed or sub(r, H_DUE, H_DUE_END) <= now) then
-          out[n + 1] = id
-          out[n + 2] = r
-          n = n + 2
-          count = count + 1
+              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now) then
+          local due = sub(r, H_DUE, H_DUE_END)
+          if include_delayed or due <= now then
+            out[n + 1] = id
+            out[n + 2] = r
+            n = n + 2
+            count = count + 1
+          elseif due < expires and (not next_due or due < next_due) then
+            next_due = due  -- fixed width: compared as text, like now
+          end
         end
       end
     end
@@ -74,4 +83,5 @@ while count < limit and scanned < scan_limit do
   chunk = math.min(chunk * 2, 512)
 end
 if last_id and (count > 0 or scanned >= scan_limit) then out[1] = int(last) end
+if out[1] == '' and next_due then out[2] = next_due end
 return out

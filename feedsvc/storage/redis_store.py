@@ -36,6 +36,7 @@ from feedsvc.storage.base import (
     QueueInfo,
     QueueStats,
     StoreCounters,
+    Unclaimable,
     reserved_fields,
 )
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
@@ -314,9 +315,9 @@ class RedisStore(ClaimUpkeep):
         opened = self._reveal(page.messages)
         return page if opened is page.messages else dataclasses.replace(page, messages=opened)
 
-    def _reveal_claim(self, claim: Claim | None) -> Claim | None:
-        if claim is None:
-            return None
+    def _reveal_claim(self, claim: Claim | Unclaimable) -> Claim | Unclaimable:
+        if isinstance(claim, Unclaimable):
+            return claim
         opened = self._reveal(claim.messages)
         return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 

@@ -59,6 +59,7 @@ from feedsvc.storage.base import (
     Message,
     MessagePage,
     NewMessage,
+    Unclaimable,
     new_id,
     reserved_fields,
 )
@@ -354,6 +355,7 @@ class WatchStore(RedisStore):
         found: list[Message] = []
         scanned = 0
         last: int | None = None
+        next_due: int | None = None  # see MessagePage
         start = "-inf" if query.marker is None else f"({query.marker}"
         chunk = query.limit + 2
         while len(found) < query.limit and scanned < scan_limit:
@@ -377,6 +379,8 @@ class WatchStore(RedisStore):
                 if not query.include_claimed and row.claimed(now):
                     continue
                 if not query.include_delayed and row.due > now:
+                    if row.due < row.expires and (next_due is None or row.due < next_due):
+                        next_due = row.due
                     continue
                 found.append(row.message(now))
                 if len(found) == query.limit:
@@ -385,8 +389,9 @@ class WatchStore(RedisStore):
                 break
             start = f"({last}"
             chunk = min(chunk * 2, 512)
-        next_marker = last if (found or scanned >= scan_limit) else None
-        return self._reveal_page(MessagePage(found, next_marker))
+        if found or scanned >= scan_limit:
+            return self._reveal_page(MessagePage(found, last))
+        return MessagePage([], None, next_due)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -421,13 +426,16 @@ class WatchStore(RedisStore):
 
     async def _free_candidates(
         self, keys: QueueKeys, now: int, limit: int, max_claims: int | None = None
-    ) -> list[str]:
-        """Up to limit messages from the head that nobody holds (read without WATCH).
+    ) -> tuple[list[str], int | None]:
+        """Up to limit messages from the head that nobody holds (read without
+        WATCH), and the earliest time one of the others looked at becomes
+        free by itself (see Unclaimable).
 
         With max_claims, messages claimed that often (to be dead-lettered) are
         included too but do not count towards limit.
         """
         found: list[str] = []
+        next_free: int | None = None
         counted = 0
         offset, scanned, budget = 0, 0, self._claim_scan_limit()
         while counted < limit and scanned < budget:
@@ -441,18 +449,21 @@ class WatchStore(RedisStore):
             replies = await self._transport.call_checked(r.read_commands(keys, names))
             for row in r.rows(names, replies):
                 scanned += 1
+                at = None if row is None else row.free_at(now)
+                if at is not None and (next_free is None or at < next_free):
+                    next_free = at
                 if row is not None and row.free(now):
                     found.append(row.id)
                     if max_claims is None or row.count < max_claims:
                         counted += 1
                     if counted == limit:
                         break
-        return found
+        return found, next_free
 
     async def _take(self, keys: QueueKeys, limit: int, plan_for: Any) -> Any:
         """Find free candidates, then run plan_for(now, candidates, meta) over
-        them in a transaction; again after a backoff on conflict. None when
-        nothing is free."""
+        them in a transaction; again after a backoff on conflict. Unclaimable
+        when nothing is free."""
         transport = self._transport
         attempt = 0
         async with transport.slot():
@@ -462,9 +473,9 @@ class WatchStore(RedisStore):
                     [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 )
                 plan, max_claims = plan_for(now, meta)
-                candidates = await self._free_candidates(keys, now, limit, max_claims)
+                candidates, next_free = await self._free_candidates(keys, now, limit, max_claims)
                 if not candidates:
-                    return None
+                    return Unclaimable(next_free)
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 reads += r.read_commands(keys, candidates)
@@ -474,9 +485,9 @@ class WatchStore(RedisStore):
                 await transport.backoff(attempt)
                 attempt += 1
 
-    async def claim_messages(
+    async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | None:
+    ) -> Claim | Unclaimable:
         keys = self._keys(project, queue)
         claim_id = new_id()
 
@@ -491,12 +502,12 @@ class WatchStore(RedisStore):
             return plan, max_claims
 
         taken = await self._take(keys, limit, plan_for)
-        if taken is None:
-            return None
+        if isinstance(taken, Unclaimable):
+            return taken
         claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return self._reveal_claim(claim)
+        return self._reveal_claim(Unclaimable(None) if claim is None else claim)  # None: all parked
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)
@@ -515,7 +526,7 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._take(keys, limit, plan_for)
-        return [] if popped is None else self._reveal(popped)
+        return [] if isinstance(popped, Unclaimable) else self._reveal(popped)
 
 
 def _claim_plan(
