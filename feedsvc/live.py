@@ -240,15 +240,14 @@ class Tail:
         everything = Filters("", echo=True, include_claimed=True)
         messages: list[Message] = []
         marker = after = self.position
-        self.next_due = None
         for _ in range(PAGES_PER_READ):
             page = await self._store.list_messages(
                 self._project, self._queue, everything.query(marker, with_authors=True)
             )
             self.reads += 1
             messages += page.messages
+            self.next_due = page.next_due  # the last page read tells
             if page.next_marker is None:
-                self.next_due = page.next_due
                 break
             scanned_at_most = page.next_marker - (marker or 0)  # seqs are consecutive
             marker = page.next_marker

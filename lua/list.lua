@@ -4,13 +4,15 @@
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
 --       with_authors (1/0; a record carries the author anyway)
 -- Returns {next_marker or '', next_due or '', then per message: id, record},
--- the record as stored (record.py; record.list_reply decodes it). next_due,
--- given on an empty page at the end of the feed only: when the first delayed
--- message after the marker that this query would show falls due (a waiter
--- sleeps until then at most).
+-- the record as stored (record.py; record.list_reply decodes it).
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
--- the last entry looked at ('' when nothing was returned and the feed ended).
+-- the last entry looked at ('' when nothing was returned and the feed ended),
+-- except that it stops at the page's last message when a delayed message
+-- this query would show once due was looked at after it: that one is not
+-- passed, so it is seen when it falls due. next_due is then (and on an
+-- empty page at the feed's end) when the first such message falls due (a
+-- waiter sleeps until then at most).
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
 -- index is read without scores (a message's seq is in its record), the
 -- records a page needs with one MGET, their times compared as fixed-width
@@ -63,6 +65,7 @@ while count < limit and scanned < scan_limit do
             out[n + 2] = r
             n = n + 2
             count = count + 1
+            next_due = nil  -- only those after the page's last message count
           elseif due < expires and (not next_due or due < next_due) then
             next_due = due  -- fixed width: compared as text, like now
           end
@@ -82,6 +85,12 @@ while count < limit and scanned < scan_limit do
   start = '(' .. int(last)
   chunk = math.min(chunk * 2, 512)
 end
-if last_id and (count > 0 or scanned >= scan_limit) then out[1] = int(last) end
-if out[1] == '' and next_due then out[2] = next_due end
+if next_due and count > 0 then
+  out[1] = int(tonumber(sub(out[n], H_SEQ, H_SEQ_END)))
+  out[2] = next_due
+elseif last_id and (count > 0 or scanned >= scan_limit) then
+  out[1] = int(last)
+elseif next_due then
+  out[2] = next_due
+end
 return out

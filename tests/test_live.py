@@ -553,3 +553,23 @@ async def test_a_waiting_claim_takes_a_message_that_falls_due_meanwhile(
     response = await claim_waiting(realtime, headers, "6")
     assert response.status == 201, await response.text()
     assert [m["id"] for m in (await response.json())["messages"]] == [later]
+
+
+@pytest.mark.slow
+async def test_a_stream_gets_a_delayed_message_posted_with_a_visible_one(
+    realtime: Client, headers: Headers
+) -> None:
+    """Read together, the visible message does not carry the stream past
+    the delayed one: it comes once due, without another post."""
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        doc = {"messages": [{"body": "now"}, {"body": "later", "delay": 1}]}
+        response = await realtime.post(MESSAGES, json=doc, headers=other_client(headers))
+        assert response.status == 201
+        hrefs = (await response.json())["resources"]
+        for href in hrefs:
+            event = await next_event(stream, seconds=6)
+            assert orjson.loads(event["data"])["href"] == href
+    finally:
+        stream.close()

@@ -350,3 +350,26 @@ async def test_an_empty_page_says_when_a_delayed_message_falls_due(
     clock.advance(10)
     page = await store.list_messages(project, "q", ListQuery(READER))
     assert len(page.messages) == 1 and page.next_due is None
+
+
+async def test_a_page_does_not_pass_a_delayed_message_after_its_last_one(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    """A delayed message posted after a visible one is seen once it falls
+    due, by a reader (or a live follower) that was given the visible one."""
+    now = clock.now_ms()
+    batch = [NewMessage(b"1"), NewMessage(b"2", delay=10), NewMessage(b"3", delay=20)]
+    [first, later, latest] = await store.post_messages(project, "q", WRITER, batch)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == [first]
+    assert page.next_due == now + 10_000
+    after = ListQuery(READER, marker=page.next_marker)
+    waiting = await store.list_messages(project, "q", after)
+    assert (waiting.messages, waiting.next_marker, waiting.next_due) == ([], None, now + 10_000)
+    clock.advance(10)
+    page = await store.list_messages(project, "q", after)
+    assert [m.id for m in page.messages] == [later]
+    assert page.next_due == now + 20_000
+    clock.advance(10)
+    page = await store.list_messages(project, "q", ListQuery(READER, marker=page.next_marker))
+    assert [m.id for m in page.messages] == [latest] and page.next_due is None

@@ -155,10 +155,12 @@ class ListQuery:
 class MessagePage:
     messages: list[Message]
     # None means "nothing more yet": the page was empty at the end of the feed.
+    # It never passes a delayed message the query would show once due, unless
+    # a message after that one is on the page.
     next_marker: int | None
-    # On such an empty page: when (ms) the first delayed message after the
-    # marker that the query would show falls due (None: none is waiting).
-    # A waiter sleeps until then at most, without asking Redis meanwhile.
+    # When (ms) the first such delayed message after next_marker (after the
+    # query's marker on an empty page) falls due; None: none is waiting. A
+    # waiter sleeps until then at most, without asking Redis meanwhile.
     next_due: int | None = None
 
 

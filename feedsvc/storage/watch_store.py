@@ -383,15 +383,14 @@ class WatchStore(RedisStore):
                         next_due = row.due
                     continue
                 found.append(row.message(now))
+                next_due = None  # only those after the page's last message count (list.lua)
                 if len(found) == query.limit:
                     break
             if len(entries) < want:
                 break
             start = f"({last}"
             chunk = min(chunk * 2, 512)
-        if found or scanned >= scan_limit:
-            return self._reveal_page(MessagePage(found, last))
-        return MessagePage([], None, next_due)
+        return self._reveal_page(_page(found, last, scanned >= scan_limit, next_due))
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -527,6 +526,16 @@ class WatchStore(RedisStore):
 
         popped = await self._take(keys, limit, plan_for)
         return [] if isinstance(popped, Unclaimable) else self._reveal(popped)
+
+
+def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
+    """The page list.lua answers (its header explains next_marker and
+    next_due); cut: the scan stopped at the scan limit."""
+    if next_due is not None and found:
+        return MessagePage(found, found[-1].seq, next_due)
+    if found or cut:
+        return MessagePage(found, last)
+    return MessagePage([], None, next_due)
 
 
 def _claim_plan(
