@@ -573,3 +573,28 @@ async def test_a_stream_gets_a_delayed_message_posted_with_a_visible_one(
             assert orjson.loads(event["data"])["href"] == href
     finally:
         stream.close()
+
+
+@pytest.mark.slow
+async def test_a_tail_reads_once_more_when_a_delayed_message_falls_due(
+    realtime: Client, headers: Headers
+) -> None:
+    """What waiting for a due message costs: one read at its moment, none before."""
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        [tail] = realtime.app[LIVE]._tails.values()
+        # a tail at the head of its queue cannot bound its first scan (see
+        # test_a_caught_up_tail_reads_once_per_post): move it on first
+        await post(realtime, other_client(headers), "first")
+        await next_event(stream)
+        later = await post_delayed(realtime, headers, 1)
+        await asyncio.sleep(0.5)  # the post's wake-up has been read: nothing visible yet
+        before = tail.reads
+        event = await next_event(stream, seconds=6)
+        assert orjson.loads(event["data"])["id"] == later
+        assert tail.reads - before == 1
+        await asyncio.sleep(1)  # and nothing more while nothing else is pending
+        assert tail.reads - before == 1
+    finally:
+        stream.close()
