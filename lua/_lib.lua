@@ -108,13 +108,6 @@ local function write_header(id, m)
   end
 end
 
--- Whether a message (a read_message table) can be claimed or popped: it must
--- exist, be indexed, alive and due, and be held by no live claim.
-local function is_free(m, now)
-  return m and m.seq > 0 and m.expires > now and m.due <= now
-    and not (m.claim ~= '' and m.claim_expires > now)
-end
-
 -- When a message (a read_message table) not free now becomes free by itself
 -- (it falls due, its claim expires), if it is still alive then; nil: never,
 -- or it is free already. record.py's Row.free_at is the same rule.
@@ -124,6 +117,13 @@ local function free_at(m, now)
   if m.claim ~= '' and m.claim_expires > at then at = m.claim_expires end
   if at > now and at < m.expires then return at end
   return nil
+end
+
+-- Whether a message (a read_message table) can be claimed or popped: it must
+-- exist, be indexed, alive and due, and be held by no live claim.
+local function is_free(m, now)
+  return m and m.seq > 0 and m.expires > now and m.due <= now
+    and not (m.claim ~= '' and m.claim_expires > now)
 end
 
 -- Tell the queue's followers (every feedsvc process subscribed to the queue's

@@ -836,12 +836,11 @@ def _paths(s: Settings) -> dict[str, Schema]:
                     ],
                 ),
                 "description": "A plain list answers at once. With wait=S a page that would "
-                "be empty is held until a message is visible after the marker (posted or "
-                "fallen due; then that page at once) or S seconds pass (then the empty "
-                "page); wait is ignored with ids. A request with Accept: "
-                "text/event-stream gets a stream of the queue instead (see the 200 "
-                "response); limit, ids and wait do not apply to it, and include_delayed "
-                "is ignored (a delayed message appears once due).",
+                "be empty is held until a message is visible after the marker (then that "
+                "page at once) or S seconds pass (then the empty page); wait is ignored "
+                "with ids. A request with Accept: text/event-stream gets a stream of the "
+                "queue instead (see the 200 response); limit, ids and wait do not apply to "
+                "it, and include_delayed is ignored (a delayed message appears once due).",
             },
             "delete": _operation(
                 "deleteMessages",
@@ -903,8 +902,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                         {"type": "number", "minimum": 0, "maximum": v.MAX_WAIT, "default": 0},
                         "Seconds (decimals allowed) to wait for something claimable when "
                         "nothing is now: the claim is made as soon as a message can be "
-                        "claimed (posted, fallen due, released, or its claim expired), else "
-                        "204 after the wait (0: answer at once).",
+                        "claimed, else 204 after the wait (0: answer at once).",
                     ),
                 ],
                 body={
