@@ -30,6 +30,12 @@ is not after its own.
 
 A lost wake-up costs latency only: the tail re-reads from its position on the
 next one, and the store wakes everyone after a lost subscription.
+
+What becomes visible with time alone (a delayed message falling due) is
+announced by no post: the tail's read that comes back empty says when the
+first delayed message after its position falls due (``MessagePage.next_due``),
+and the tail asks its wake-ups for a local timer then (``Follow.due``). An
+idle tail whose queue holds no delayed message still costs Redis nothing.
 """
 
 from __future__ import annotations
@@ -192,6 +198,9 @@ class Tail:
         self.ended = False  # the queue was deleted: a new follower starts a new tail
         self.followers: set[Follower] = set()
         self.reads = 0
+        # when the first delayed message after the position falls due, as the
+        # last read found it (None: none is waiting)
+        self.next_due: int | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -224,6 +233,10 @@ class Tail:
                     await self.hand_out(batch)
                 if follow.ended:
                     break
+                if self.next_due is not None:
+                    # nobody announces a message falling due: a local timer
+                    # wakes this tail then (no Redis command meanwhile)
+                    follow.due(self.next_due)
                 if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
                     await follow.wait(token, 3600.0)
             self.ended = True
@@ -246,6 +259,7 @@ class Tail:
             )
             self.reads += 1
             messages += page.messages
+            self.next_due = page.next_due  # the last page read tells
             if page.next_marker is None:
                 break
             scanned_at_most = page.next_marker - (marker or 0)  # seqs are consecutive

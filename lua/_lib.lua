@@ -108,6 +108,17 @@ local function write_header(id, m)
   end
 end
 
+-- When a message (a read_message table) not free now becomes free by itself
+-- (it falls due, its claim expires), if it is still alive then; nil: never,
+-- or it is free already. record.py's Row.free_at is the same rule.
+local function free_at(m, now)
+  if not m or m.seq == 0 or m.expires <= now then return nil end
+  local at = m.due
+  if m.claim ~= '' and m.claim_expires > at then at = m.claim_expires end
+  if at > now and at < m.expires then return at end
+  return nil
+end
+
 -- Whether a message (a read_message table) can be claimed or popped: it must
 -- exist, be indexed, alive and due, and be held by no live claim.
 local function is_free(m, now)

@@ -11,6 +11,9 @@
 -- it would claim was not opened by the caller yet (nothing claimed: a
 -- message the caller cannot open is never claimed, it is skipped);
 -- else {claim_id or '', number of messages parked,
+--   the earliest time (ms) a message looked at and not free becomes free by
+--   itself (falls due, its claim expires; '' = none): when nothing was
+--   claimed, a claim wait sleeps until then at most,
 --   then per parked message: id, body, author, dead-letter ttl, claim count,
 --   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
 -- A message claimed max_claim_count times already is *parked* instead of
@@ -43,6 +46,7 @@ local claimed_ids = {}
 local chosen, unopened = {}, {'open'}
 local taking = 0
 local scanned, offset = 0, 0
+local next_free = nil
 while taking < limit and scanned < scan_limit do
   local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
   if #entries == 0 then break end
@@ -51,6 +55,8 @@ while taking < limit and scanned < scan_limit do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
     local m = read_message(id)
+    local at = free_at(m, now)
+    if at and (not next_free or at < next_free) then next_free = at end
     if is_free(m, now) then
       if dead_letters and max_claims and m.count >= max_claims then
         chosen[#chosen + 1] = {id, seq, m, true}
@@ -107,7 +113,7 @@ if #claimed_ids > 0 then
   redis.call('PEXPIREAT', ckey, int(claim_expires))
   redis.call('ZADD', KEYS[K_CLAIMS], int(claim_expires), claim_id)
 end
-local reply = {'', math.floor(#parked / 5)}
+local reply = {'', math.floor(#parked / 5), next_free and int(next_free) or ''}
 if #claimed_ids > 0 then reply[1] = claim_id end
 for _, v in ipairs(parked) do reply[#reply + 1] = v end
 for _, v in ipairs(out) do reply[#reply + 1] = v end

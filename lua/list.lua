@@ -4,14 +4,19 @@
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
 --       with_authors (1/0; a record carries the author anyway),
 --       check_marker (1/0: the marker is a client's)
--- Returns {next_marker or '', then per message: id, record}, the record as
--- stored (record.py; record.list_reply decodes it); {'ahead'} if
--- check_marker is 1 and the marker is past anything given out: past the
+-- Returns {next_marker or '', next_due or '', then per message: id, record},
+-- the record as stored (record.py; record.list_reply decodes it); {'ahead'}
+-- if check_marker is 1 and the marker is past anything given out: past the
 -- queue's counter, or with no counter past now in microseconds (where a
 -- first post starts it).
 -- Scans past filtered-out and expired entries until the page is full, the
 -- feed ends, or scan_limit entries were looked at. next_marker is the seq of
--- the last entry looked at ('' when nothing was returned and the feed ended).
+-- the last entry looked at ('' when nothing was returned and the feed ended),
+-- except that it stops at the page's last message when a delayed message
+-- this query would show once due was looked at after it: that one is not
+-- passed, so it is seen when it falls due. next_due is then (and on an
+-- empty page at the feed's end) when the first such message falls due (a
+-- waiter sleeps until then at most).
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
 -- index is read without scores (a message's seq is in its record), the
 -- records a page needs with one MGET, their times compared as fixed-width
@@ -33,7 +38,8 @@ if ARGV[10] == '1' and ARGV[2] ~= '' then
   if tonumber(ARGV[2]) > ceiling then return {'ahead'} end
 end
 
-local out, n = {''}, 1
+local out, n = {'', ''}, 2
+local next_due = nil
 local count, scanned = 0, 0
 local last, last_id = nil, nil
 local start = '-inf'
@@ -59,15 +65,21 @@ while count < limit and scanned < scan_limit do
       if not r then r = legacy_record(id) end
       last, last_id = r, id
       if r then
-        if sub(r, H_EXPIRES, H_EXPIRES_END) > now
+        local expires = sub(r, H_EXPIRES, H_EXPIRES_END)
+        if expires > now
             and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
             and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
-              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now)
-            and (include_delayed or sub(r, H_DUE, H_DUE_END) <= now) then
-          out[n + 1] = id
-          out[n + 2] = r
-          n = n + 2
-          count = count + 1
+              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now) then
+          local due = sub(r, H_DUE, H_DUE_END)
+          if include_delayed or due <= now then
+            out[n + 1] = id
+            out[n + 2] = r
+            n = n + 2
+            count = count + 1
+            next_due = nil  -- only those after the page's last message count
+          elseif due < expires and (not next_due or due < next_due) then
+            next_due = due  -- fixed width: compared as text, like now
+          end
         end
       end
     end
@@ -84,5 +96,12 @@ while count < limit and scanned < scan_limit do
   start = '(' .. int(last)
   chunk = math.min(chunk * 2, 512)
 end
-if last_id and (count > 0 or scanned >= scan_limit) then out[1] = int(last) end
+if next_due and count > 0 then
+  out[1] = int(tonumber(sub(out[n], H_SEQ, H_SEQ_END)))
+  out[2] = next_due
+elseif last_id and (count > 0 or scanned >= scan_limit) then
+  out[1] = int(last)
+elseif next_due then
+  out[2] = next_due
+end
 return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from feedsvc.appkeys import LIVE
 from feedsvc.config import Settings
 from feedsvc.live import Filters, LiveFeeds, Waiter
 from feedsvc.storage.base import FeedStore, NewMessage
+from tests.conftest import make_settings
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -574,3 +576,136 @@ async def test_a_stream_too_slow_for_its_buffer_is_cut_off_and_resumes_losing_no
             assert seen == bodies
     finally:
         await runner.cleanup()
+
+
+# -- waking without a post (DESIGN.md rule 12) ------------------------------------
+
+
+@pytest.fixture
+async def realtime(redis_url: str, driver: str) -> AsyncIterator[Client]:
+    """A service on the host's clock whose claims may last 1 s: what falls
+    due or expires here does so in real time."""
+    settings = make_settings(redis_url, driver=driver, min_claim_ttl=1, min_claim_grace=0)
+    async with TestClient(TestServer(create_app(settings))) as client:
+        yield client
+
+
+async def post_delayed(http: Client, headers: Headers, delay: int) -> str:
+    doc = {"messages": [{"body": "later", "delay": delay}]}
+    response = await http.post(MESSAGES, json=doc, headers=other_client(headers))
+    assert response.status == 201, await response.text()
+    return str((await response.json())["resources"][0].rsplit("/", 1)[1])
+
+
+async def claim_waiting(http: Client, headers: Headers, wait: str) -> ClientResponse:
+    return await http.post(
+        "/v2/queues/q/claims", params={"wait": wait}, json={"ttl": 60, "grace": 60}, headers=headers
+    )
+
+
+@pytest.mark.slow
+async def test_a_long_poll_returns_a_message_that_falls_due_meanwhile(
+    realtime: Client, headers: Headers
+) -> None:
+    """Posted before the poll began, so no post will wake it: the poll's own
+    read tells it when the message falls due."""
+    later = await post_delayed(realtime, headers, 1)
+    response = await realtime.get(MESSAGES, params={"wait": "6"}, headers=headers)
+    assert [m["id"] for m in (await response.json())["messages"]] == [later]
+
+
+@pytest.mark.slow
+async def test_a_stream_gets_a_message_that_falls_due_without_another_post(
+    realtime: Client, headers: Headers
+) -> None:
+    later = await post_delayed(realtime, headers, 1)
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        event = await next_event(stream, seconds=6)
+        assert event["event"] == "message"
+        assert orjson.loads(event["data"])["id"] == later
+    finally:
+        stream.close()
+
+
+async def test_a_waiting_claim_takes_a_message_released_meanwhile(
+    http: Client, headers: Headers
+) -> None:
+    [mid] = await post(http, other_client(headers), "work")
+    held = await http.post("/v2/queues/q/claims", json={"ttl": 60, "grace": 60}, headers=headers)
+    assert held.status == 201
+    waiting = asyncio.create_task(claim_waiting(http, headers, "10"))
+    await asyncio.sleep(0.2)
+    released = await http.delete(held.headers["Location"], headers=headers)
+    assert released.status == 204
+    response = await waiting
+    assert response.status == 201, await response.text()
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+
+
+@pytest.mark.slow
+async def test_a_waiting_claim_takes_a_message_whose_claim_expires_meanwhile(
+    realtime: Client, headers: Headers
+) -> None:
+    [mid] = await post(realtime, other_client(headers), "work")
+    held = await realtime.post("/v2/queues/q/claims", json={"ttl": 1, "grace": 0}, headers=headers)
+    assert held.status == 201
+    response = await claim_waiting(realtime, headers, "6")
+    assert response.status == 201, await response.text()
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+
+
+@pytest.mark.slow
+async def test_a_waiting_claim_takes_a_message_that_falls_due_meanwhile(
+    realtime: Client, headers: Headers
+) -> None:
+    later = await post_delayed(realtime, headers, 1)
+    response = await claim_waiting(realtime, headers, "6")
+    assert response.status == 201, await response.text()
+    assert [m["id"] for m in (await response.json())["messages"]] == [later]
+
+
+@pytest.mark.slow
+async def test_a_stream_gets_a_delayed_message_posted_with_a_visible_one(
+    realtime: Client, headers: Headers
+) -> None:
+    """Read together, the visible message does not carry the stream past
+    the delayed one: it comes once due, without another post."""
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        doc = {"messages": [{"body": "now"}, {"body": "later", "delay": 1}]}
+        response = await realtime.post(MESSAGES, json=doc, headers=other_client(headers))
+        assert response.status == 201
+        hrefs = (await response.json())["resources"]
+        for href in hrefs:
+            event = await next_event(stream, seconds=6)
+            assert orjson.loads(event["data"])["href"] == href
+    finally:
+        stream.close()
+
+
+@pytest.mark.slow
+async def test_a_tail_reads_once_more_when_a_delayed_message_falls_due(
+    realtime: Client, headers: Headers
+) -> None:
+    """What waiting for a due message costs: one read at its moment, none before."""
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        [tail] = realtime.app[LIVE]._tails.values()
+        # a tail at the head of its queue cannot bound its first scan (see
+        # test_a_caught_up_tail_reads_once_per_post): move it on first
+        await post(realtime, other_client(headers), "first")
+        await next_event(stream)
+        later = await post_delayed(realtime, headers, 1)
+        await asyncio.sleep(0.5)  # the post's wake-up has been read: nothing visible yet
+        before = tail.reads
+        event = await next_event(stream, seconds=6)
+        assert orjson.loads(event["data"])["id"] == later
+        assert tail.reads - before == 1
+        await asyncio.sleep(1)  # and nothing more while nothing else is pending
+        assert tail.reads - before == 1
+    finally:
+        stream.close()

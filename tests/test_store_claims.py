@@ -12,7 +12,7 @@ import pytest
 
 from feedsvc.clock import ManualClock
 from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
-from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.base import Claim, FeedStore, ListQuery, NewMessage, Unclaimable
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.record import Parked, hold_commands, read_commands, rows
 from feedsvc.storage.redis_store import RedisStore
@@ -307,3 +307,69 @@ async def test_purge_keeps_the_queue(store: FeedStore, project: str) -> None:
     fresh = await post(store, project, 1)
     page = await store.list_messages(project, "q", ListQuery(READER))
     assert [m.id for m in page.messages] == fresh
+
+
+async def test_a_fruitless_claim_says_when_something_becomes_free(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    """DESIGN.md rule 12: a claim wait sleeps until the earliest moment a
+    message it looked at falls due or leaves its claim, learnt by the claim
+    itself (no extra command)."""
+    assert await store.try_claim(project, "q", 300, 60, 5) == Unclaimable(None)
+    now = clock.now_ms()
+    await post(store, project, 1, delay=30)
+    await post(store, project, 1)
+    held = await store.claim_messages(project, "q", 10, 0, 5)
+    assert held is not None
+    # the claim's expiry (10 s) comes before the delayed message (30 s)
+    assert await store.try_claim(project, "q", 300, 60, 5) == Unclaimable(now + 10_000)
+    await store.release_claim(project, "q", held.id)
+    assert await claim_ids(store, project, 5) != []
+    # a delayed message that expires before it is due never becomes free
+    await store.purge_queue(project, "q")
+    await post(store, project, 1, ttl=20, delay=30)
+    assert await store.try_claim(project, "q", 300, 60, 5) == Unclaimable(None)
+    await post(store, project, 1, delay=30)
+    assert await store.try_claim(project, "q", 300, 60, 5) == Unclaimable(now + 30_000)
+    clock.advance(30)
+    claim = await store.try_claim(project, "q", 300, 60, 5)
+    assert isinstance(claim, Claim) and len(claim.messages) == 1
+
+
+async def test_an_empty_page_says_when_a_delayed_message_falls_due(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    now = clock.now_ms()
+    await post(store, project, 1, delay=20)
+    await post(store, project, 1, delay=10)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert (page.messages, page.next_marker, page.next_due) == ([], None, now + 10_000)
+    # a message the reader would not see anyway (its own, echo off) is no reason
+    mine = await store.list_messages(project, "q", ListQuery(WRITER))
+    assert mine.next_due is None
+    clock.advance(10)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert len(page.messages) == 1 and page.next_due is None
+
+
+async def test_a_page_does_not_pass_a_delayed_message_after_its_last_one(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    """A delayed message posted after a visible one is seen once it falls
+    due, by a reader (or a live follower) that was given the visible one."""
+    now = clock.now_ms()
+    batch = [NewMessage(b"1"), NewMessage(b"2", delay=10), NewMessage(b"3", delay=20)]
+    [first, later, latest] = await store.post_messages(project, "q", WRITER, batch)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == [first]
+    assert page.next_due == now + 10_000
+    after = ListQuery(READER, marker=page.next_marker)
+    waiting = await store.list_messages(project, "q", after)
+    assert (waiting.messages, waiting.next_marker, waiting.next_due) == ([], None, now + 10_000)
+    clock.advance(10)
+    page = await store.list_messages(project, "q", after)
+    assert [m.id for m in page.messages] == [later]
+    assert page.next_due == now + 20_000
+    clock.advance(10)
+    page = await store.list_messages(project, "q", ListQuery(READER, marker=page.next_marker))
+    assert [m.id for m in page.messages] == [latest] and page.next_due is None

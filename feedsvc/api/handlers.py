@@ -580,18 +580,24 @@ async def _claim_waiting(
     seconds: float,
     draining: DrainSignal,
 ) -> Claim | None:
-    """Claim as soon as something is claimable (a post, a delayed message
-    falling due, a queue change), or give up after seconds or once the
-    process begins to stop (then 204 at once: the client claims elsewhere)."""
+    """Claim as soon as something is claimable, however it became so: a
+    post or a release (each announced), a delayed message falling due or a
+    claim expiring (the fruitless claim says when: a local timer, no Redis
+    command meanwhile), or give up after seconds or once the process begins
+    to stop (then 204 at once: the client claims elsewhere)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     ttl, grace, limit = terms
     async with store.follow(project, queue) as follow:
         while (remaining := deadline - loop.time()) > 0:
             token = follow.token()
-            claim = await store.claim_messages(project, queue, ttl, grace, limit)
-            if claim is not None or follow.ended or draining.is_set():
+            claim = await store.try_claim(project, queue, ttl, grace, limit)
+            if isinstance(claim, Claim):
                 return claim
+            if follow.ended or draining.is_set():
+                return None
+            if claim.free_at is not None:
+                follow.due(claim.free_at)
             await draining.unless_set(follow.wait(token, remaining))
     return None
 

@@ -171,7 +171,22 @@ class ListQuery:
 class MessagePage:
     messages: list[Message]
     # None means "nothing more yet": the page was empty at the end of the feed.
+    # It never passes a delayed message the query would show once due, unless
+    # a message after that one is on the page.
     next_marker: int | None
+    # When (ms) the first such delayed message after next_marker (after the
+    # query's marker on an empty page) falls due; None: none is waiting. A
+    # waiter sleeps until then at most, without asking Redis meanwhile.
+    next_due: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unclaimable:
+    """A claim found nothing free. ``free_at``: the earliest time (ms) one
+    of the messages it looked at becomes free by itself (it falls due, its
+    claim expires); None: none will. A claim wait sleeps until then at most."""
+
+    free_at: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +409,14 @@ class Follow(Protocol):
         """Until woken (True) or seconds pass (False)."""
         ...
 
+    def due(self, at_ms: int) -> None:
+        """Wake the queue's followers in this process at at_ms (the store's
+        clock): something becomes visible then that no post will announce
+        (a delayed message falls due, a claim expires). One timer per queue:
+        the earliest asked for; a later moment is learnt again by the read
+        that follows it."""
+        ...
+
 
 class FeedStore(Protocol):
     """What the HTTP layer needs from storage. Both drivers implement it.
@@ -517,6 +540,13 @@ class FeedStore(Protocol):
         """Claim up to limit free messages (None: nothing claimable)."""
         ...
 
+    async def try_claim(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | Unclaimable:
+        """claim_messages, saying when to try again if nothing was claimable
+        (learnt in the same call: no extra Redis command)."""
+        ...
+
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         """A live claim and the messages it still holds; ClaimNotFound otherwise."""
         ...
@@ -528,7 +558,8 @@ class FeedStore(Protocol):
         ...
 
     async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
-        """Free the claim's messages; no error if the claim is gone."""
+        """Free the claim's messages and wake the queue's waiters (as a post
+        does); no error if the claim is gone."""
         ...
 
     @property

@@ -1,8 +1,8 @@
 """Claim upkeep both drivers share: reading, renewing and releasing a claim,
 and moving messages claimed too often to the dead-letter queue.
 
-Making a claim differs per driver (a script, or a WATCH transaction); what
-happens to a claim afterwards is rare and uncontended, so both drivers run
+Making a claim differs per driver (``try_claim``: a script, or a WATCH
+transaction); what happens to a claim afterwards is rare and uncontended, so both drivers run
 it as WATCH/MULTI transactions, which are correct against the lua driver's
 scripts too (a script touching a watched key aborts the transaction).
 """
@@ -17,7 +17,7 @@ from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.errors import ClaimNotFound, Unavailable
 from feedsvc.storage import record as r
-from feedsvc.storage.base import Claim, Message
+from feedsvc.storage.base import Claim, Message, Unclaimable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import FeedSpace, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
@@ -35,6 +35,17 @@ class ClaimUpkeep(FeedSpace):
     _settings: Settings
     _clock: Clock
     _sealer: BodySealer
+
+    async def try_claim(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | Unclaimable:
+        raise NotImplementedError  # each driver makes claims its own way
+
+    async def claim_messages(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | None:
+        claim = await self.try_claim(project, queue, ttl, grace, limit)
+        return claim if isinstance(claim, Claim) else None
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = self._keys(project, queue)
@@ -127,6 +138,8 @@ class ClaimUpkeep(FeedSpace):
                         writes += r.release_commands(keys, row)
                 writes.append(("DEL", keys.claim(claim_id)))
                 writes.append(("ZREM", keys.claims, claim_id))
+                if len(writes) > 2:  # it freed messages: wake the queue's waiters
+                    writes.append(("SPUBLISH", keys.feed, r.FREED))
                 return writes, None
 
             return plan

@@ -29,6 +29,7 @@ from feedsvc.storage.base import (
     Message,
     MessagePage,
     NewMessage,
+    Unclaimable,
     new_id,
     reserved_fields,
 )
@@ -228,9 +229,9 @@ class LuaStore(RedisStore):
         now = self._clock.now_ms()
         await self._script(load_script("delete"), all_keys, [now, "", "0", *unique])
 
-    async def claim_messages(
+    async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | None:
+    ) -> Claim | Unclaimable:
         keys = self._keys(project, queue)
         claim_id = new_id()
         script = load_script("claim")

@@ -2,7 +2,11 @@
 
 A post publishes a notification on its queue's shard channel in the same
 round trip as the write (``post.lua``; inside MULTI for the watch driver):
-the last seq it indexed and when its first delayed message falls due.
+the last seq it indexed and when its first delayed message falls due; a
+claim's release publishes one too (messages were freed). What becomes
+visible with time alone (a delayed message falling due, a claim expiring)
+is announced by nobody: a reader learns the moment from the read it does
+anyway and sets a local timer (``QueueFollow.due``).
 Each process holds **one subscription per server** (per primary on a
 Cluster: a shard channel lives on the slot's primary), carrying SSUBSCRIBE
 for every queue someone in this process follows, and fans notifications out
@@ -53,8 +57,9 @@ class QueueFollow:
     """One queue's wake-ups, shared by all its followers in this process
     (implements ``feedsvc.storage.base.Follow``)."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, clock: Clock) -> None:
         self.channel = channel
+        self._clock = clock
         self.followers = 0
         self.ended = False  # the queue was deleted
         self._event = asyncio.Event()
@@ -79,8 +84,15 @@ class QueueFollow:
         event, self._event = self._event, asyncio.Event()
         event.set()
 
+    def due(self, at_ms: int) -> None:
+        """Wake again at at_ms, the clock's time (a delayed message falls
+        due, a claim expires): a local timer, no Redis command. The earliest
+        moment asked for wins; whoever reads then learns the next one."""
+        # 1 ms late, so that the read it starts finds the moment passed
+        self.wake_at(max(0.0, (at_ms + 1 - self._clock.now_ms()) / 1000))
+
     def wake_at(self, delay: float) -> None:
-        """Wake again after delay seconds (a delayed message falls due)."""
+        """Wake again after delay seconds."""
         loop = asyncio.get_running_loop()
         when = loop.time() + delay
         if self._due is None or self._due.when() > when or self._due.cancelled():
@@ -238,7 +250,7 @@ class Notifier:
             raise StorageUnavailable("The service is stopping.")
         follow = self._follows.get(channel)
         if follow is None:
-            follow = self._follows[channel] = QueueFollow(channel)
+            follow = self._follows[channel] = QueueFollow(channel, self._clock)
             await self._subscribe(channel)
         follow.followers += 1
         try:
@@ -283,7 +295,7 @@ class Notifier:
         if note.ended:
             follow.ended = True
         elif note.due:
-            follow.wake_at(max(0.0, (note.due - self._clock.now_ms()) / 1000))
+            follow.due(note.due)
         follow.wake()
 
     def wake(self, channel: str) -> None:

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from feedsvc.storage.base import RESERVED_FIELDS, Claim, Message, MessagePage
+from feedsvc.storage.base import RESERVED_FIELDS, Claim, Message, MessagePage, Unclaimable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import (
     CLAIM_INFIX,
@@ -498,6 +498,15 @@ class Row:
         """Claimable or poppable: alive, due, and held by no live claim."""
         return self.alive(now) and self.due <= now and not self.claimed(now)
 
+    def free_at(self, now: int) -> int | None:
+        """When a message not free now becomes free by itself (it falls due,
+        its claim expires), if it is still alive then; None: never, or it is
+        free already. _lib.lua's free_at is the same rule."""
+        if not self.alive(now):
+            return None
+        at = max(self.due, self.claim_expires if self.claim else 0)
+        return at if now < at < self.expires else None
+
     def message(self, now: int) -> Message:
         assert self.seq is not None
         return Message(
@@ -578,10 +587,10 @@ def _message(
 
 
 def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', then id, record...}; now is the time the
-    script was given (a claim is shown only while it lasts)."""
+    """list.lua: {next marker or '', next due or '', then id, record...}; now
+    is the time the script was given (a claim is shown only while it lasts)."""
     messages = []
-    for i in range(1, len(out), 2):
+    for i in range(2, len(out), 2):
         # inline slices of the record: one of these per message of every page
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
@@ -598,21 +607,24 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
                 rec[FIXED:end].decode() if with_authors else None,
             )
         )
-    return MessagePage(messages, parse_seq(out[0]) if out[0] else None)
+    return MessagePage(
+        messages, parse_seq(out[0]) if out[0] else None, int(out[1]) if out[1] else None
+    )
 
 
 def claim_reply(
     out: list[Any], claim_id: str, ttl: int, grace: int, now: int
-) -> tuple[Claim | None, list[Parked]]:
-    """claim.lua: {claim id or '', parked count, parked (id, body, author, ttl,
-    count)..., claimed (id, seq, body, ttl, created, count)...}."""
-    start = 2 + 5 * int(out[1])
+) -> tuple[Claim | Unclaimable, list[Parked]]:
+    """claim.lua: {claim id or '', parked count, free at or '', parked (id,
+    body, author, ttl, count)..., claimed (id, seq, body, ttl, created,
+    count)...}."""
+    start = 3 + 5 * int(out[1])
     parked = [
         Parked(text(out[i]), out[i + 1], out[i + 2], int(out[i + 3]), int(out[i + 4]))
-        for i in range(2, start, 5)
+        for i in range(3, start, 5)
     ]
     if not out[0]:
-        return None, parked
+        return Unclaimable(int(out[2]) if out[2] else None), parked
     messages = [_message(out, i, claim_id, int(out[i + 5])) for i in range(start, len(out), 6)]
     return Claim(claim_id, ttl, grace, now, messages), parked
 
@@ -632,6 +644,11 @@ def notification(seq: int, due: int) -> str:
     (ms) one of its delayed messages becomes visible (0: none). _lib.lua's
     notify writes the same."""
     return f"{seq} {due}"
+
+
+#: What a release publishes: nothing new was indexed, but messages were
+#: freed (claim waits and readers of claimed messages re-read).
+FREED: Final = notification(0, 0)
 
 
 @dataclass(frozen=True, slots=True)

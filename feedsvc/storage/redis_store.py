@@ -37,6 +37,7 @@ from feedsvc.storage.base import (
     QueueInfo,
     QueueStats,
     StoreCounters,
+    Unclaimable,
     Unreadable,
     reserved_fields,
 )
@@ -376,9 +377,9 @@ class RedisStore(ClaimUpkeep):
             op, noun, queue, project, item.id, item.reason,
         )  # fmt: skip
 
-    def _reveal_claim(self, claim: Claim | None) -> Claim | None:
-        if claim is None:
-            return None
+    def _reveal_claim(self, claim: Claim | Unclaimable) -> Claim | Unclaimable:
+        if isinstance(claim, Unclaimable):
+            return claim
         opened = self._reveal(claim.messages)
         return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 

@@ -59,6 +59,7 @@ from feedsvc.storage.base import (
     Message,
     MessagePage,
     NewMessage,
+    Unclaimable,
     new_id,
     reserved_fields,
 )
@@ -360,6 +361,7 @@ class WatchStore(RedisStore):
         found: list[Message] = []
         scanned = 0
         last: int | None = None
+        next_due: int | None = None  # see MessagePage
         start = "-inf" if query.marker is None else f"({query.marker}"
         chunk = query.limit + 2
         check = query.check_marker and query.marker is not None
@@ -392,16 +394,20 @@ class WatchStore(RedisStore):
                 if not query.include_claimed and row.claimed(now):
                     continue
                 if not query.include_delayed and row.due > now:
+                    if row.due < row.expires and (next_due is None or row.due < next_due):
+                        next_due = row.due
                     continue
                 found.append(row.message(now))
+                next_due = None  # only those after the page's last message count (list.lua)
                 if len(found) == query.limit:
                     break
             if len(entries) < want:
                 break
             start = f"({last}"
             chunk = min(chunk * 2, 512)
-        next_marker = last if (found or scanned >= scan_limit) else None
-        return self._reveal_page(MessagePage(found, next_marker), project, queue)
+        return self._reveal_page(
+            _page(found, last, scanned >= scan_limit, next_due), project, queue
+        )
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -442,8 +448,10 @@ class WatchStore(RedisStore):
         max_claims: int | None,
         opened: dict[str, bytes],
         where: tuple[str, str, str],
-    ) -> list[str]:
-        """Up to limit messages from the head that nobody holds (read without WATCH).
+    ) -> tuple[list[str], int | None]:
+        """Up to limit messages from the head that nobody holds (read without
+        WATCH), and the earliest time one of the others looked at becomes
+        free by itself (see Unclaimable).
 
         With max_claims, messages claimed that often (to be dead-lettered) are
         included too but do not count towards limit. A sealed body is
@@ -451,6 +459,7 @@ class WatchStore(RedisStore):
         and counted), and noted in opened as it was read.
         """
         found: list[str] = []
+        next_free: int | None = None
         counted = 0
         offset, scanned, budget = 0, 0, self._claim_scan_limit()
         while counted < limit and scanned < budget:
@@ -464,6 +473,9 @@ class WatchStore(RedisStore):
             replies = await self._transport.call_checked(r.read_commands(keys, names))
             for row in r.rows(names, replies):
                 scanned += 1
+                at = None if row is None else row.free_at(now)
+                if at is not None and (next_free is None or at < next_free):
+                    next_free = at
                 if row is not None and row.free(now):
                     parked = max_claims is not None and row.count >= max_claims
                     if not parked and is_sealed(row.body):  # parked ones move as stored
@@ -475,15 +487,15 @@ class WatchStore(RedisStore):
                         counted += 1
                     if counted == limit:
                         break
-        return found
+        return found, next_free
 
     async def _take(
         self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
     ) -> Any:
         """Find free candidates, then run plan_for(now, candidates, meta) over
         them in a transaction; again after a backoff on conflict (a sealed
-        body changed since it was opened is one). None when nothing is free;
-        where is (what, project, queue) for the log."""
+        body changed since it was opened is one). Unclaimable when nothing is
+        free; where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
         async with transport.slot():
@@ -494,11 +506,11 @@ class WatchStore(RedisStore):
                 )
                 plan, max_claims = plan_for(now, meta)
                 opened: dict[str, bytes] = {}
-                candidates = await self._free_candidates(
+                candidates, next_free = await self._free_candidates(
                     keys, now, limit, max_claims, opened, where
                 )
                 if not candidates:
-                    return None
+                    return Unclaimable(next_free)
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 reads += r.read_commands(keys, candidates)
@@ -509,9 +521,9 @@ class WatchStore(RedisStore):
                 await transport.backoff(attempt)
                 attempt += 1
 
-    async def claim_messages(
+    async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | None:
+    ) -> Claim | Unclaimable:
         keys = self._keys(project, queue)
         claim_id = new_id()
 
@@ -526,12 +538,12 @@ class WatchStore(RedisStore):
             return plan, max_claims
 
         taken = await self._take(keys, limit, plan_for, ("a claim", project, queue))
-        if taken is None:
-            return None
+        if isinstance(taken, Unclaimable):
+            return taken
         claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return self._reveal_claim(claim)
+        return self._reveal_claim(Unclaimable(None) if claim is None else claim)  # None: all parked
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)
@@ -550,7 +562,17 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
-        return [] if popped is None else self._reveal(popped)
+        return [] if isinstance(popped, Unclaimable) else self._reveal(popped)
+
+
+def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
+    """The page list.lua answers (its header explains next_marker and
+    next_due); cut: the scan stopped at the scan limit."""
+    if next_due is not None and found:
+        return MessagePage(found, found[-1].seq, next_due)
+    if found or cut:
+        return MessagePage(found, last)
+    return MessagePage([], None, next_due)
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
