@@ -17,11 +17,11 @@ from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.errors import ClaimNotFound, Unavailable
 from feedsvc.storage import record as r
-from feedsvc.storage.base import Claim, Message, Unclaimable
+from feedsvc.storage.base import Claim, Unclaimable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import FeedSpace, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
-from feedsvc.storage.sealing import BodySealer
+from feedsvc.storage.sealing import BodyOpener
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -34,7 +34,7 @@ class ClaimUpkeep(FeedSpace):
     _transport: Transport
     _settings: Settings
     _clock: Clock
-    _sealer: BodySealer
+    _opener: BodyOpener
 
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -59,14 +59,8 @@ class ClaimUpkeep(FeedSpace):
         replies = await self._transport.call_checked(r.read_commands(keys, held)) if held else []
         found = r.live_messages(held, replies, now)
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
-        opened = self._readable(messages, "a claim's read", project, queue)
+        opened = self._opener.readable(messages, "a claim's read", self._noun, project, queue)
         return Claim(claim_id, int(ttl), int(grace), int(created), opened)
-
-    def _readable(
-        self, messages: list[Message], op: str, project: str, queue: str
-    ) -> list[Message]:
-        """The messages opened, less those that cannot be (RedisStore's)."""
-        raise NotImplementedError
 
     async def _claim_transaction(
         self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]

@@ -259,7 +259,7 @@ class LuaStore(RedisStore):
         keys = self._keys(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
         out = await self._opening(load_script("pop"), keys, args, "a pop", project, queue)
-        return self._reveal(r.pop_reply(out))
+        return self._opener.reveal(r.pop_reply(out))
 
     async def _opening(
         self, script: LuaScript, keys: QueueKeys, args: list[Any], op: str, project: str, queue: str
@@ -277,5 +277,7 @@ class LuaStore(RedisStore):
                 return out
             for i in range(1, len(out), 2):
                 message_id = r.text(out[i])
-                checked[message_id] = self._verdict(message_id, out[i + 1], op, project, queue)
+                checked[message_id] = self._opener.verdict(
+                    message_id, out[i + 1], op, self._noun, project, queue
+                )
         raise StorageUnavailable("The queue kept changing while its messages were opened; retry.")

@@ -22,7 +22,7 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueNotFound, UnreadableMessage
+from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -45,7 +45,7 @@ from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.keys import KINDS, QueueKeys
-from feedsvc.storage.sealing import BodySealer, MustSeal, is_sealed, reveal, reveal_each
+from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
@@ -88,7 +88,8 @@ class RedisStore(ClaimUpkeep):
         self._transport = transport
         self._settings = settings
         self._clock = clock
-        self._sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
+        sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
+        self._opener = BodyOpener(sealer, transport.counters)
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
         self._topic_view: Self | None = None
@@ -251,7 +252,7 @@ class RedisStore(ClaimUpkeep):
         now = self._clock.now_ms()
         replies = await self._transport.call_checked(r.read_commands(keys, wanted))
         found = r.live_messages(wanted, replies, now)
-        return self._reveal([m for m in found if m is not None])
+        return self._opener.reveal([m for m in found if m is not None])
 
     # -- encrypted queues (see sealing.py) ------------------------------------
 
@@ -279,7 +280,7 @@ class RedisStore(ClaimUpkeep):
         sealed = await self._seals(keys)
         for _ in range(2):
             batch = [
-                dataclasses.replace(m, body=self._sealer.seal(m.body)) if sealed else m
+                dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
                 for m in messages
             ]
             try:
@@ -324,63 +325,21 @@ class RedisStore(ClaimUpkeep):
         self._sealing[keys.prefix] = (sealed, self._clock.now_ms())
         return sealed
 
-    def _reveal(self, messages: list[Message]) -> list[Message]:
-        """The messages with their bodies as posted (sealed ones opened)."""
-        return reveal(self._sealer, messages)
-
     def _reveal_page(self, page: MessagePage, project: str, queue: str) -> MessagePage:
         """A page with its bodies opened; one that cannot be is skipped (the
         next marker stays where the scan got to, so the reader moves on)."""
-        opened = self._readable(page.messages, "a list", project, queue)
+        opened = self._opener.readable(page.messages, "a list", self._noun, project, queue)
         return page if opened is page.messages else dataclasses.replace(page, messages=opened)
-
-    def _readable(
-        self, messages: list[Message], op: str, project: str, queue: str
-    ) -> list[Message]:
-        """The messages with their bodies opened, less those that cannot be
-        (each logged and counted: never silently)."""
-        if not any(is_sealed(m.body) for m in messages):
-            return messages
-        opened = reveal_each(self._sealer, messages)
-        for item in opened:
-            if isinstance(item, Unreadable):
-                self._passed_over(item, op, self._noun, project, queue)
-        return [m for m in opened if isinstance(m, Message)]
 
     def _open_for_delivery(
         self, messages: list[Message], parent: Parent
     ) -> list[Message | Unreadable]:
-        opened = reveal_each(self._sealer, messages)
-        for item in opened:
-            if isinstance(item, Unreadable):
-                self._passed_over(item, "delivery", parent.kind, parent.project, parent.name)
-        return opened
-
-    def _verdict(self, message_id: str, stored: bytes, op: str, project: str, queue: str) -> str:
-        """What pop and claim tell their script of a sealed body (see
-        ``sealing.py``): the SHA1 of the body if this process can open it,
-        '' if it cannot (logged and counted). Without a key: raises, and the
-        script takes nothing."""
-        try:
-            self._sealer.open(stored, message_id)
-        except UnreadableMessage as exc:
-            self._passed_over(
-                Unreadable(message_id, exc.description), op, self._noun, project, queue
-            )
-            return ""
-        return hashlib.sha1(stored, usedforsecurity=False).hexdigest()
-
-    def _passed_over(self, item: Unreadable, op: str, noun: str, project: str, queue: str) -> None:
-        self._transport.counters.unreadable_skipped += 1
-        log.warning(
-            "%s of %s %s (project %s) skipped message %s: %s",
-            op, noun, queue, project, item.id, item.reason,
-        )  # fmt: skip
+        return self._opener.each(messages, "delivery", parent.kind, parent.project, parent.name)
 
     def _reveal_claim(self, claim: Claim | Unclaimable) -> Claim | Unclaimable:
         if isinstance(claim, Unclaimable):
             return claim
-        opened = self._reveal(claim.messages)
+        opened = self._opener.reveal(claim.messages)
         return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 
     # Queue metadata changes are rare, uncontended writes: both drivers run

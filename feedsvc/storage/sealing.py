@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 
@@ -49,7 +50,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from feedsvc.errors import EncryptionUnavailable, UnreadableMessage
-from feedsvc.storage.base import Message, Unreadable
+from feedsvc.storage.base import Message, StoreCounters, Unreadable
+
+log = logging.getLogger("feedsvc")
 
 MAGIC = b"\x00fs-aes256gcm:"
 NONCE_SIZE = 12
@@ -142,3 +145,54 @@ def reveal_each(sealer: BodySealer, messages: list[Message]) -> list[Message | U
         except UnreadableMessage as exc:
             out.append(Unreadable(m.id, exc.description))
     return out
+
+
+class BodyOpener:
+    """Opens the bodies a read returns, for both drivers and every read (list,
+    claim, pop, delivery); what it cannot open it passes over, logged and
+    counted (``feedsvc_unreadable_skipped_total``), never silently.
+
+    ``where`` names the read for the log: (operation, noun, project, feed).
+    """
+
+    def __init__(self, sealer: BodySealer, counters: StoreCounters) -> None:
+        self.sealer = sealer
+        self._counters = counters
+
+    def reveal(self, messages: list[Message]) -> list[Message]:
+        """The messages with their bodies as posted; raises if one cannot be
+        opened (a read by id: the client named it)."""
+        return reveal(self.sealer, messages)
+
+    def readable(self, messages: list[Message], *where: str) -> list[Message]:
+        """The messages opened, less those that cannot be."""
+        if not any(is_sealed(m.body) for m in messages):
+            return messages
+        return [m for m in self.each(messages, *where) if isinstance(m, Message)]
+
+    def each(self, messages: list[Message], *where: str) -> list[Message | Unreadable]:
+        """Each message opened, or Unreadable (what delivery records)."""
+        opened = reveal_each(self.sealer, messages)
+        for item in opened:
+            if isinstance(item, Unreadable):
+                self._passed_over(item, *where)
+        return opened
+
+    def verdict(self, message_id: str, stored: bytes, *where: str) -> str:
+        """What pop and claim tell their script of a sealed body: the SHA1 of
+        the body if this process can open it, '' if it cannot. Without a key:
+        raises, and the script takes nothing."""
+        try:
+            self.sealer.open(stored, message_id)
+        except UnreadableMessage as exc:
+            self._passed_over(Unreadable(message_id, exc.description), *where)
+            return ""
+        return hashlib.sha1(stored, usedforsecurity=False).hexdigest()
+
+    def _passed_over(self, item: Unreadable, *where: str) -> None:
+        op, noun, project, feed = where
+        self._counters.unreadable_skipped += 1
+        log.warning(
+            "%s of %s %s (project %s) skipped message %s: %s",
+            op, noun, feed, project, item.id, item.reason,
+        )  # fmt: skip

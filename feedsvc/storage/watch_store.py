@@ -356,58 +356,9 @@ class WatchStore(RedisStore):
 
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
-        now = self._clock.now_ms()
-        scan_limit = self._settings.scan_limit
-        found: list[Message] = []
-        scanned = 0
-        last: int | None = None
-        next_due: int | None = None  # see MessagePage
-        start = "-inf" if query.marker is None else f"({query.marker}"
-        chunk = query.limit + 2
-        check = query.check_marker and query.marker is not None
-        while len(found) < query.limit and scanned < scan_limit:
-            want = min(chunk, scan_limit - scanned)
-            commands: list[Command] = [
-                ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
-            ]
-            if check:  # in the first read's round trip
-                commands.append(("GET", keys.seq))
-            [raw, *counter] = await self._transport.call_checked(commands)
-            if check:
-                assert query.marker is not None
-                if query.marker > marker_ceiling(counter[0], now):
-                    raise marker_not_given_out(queue, query.marker)
-                check = False
-            entries = r.pairs(raw)
-            if not entries:
-                break
-            ids = [r.text(m) for m, _ in entries]
-            replies = await self._transport.call_checked(r.read_commands(keys, ids))
-            rows = r.rows(ids, replies)
-            for (_, score), row in zip(entries, rows, strict=True):
-                scanned += 1
-                last = r.parse_seq(score)
-                if row is None or not row.alive(now):
-                    continue
-                if not query.echo and row.author.decode() == query.client_id:
-                    continue
-                if not query.include_claimed and row.claimed(now):
-                    continue
-                if not query.include_delayed and row.due > now:
-                    if row.due < row.expires and (next_due is None or row.due < next_due):
-                        next_due = row.due
-                    continue
-                found.append(row.message(now))
-                next_due = None  # only those after the page's last message count (list.lua)
-                if len(found) == query.limit:
-                    break
-            if len(entries) < want:
-                break
-            start = f"({last}"
-            chunk = min(chunk * 2, 512)
-        return self._reveal_page(
-            _page(found, last, scanned >= scan_limit, next_due), project, queue
-        )
+        now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
+        page = await _scan_page(self._transport, keys, queue, query, now, scan_limit)
+        return self._reveal_page(page, project, queue)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -479,7 +430,10 @@ class WatchStore(RedisStore):
                 if row is not None and row.free(now):
                     parked = max_claims is not None and row.count >= max_claims
                     if not parked and is_sealed(row.body):  # parked ones move as stored
-                        if not self._verdict(row.id, row.body, *where):
+                        op, project, queue = where
+                        if not self._opener.verdict(
+                            row.id, row.body, op, self._noun, project, queue
+                        ):
                             continue
                         opened[row.id] = row.body
                     found.append(row.id)
@@ -562,7 +516,63 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
-        return [] if isinstance(popped, Unclaimable) else self._reveal(popped)
+        return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
+
+
+async def _scan_page(
+    transport: Transport, keys: QueueKeys, queue: str, query: ListQuery, now: int, scan_limit: int
+) -> MessagePage:
+    """One page of the queue for query, read without WATCH (a list reads
+    only): the index in growing chunks, then the records of each chunk;
+    bodies as stored."""
+    found: list[Message] = []
+    scanned = 0
+    last: int | None = None
+    next_due: int | None = None  # see MessagePage
+    start = "-inf" if query.marker is None else f"({query.marker}"
+    chunk = query.limit + 2
+    check = query.check_marker and query.marker is not None
+    while len(found) < query.limit and scanned < scan_limit:
+        want = min(chunk, scan_limit - scanned)
+        commands: list[Command] = [
+            ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
+        ]
+        if check:  # in the first read's round trip
+            commands.append(("GET", keys.seq))
+        [raw, *counter] = await transport.call_checked(commands)
+        if check:
+            assert query.marker is not None
+            if query.marker > marker_ceiling(counter[0], now):
+                raise marker_not_given_out(queue, query.marker)
+            check = False
+        entries = r.pairs(raw)
+        if not entries:
+            break
+        ids = [r.text(m) for m, _ in entries]
+        replies = await transport.call_checked(r.read_commands(keys, ids))
+        rows = r.rows(ids, replies)
+        for (_, score), row in zip(entries, rows, strict=True):
+            scanned += 1
+            last = r.parse_seq(score)
+            if row is None or not row.alive(now):
+                continue
+            if not query.echo and row.author.decode() == query.client_id:
+                continue
+            if not query.include_claimed and row.claimed(now):
+                continue
+            if not query.include_delayed and row.due > now:
+                if row.due < row.expires and (next_due is None or row.due < next_due):
+                    next_due = row.due
+                continue
+            found.append(row.message(now))
+            next_due = None  # only those after the page's last message count (list.lua)
+            if len(found) == query.limit:
+                break
+        if len(entries) < want:
+            break
+        start = f"({last}"
+        chunk = min(chunk * 2, 512)
+    return _page(found, last, scanned >= scan_limit, next_due)
 
 
 def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
