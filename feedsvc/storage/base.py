@@ -326,6 +326,14 @@ class DeliveryState(Protocol):
         that expired or was deleted before it could be delivered."""
         ...
 
+    async def note_failure(
+        self, parent: Parent, subscription_id: str, token: str, error: str, due_ms: int
+    ) -> bool:
+        """Record a failure outside any attempt (a bug in the loop) as a
+        failed attempt at the next message, due again at due_ms; False if
+        the token no longer holds the lease."""
+        ...
+
     async def settle(
         self,
         parent: Parent,

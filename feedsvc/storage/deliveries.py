@@ -190,3 +190,13 @@ class RedisDeliveries:
         elif outcome == "failed":
             writes.append(("HINCRBY", record, s.FAILURES, 1))
         return await self._if_holder(parent, subscription_id, token, writes, record)
+
+    async def note_failure(
+        self, parent: Parent, subscription_id: str, token: str, error: str, due_ms: int
+    ) -> bool:
+        record = self._parent_keys(parent).subscriptions().record(subscription_id)
+        writes: list[Command] = [
+            ("HSET", record, s.LAST_ERROR, error[:500], s.DUE, due_ms),
+            ("HINCRBY", record, s.ATTEMPTS, 1),
+        ]
+        return await self._if_holder(parent, subscription_id, token, writes, record)
