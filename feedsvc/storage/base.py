@@ -282,7 +282,8 @@ class SubscriptionStore(Protocol):
         ...
 
     async def purge(self, parent: Parent) -> None:
-        """Delete every subscription of the parent."""
+        """Delete every subscription of the parent: none is live once this
+        returns, whatever their number; their records go in bounded steps."""
         ...
 
 
@@ -294,7 +295,15 @@ class DeliveryState(Protocol):
         """Every parent that may have subscriptions (a few may have none left)."""
         ...
 
-    async def forget_if_empty(self, parent: Parent) -> None: ...
+    async def forget_if_empty(self, parent: Parent) -> None:
+        """Drop the parent from the sweep list if it has no subscriptions and
+        none deleted still to sweep."""
+        ...
+
+    async def sweep_buried(self, parent: Parent, limit: int) -> int:
+        """Delete the records of up to about limit subscriptions deleted
+        with their queue (or purged); how many are left."""
+        ...
 
     async def subscription_ids(self, parent: Parent) -> list[str]: ...
 
