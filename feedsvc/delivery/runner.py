@@ -153,11 +153,15 @@ class Runner:
         loop that sends the same message again at every lease expiry."""
         self._counters.count(self._scheme, "attempt_failed")
         due = self._clock.now_ms() + MAXIMUM_DELAY * 1000
-        with contextlib.suppress(FeedError):
+        try:
             await self._state.note_failure(
                 self.parent, self.subscription_id, self._token, internal_error(exc), due
             )
             await self._state.release(self.parent, self.subscription_id, self._token)
+        except FeedError:  # Redis trouble: the lease runs out, the sweep tries again
+            pass
+        except Exception:  # never out of run(): its task has no one to tell
+            log.exception("recording the failure of subscription %s", self.subscription_id)
 
     async def _renew_forever(self) -> None:
         while not self._finished:
