@@ -6,12 +6,14 @@ Expiry is checked with the ManualClock; delivery is in test_delivery.py.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from feedsvc.appkeys import STORE
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from tests.conftest import direct_client
@@ -445,3 +447,18 @@ async def test_several_mail_addresses_and_odd_hosts_are_accepted(
         "HTTPS://example.com/upper",
     ):
         await create(http, headers, subscriber)
+
+
+async def test_concurrent_creates_on_one_queue_are_all_201(http: Client, headers: Headers) -> None:
+    """Issue 28 item 7: 50 creates at once on one queue did conflict with
+    each other over the queue's subscriber map, and a few ran out of
+    attempts into a 503. Now they do not wait on each other at all."""
+    assert (await http.put("/v2/queues/fans", headers=headers)).status == 201
+    store = http.app[STORE]
+    before = store.counters.watch_retries
+    bodies = [{"subscriber": f"http://example.com/hook/{i}", "ttl": 600} for i in range(50)]
+    answers = await asyncio.gather(*(http.post(SUBS, json=b, headers=headers) for b in bodies))
+    assert [r.status for r in answers] == [201] * 50
+    assert store.counters.watch_retries == before
+    doc = await listed(http, headers, "?limit=20")
+    assert len(doc["subscriptions"]) == 20

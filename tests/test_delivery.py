@@ -27,9 +27,14 @@ from feedsvc.app import create_app
 from feedsvc.appkeys import STORE
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
+from feedsvc.delivery.retry import DEFAULTS
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.storage.base import Parent
+from feedsvc.storage.deliveries import RedisDeliveries
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.subscriptions import PURGE_STEP
+from tests.conftest import direct_client
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -115,6 +120,13 @@ async def details(http: Client, headers: Headers, sid: str) -> dict[str, Any]:
     assert resp.status == 200
     doc: dict[str, Any] = await resp.json()
     return doc
+
+
+def counted(metrics: str, outcome: str, scheme: str) -> float:
+    """The deliveries_total sample of outcome and scheme in a /metrics page (0 if none)."""
+    line = f'feedsvc_deliveries_total{{outcome="{outcome}",scheme="{scheme}"}} '
+    found = [float(x[len(line) :]) for x in metrics.splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
 
 
 async def until_settled(http: Client, headers: Headers, sid: str, key: str, value: int) -> None:
@@ -629,3 +641,164 @@ async def test_stopping_at_once_ends_the_worker_whatever_it_was_doing(
     names = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks()]
     lingering = [n for n in names if n.startswith(("Deliverer.", "Runner.", "ClusterServers."))]
     assert lingering == []
+
+
+async def test_a_retry_policy_that_cannot_be_computed_is_a_recorded_failed_attempt(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    """A stored policy the schedule cannot be computed from (here a count
+    that is no number, written straight into Redis as older data or a bug
+    could leave it) neither wedges the subscription nor hides: the failed
+    attempt is recorded, the default policy applies, and the metrics count it."""
+    receiver.answer = lambda body: 500
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        record = QueueKeys.of(headers["X-Project-ID"], "news").subscriptions().record(sid)
+        redis = direct_client(str(settings.redis_url))
+        try:
+            policy = {"_retry_policy": {"retries_with_no_delay": "lots"}}
+            await redis.hset(record, "o", orjson.dumps(policy))
+        finally:
+            await redis.aclose()
+        await post(http, headers, 1)
+        # the default policy: the attempt and three immediate retries, then
+        # a back-off the standing clock does not cross
+        await until_settled(http, headers, sid, "retrying", 4)
+        await receiver.until(4)
+        doc = await details(http, headers, sid)
+        metrics = await (await http.get("/metrics")).text()
+    error = doc["delivery"]["last_error"]
+    assert "HTTP 500" in error and "retry policy" in error, error
+    # (more than 4 only if a lease ran out under load and an attempt was repeated)
+    assert counted(metrics, "attempt_failed", "http") >= 4
+
+
+async def test_a_mail_that_cannot_be_built_is_a_recorded_failed_attempt(
+    settings: Settings, clock: ManualClock, headers: Headers, smtp: tuple[str, Mailbox]
+) -> None:
+    """A mailto subscription whose ``from`` holds CR/LF (written straight
+    into Redis: input checks may refuse it, older data need not have been
+    checked) makes the mail impossible to build. That is a failed attempt,
+    recorded with its reason, retried by the policy and counted; the
+    header is never sent."""
+    address, box = smtp
+    tuned = delivery_settings(settings, smtp_server=address, smtp_sender="feeds@example.org")
+    async with service(tuned, clock) as http:
+        sid = await subscribe(http, headers, "mailto:ops@example.com")
+        record = QueueKeys.of(headers["X-Project-ID"], "news").subscriptions().record(sid)
+        redis = direct_client(str(settings.redis_url))
+        try:
+            options = {"from": "n@example.org\r\nBcc: everyone@example.net"}
+            await redis.hset(record, "o", orjson.dumps(options))
+        finally:
+            await redis.aclose()
+        await post(http, headers, 1)
+        await until_settled(http, headers, sid, "retrying", 4)
+        doc = await details(http, headers, sid)
+        metrics = await (await http.get("/metrics")).text()
+    assert box.mails == []
+    assert doc["delivery"]["last_error"], doc
+    assert counted(metrics, "attempt_failed", "mailto") >= 4
+
+
+async def test_any_exception_in_a_send_is_a_recorded_failed_attempt(
+    settings: Settings,
+    clock: ManualClock,
+    headers: Headers,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever a sender raises (a bug, an input nobody foresaw) is a failed
+    attempt like an HTTP 500: recorded, retried, then given up on, and
+    delivery moves on to the next message."""
+    original = Senders.send
+
+    async def fragile(self: Senders, sub: Any, data: bytes, message_id: str | None) -> Any:
+        if orjson.loads(data)["body"] == "bad":
+            raise MemoryError("no room for this one")
+        return await original(self, sub, data, message_id)
+
+    monkeypatch.setattr(Senders, "send", fragile)
+    policy = {"retries_with_no_delay": 0, "minimum_delay_retries": 0,
+              "maximum_delay_retries": 0, "minimum_delay": 0, "maximum_delay": 10}  # fmt: skip
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url, options={"_retry_policy": policy})
+        await post(http, headers, "bad", "good")
+        await until_settled(http, headers, sid, "retrying", 2)  # then a 5 s back-off
+        clock.advance(5)
+        await until_settled(http, headers, sid, "failures", 1)
+        await receiver.until(1)
+        await until_settled(http, headers, sid, "delivered", 1)
+        doc = await details(http, headers, sid)
+    assert [b["body"] for b in receiver.bodies()] == ["good"]
+    assert "MemoryError" in doc["delivery"]["last_error"]
+
+
+async def test_a_failure_outside_any_attempt_is_recorded_and_tried_again_later(
+    settings: Settings,
+    clock: ManualClock,
+    headers: Headers,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug anywhere in the delivery loop (here: reading the messages) is
+    on the record as a failed attempt with its reason and counted, and the
+    subscription is tried again after a back-off, not at every lease
+    expiry in silence. Once the cause is gone, delivery goes on."""
+    original = RedisDeliveries.messages_after
+    broken = {"on": True}
+
+    async def buggy(self: RedisDeliveries, *args: Any) -> Any:
+        if broken["on"]:
+            raise RuntimeError("a bug")
+        return await original(self, *args)
+
+    monkeypatch.setattr(RedisDeliveries, "messages_after", buggy)
+    async with service(delivery_settings(settings), clock) as http:
+        sid = await subscribe(http, headers, receiver.url)
+        await post(http, headers, 1)
+        await until_settled(http, headers, sid, "retrying", 1)
+        doc = await details(http, headers, sid)
+        metrics = await (await http.get("/metrics")).text()
+        broken["on"] = False
+        clock.advance(DEFAULTS["maximum_delay"])
+        await receiver.until(1)
+        await until_settled(http, headers, sid, "delivered", 1)
+    assert doc["delivery"]["last_error"] == "RuntimeError: a bug"
+    assert counted(metrics, "attempt_failed", "http") >= 1
+
+
+async def test_a_deleted_queue_s_subscriptions_deliver_nothing_more_and_are_swept(
+    settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
+) -> None:
+    """More subscriptions than a deletion removes in its request: once the
+    DELETE is answered none of them is sent anything posted afterwards (a
+    new subscriber of the queue made again is), and the workers' sweep
+    removes what the request left, so no key of theirs stays."""
+    count = PURGE_STEP + 300
+    parent = Parent("queue", headers["X-Project-ID"], "news")
+    async with service(delivery_settings(settings), clock) as http:
+        subs = http.app[STORE].subscriptions
+        made: list[str] = []
+        for start in range(0, count, 50):
+            batch = [
+                subs.create(parent, f"{receiver.url}?n={i}", 3600, {})
+                for i in range(start, min(start + 50, count))
+            ]
+            made += [m.id for m in await asyncio.gather(*batch)]
+        assert (await http.delete(Q, headers=headers)).status == 204
+        fresh = await subscribe(http, headers, receiver.url + "?fresh")
+        await post(http, headers, "after")
+        await until_settled(http, headers, fresh, "delivered", 1)
+        keys = QueueKeys.of(headers["X-Project-ID"], "news").subscriptions()
+        redis = direct_client(str(settings.redis_url))
+        try:
+            async with asyncio.timeout(PATIENCE):
+                while await redis.exists(keys.buried):  # noqa: ASYNC110 (state in Redis)
+                    await asyncio.sleep(0.05)
+            left = sum([await redis.exists(keys.record(sid)) for sid in made])
+        finally:
+            await redis.aclose()
+    assert left == 0
+    # the fresh subscriber got "after" (settled above); no old one did
+    assert [b["body"] for b in receiver.bodies()].count("after") == 1

@@ -782,7 +782,8 @@ def _paths(s: Settings) -> dict[str, Schema]:
             ),
             "delete": _operation(
                 "deleteQueue",
-                "Delete the queue with its messages and claims",
+                "Delete the queue with its messages, claims and subscriptions"
+                " (all at once; their records are swept in the background)",
                 {"204": no_content, **_errors()},
                 parameters=_common("Queue"),
             ),

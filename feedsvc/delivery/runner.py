@@ -7,6 +7,9 @@ once if it is not. A background task renews the lease every third of its
 length; before each attempt the runner makes sure the attempt ends (at most
 ``--delivery-timeout``, below half the lease) before the lease could run
 out, so a worker that takes over never overlaps with one still sending.
+Whatever an attempt raises is that attempt's failure (recorded, retried,
+given up on, counted); anything else that stops the loop is recorded as a
+failed attempt too and tried again later, never a silent re-send.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.delivery.retry import effective_policy
+from feedsvc.delivery.retry import DEFAULTS, effective_policy
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
 from feedsvc.storage.base import (
@@ -64,6 +68,12 @@ class LeaseLost(Exception):
     pass
 
 
+def internal_error(exc: BaseException) -> str:
+    """last_error for an exception: its type, and its text if it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class Runner:
     def __init__(
         self,
@@ -88,6 +98,7 @@ class Runner:
         self._renewed = 0.0  # monotonic time of the last successful acquire or renewal
         self._lost = False
         self._finished = False  # run() is over: the renewal stops too
+        self._scheme = "unknown"  # the subscriber's, once read: for the metrics
 
     async def acquire(self) -> bool:
         started = time.monotonic()
@@ -133,14 +144,32 @@ class Runner:
                 await self._state.release(self.parent, self.subscription_id, self._token)
         except FeedError as exc:  # Redis trouble: the sweep tries again later
             log.warning("delivery of subscription %s stopped: %s", self.subscription_id, exc)
-        except Exception:  # a bug: the lease runs out, the sweep tries again
+        except Exception as exc:  # a bug: recorded as a failed attempt, tried again later
             log.exception("delivery of subscription %s failed", self.subscription_id)
+            await self._note_failure(exc)
         finally:
             self._finished = True
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             done()
+
+    async def _note_failure(self, exc: Exception) -> None:
+        """Record what stopped the loop as a failed attempt (visible in the
+        subscription's ``delivery`` and the metrics) due again after the
+        default policy's longest delay, and let the lease go: never a silent
+        loop that sends the same message again at every lease expiry."""
+        self._counters.count(self._scheme, "attempt_failed")
+        due = self._clock.now_ms() + DEFAULTS["maximum_delay"] * 1000
+        try:
+            await self._state.note_failure(
+                self.parent, self.subscription_id, self._token, internal_error(exc), due
+            )
+            await self._state.release(self.parent, self.subscription_id, self._token)
+        except FeedError:  # Redis trouble: the lease runs out, the sweep tries again
+            pass
+        except Exception:  # never out of run(): its task has no one to tell
+            log.exception("recording the failure of subscription %s", self.subscription_id)
 
     async def _renew_forever(self) -> None:
         while not self._finished:
@@ -183,6 +212,7 @@ class Runner:
                 )
             except SubscriptionNotFound:
                 return None
+            self._scheme = sub.subscriber.partition(":")[0]
             d = sub.delivery
             wait = (d.due_ms - self._clock.now_ms()) / 1000
             if wait > 0:
@@ -190,8 +220,8 @@ class Runner:
                 await asyncio.sleep(min(wait, MAX_NAP, self._settings.delivery_sweep))
                 continue
             if d.control is not None:
-                data = control_document(sub, d.control)
-                outcome = await self._attempt(sub, data, None)
+                control = d.control
+                outcome = await self._attempt(sub, partial(control_document, sub, control), None)
                 await self._after(sub, d, outcome, d.position, control_sent=True)
                 continue
             if self._settings.require_confirmation and not sub.confirmed:
@@ -211,15 +241,24 @@ class Runner:
                     # key put back in time its chance, then it is given up on
                     outcome = Outcome(False, error=message.reason)
                 else:
-                    outcome = await self._attempt(sub, notification(sub, message), message.id)
+                    document = partial(notification, sub, message)
+                    outcome = await self._attempt(sub, document, message.id)
                 if not await self._after(sub, d, outcome, seq):
                     break
                 d = replace(d, position=seq, attempts=0, due_ms=0)
 
-    async def _attempt(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
+    async def _attempt(
+        self, sub: Subscription, document: Callable[[], bytes], message_id: str | None
+    ) -> Outcome:
         checkpoint()
         self._check_lease()
-        outcome = await self._senders.send(sub, data, message_id)
+        try:
+            outcome = await self._senders.send(sub, document(), message_id)
+        except Exception as exc:  # whatever it is, it is this attempt's failure
+            # an input nobody foresaw or a bug: a failed attempt like any
+            # other (recorded, retried, given up on), never a wedge
+            log.warning("subscription %s: an attempt raised", sub.id, exc_info=True)
+            outcome = Outcome(False, error=internal_error(exc))
         scheme = sub.subscriber.partition(":")[0]
         self._counters.count(scheme, "delivered" if outcome.ok else "attempt_failed")
         return outcome
@@ -240,13 +279,19 @@ class Runner:
                 Delivery(position=seq), "" if control_sent else "delivered", control_sent
             )
             return True
-        policy = effective_policy(sub.options, await self._state.parent_metadata(self.parent))
-        delay = policy.delay(d.attempts)
+        metadata = await self._state.parent_metadata(self.parent)
+        error = outcome.error
+        try:
+            delay = effective_policy(sub.options, metadata).delay(d.attempts)
+        except Exception as exc:  # a stored policy nobody can follow
+            # the default policy applies, and the reason is on the record
+            delay = effective_policy({}, {}).delay(d.attempts)
+            error = f"{error}; retry policy unusable ({internal_error(exc)}): the default applies"
         if outcome.final or delay is None:
-            log.warning("subscription %s gave up on a notification: %s", sub.id, outcome.error)
+            log.warning("subscription %s gave up on a notification: %s", sub.id, error)
             self._counters.count(sub.subscriber.partition(":")[0], "given_up")
             self._counters.failed(self.parent, sub.id)
-            failed = Delivery(position=seq, last_error=outcome.error)
+            failed = Delivery(position=seq, last_error=error)
             await self._settle(failed, "failed", control_sent)
             return True
         due = self._clock.now_ms() + int(delay * 1000)
@@ -254,7 +299,7 @@ class Runner:
             position=d.position,
             attempts=d.attempts + 1,
             due_ms=due,
-            last_error=outcome.error,
+            last_error=error,
         )
         await self._settle(retry, "")
         return False

@@ -12,7 +12,8 @@ the work through Redis alone, with no coordinator:
   parents with subscriptions (``fs:subscribed``), starts following new ones
   and tries the lease of every subscription with no live runner here. That
   is how a crashed worker's subscriptions are taken over (its leases expire)
-  and how retries due later resume.
+  and how retries due later resume. It also deletes, a bounded step per
+  parent each time, the records of subscriptions deleted with their queue.
 * **Runners** (``runner.py``): one task per subscription whose lease this
   process holds.
 
@@ -40,6 +41,8 @@ log = logging.getLogger("feedsvc")
 CLOSE_PATIENCE = 10.0
 #: Seconds after the start before the first sweep (unless kicked).
 FIRST_SWEEP = 1.0
+#: Records of deleted subscriptions each sweep removes, at most, per parent.
+SWEEP_STEP = 2000
 
 
 class Deliverer:
@@ -96,6 +99,8 @@ class Deliverer:
     async def sweep(self) -> None:
         state = self._store.deliveries
         for parent in await state.parents():
+            # what a queue's deletion left, a bounded step per sweep
+            await state.sweep_buried(parent, SWEEP_STEP)
             ids = await state.subscription_ids(parent)
             if not ids:
                 await state.forget_if_empty(parent)

@@ -313,7 +313,8 @@ class SubscriptionStore(Protocol):
         ...
 
     async def purge(self, parent: Parent) -> None:
-        """Delete every subscription of the parent."""
+        """Delete every subscription of the parent: none is live once this
+        returns, whatever their number; their records go in bounded steps."""
         ...
 
 
@@ -325,7 +326,15 @@ class DeliveryState(Protocol):
         """Every parent that may have subscriptions (a few may have none left)."""
         ...
 
-    async def forget_if_empty(self, parent: Parent) -> None: ...
+    async def forget_if_empty(self, parent: Parent) -> None:
+        """Drop the parent from the sweep list if it has no subscriptions and
+        none deleted still to sweep."""
+        ...
+
+    async def sweep_buried(self, parent: Parent, limit: int) -> int:
+        """Delete the records of up to about limit subscriptions deleted
+        with their queue (or purged); how many are left."""
+        ...
 
     async def subscription_ids(self, parent: Parent) -> list[str]: ...
 
@@ -356,6 +365,14 @@ class DeliveryState(Protocol):
         """(seq, message) in post order after position; None for a message
         that expired or was deleted before it could be delivered, Unreadable
         for one whose body cannot be decrypted."""
+        ...
+
+    async def note_failure(
+        self, parent: Parent, subscription_id: str, token: str, error: str, due_ms: int
+    ) -> bool:
+        """Record a failure outside any attempt (a bug in the loop) as a
+        failed attempt at the next message, due again at due_ms; False if
+        the token no longer holds the lease."""
         ...
 
     async def settle(

@@ -65,13 +65,17 @@ class RedisDeliveries:
         checking after cannot lose one that arrives meanwhile."""
         subs = self._parent_keys(parent).subscriptions()
         member = orjson.dumps([parent.kind, parent.project, parent.name])
-        [count] = await self._transport.call_checked([("ZCARD", subs.index)])
-        if int(count):
+        counts: list[Command] = [("ZCARD", subs.index), ("ZCARD", subs.buried)]
+        if any(int(n) for n in await self._transport.call_checked(counts)):
             return
         await self._transport.call_checked([("ZREM", SUBSCRIBED_KEY, member)])
-        [count] = await self._transport.call_checked([("ZCARD", subs.index)])
-        if int(count):
+        if any(int(n) for n in await self._transport.call_checked(counts)):
             await self._transport.call_checked([("ZADD", SUBSCRIBED_KEY, 0, member)])
+
+    async def sweep_buried(self, parent: Parent, limit: int) -> int:
+        return await s.sweep_buried(
+            self._transport, self._parent_keys(parent).subscriptions(), limit
+        )
 
     async def subscription_ids(self, parent: Parent) -> list[str]:
         subs = self._parent_keys(parent).subscriptions()
@@ -111,14 +115,21 @@ class RedisDeliveries:
         record: str | None = None,
     ) -> bool:
         """Run writes if token holds the lease (and record, if named, exists)."""
-        lease = self._parent_keys(parent).subscriptions().lease(subscription_id)
+        subs = self._parent_keys(parent).subscriptions()
+        lease = subs.lease(subscription_id)
         watch = [lease] if record is None else [lease, record]
-        reads: list[Command] = [("GET", lease)] + ([] if record is None else [("EXISTS", record)])
+        reads: list[Command] = [("GET", lease)]
+        if record is not None:
+            # and still listed: a deleted queue's subscriptions leave P:subs
+            # at once, their records only when swept (not watched: creates
+            # write P:subs; a delete that overtakes this write costs at most
+            # this one, the next finds it gone)
+            reads += [("EXISTS", record), ("ZSCORE", subs.index, subscription_id)]
 
         def plan(replies: list[Any]) -> Any:
             if replies[0] is None or r.text(replies[0]) != token:
                 return None, False
-            if record is not None and not int(replies[1]):
+            if record is not None and (not int(replies[1]) or replies[2] is None):
                 return None, False
             return writes, True
 
@@ -189,4 +200,14 @@ class RedisDeliveries:
             writes.append(("HINCRBY", record, s.DELIVERED, 1))
         elif outcome == "failed":
             writes.append(("HINCRBY", record, s.FAILURES, 1))
+        return await self._if_holder(parent, subscription_id, token, writes, record)
+
+    async def note_failure(
+        self, parent: Parent, subscription_id: str, token: str, error: str, due_ms: int
+    ) -> bool:
+        record = self._parent_keys(parent).subscriptions().record(subscription_id)
+        writes: list[Command] = [
+            ("HSET", record, s.LAST_ERROR, error[:500], s.DUE, due_ms),
+            ("HINCRBY", record, s.ATTEMPTS, 1),
+        ]
         return await self._if_holder(parent, subscription_id, token, writes, record)

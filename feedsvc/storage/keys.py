@@ -18,6 +18,7 @@ escaping.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -40,7 +41,9 @@ CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
 SUBSCRIPTIONS_SUFFIX = ":subs"
 SUBSCRIBERS_SUFFIX = ":subu"
+BURIED_SUFFIX = ":subx"
 SUBSCRIPTION_INFIX = ":s:"
+SUBSCRIBER_GUARD_INFIX = ":sg:"
 LEASE_INFIX = ":sl:"
 #: Every parent (queue or topic) that has or had subscriptions: JSON
 #: ``[kind, project, name]`` members, score 0. One key in one slot: the
@@ -191,12 +194,26 @@ class SubscriptionKeys:
         return self.prefix + SUBSCRIPTIONS_SUFFIX
 
     @property
+    def buried(self) -> str:
+        """Sorted set: ids of subscriptions deleted with their queue (or by a
+        purge) whose records are still to be swept away, in bounded steps."""
+        return self.prefix + BURIED_SUFFIX
+
+    @property
     def subscribers(self) -> str:
         """Hash: subscriber URI -> subscription id (subscribers are unique per parent)."""
         return self.prefix + SUBSCRIBERS_SUFFIX
 
     def record(self, subscription_id: str) -> str:
         return self.prefix + SUBSCRIPTION_INFIX + subscription_id
+
+    def guard(self, subscriber: str) -> str:
+        """String: touched by every write of subscriber's entry in ``subscribers``
+        and WATCHed by them, so that only writes about one subscriber contend
+        (a WATCH of the whole hash made every create on a queue conflict with
+        every other). Set and deleted in one transaction: it never stays."""
+        digest = hashlib.sha1(subscriber.encode(), usedforsecurity=False).hexdigest()
+        return self.prefix + SUBSCRIBER_GUARD_INFIX + digest
 
     def lease(self, subscription_id: str) -> str:
         """String: the token of the worker delivering this subscription; PX = the lease."""

@@ -8,6 +8,10 @@ subscription shares its queue's hash tag and cluster slot)::
     --------------  ------  ---------------------------------------------------
     P:subs          zset    subscription id -> 0 (listed by id, as Zaqar does)
     P:subu          hash    subscriber URI -> subscription id (uniqueness)
+    P:sg:<sha1>     string  the guard of one subscriber's P:subu entry: every
+                            transaction that writes the entry WATCHes it and
+                            sets and deletes it (so it never stays), so only
+                            writes about the same subscriber contend
     P:s:<id>        hash    u = subscriber, t = ttl s, c = created ms,
                             e = expires ms, o = options (JSON), k = confirmed,
                             and the delivery state: p = position (seq of the
@@ -17,6 +21,9 @@ subscription shares its queue's hash tag and cluster slot)::
                             x = a confirmation request to send first;
                             PEXPIREAT e
     P:sl:<id>       string  the delivering worker's token; PX = its lease
+    P:subx          zset    ids of subscriptions deleted with their queue (or
+                            purged) whose P:s:<id> and P:sl:<id> are still to
+                            be swept away, in bounded steps
     fs:subscribed   zset    JSON [kind, project, name] of every parent with
                             subscriptions, score 0: the workers' sweep list
 
@@ -26,9 +33,19 @@ continues where the last one stopped (position, attempts, back-off).
 
 Subscriptions change rarely and never contend with posts, so both drivers
 write them with WATCH/MULTI/EXEC transactions (as queue metadata). A
-subscription whose ``e`` has passed is gone for every read, exactly, even
+subscription is live while its id is in ``P:subs`` and its ``e`` has not
+passed: one whose ``e`` has passed is gone for every read, exactly, even
 before Redis expires its key; its id is pruned from ``P:subs`` by the next
 listing and its ``P:subu`` entry is taken over by the next create.
+
+Deleting a queue (or purging its subscriptions) is one transaction whatever
+their number: their ids move from ``P:subs`` to ``P:subx`` and ``P:subu``
+goes, so at once none is live (a read, a create of the same subscriber, a
+delivery's next write all see it gone) and a queue made again under the
+name starts with none. The records are then deleted ``SWEEP_BATCH`` at a
+time: up to ``PURGE_STEP`` in the request, the rest by the delivery
+workers' sweep (the parent stays in ``fs:subscribed`` until ``P:subx`` is
+empty), so the request's work is bounded and a restart loses no progress.
 """
 
 from __future__ import annotations
@@ -65,6 +82,10 @@ ROW = (SUBSCRIBER, TTL, CREATED, EXPIRES, OPTIONS, CONFIRMED, POSITION, ATTEMPTS
        DELIVERED, FAILURES, LAST_ERROR, CONTROL)  # fmt: skip
 # Attempts of a transaction whose pre-read was overtaken before giving up (503).
 PREREAD_ATTEMPTS = 20
+# Records of deleted subscriptions removed per command, and at most per
+# request that deleted them (the delivery sweep removes the rest).
+SWEEP_BATCH = 200
+PURGE_STEP = 1000
 
 KeyBuilder = Callable[[str, str], QueueKeys]
 
@@ -101,6 +122,34 @@ def read_subscription(sid: str, source: str, row: list[Any], now: int) -> Subscr
     )
 
 
+def _touch(keys: SubscriptionKeys, subscriber: str) -> list[Command]:
+    """The writes that make every transaction WATCHing subscriber's guard
+    fail (each write to a key does), leaving no key behind."""
+    guard = keys.guard(subscriber)
+    return [("SET", guard, "1"), ("DEL", guard)]
+
+
+async def sweep_buried(transport: Transport, keys: SubscriptionKeys, limit: int) -> int:
+    """Delete the records (and leases) of up to about limit buried
+    subscriptions; how many are left (0: none). Each step is idempotent, so
+    sweepers may meet and a step cut short is done again by the next."""
+    done = 0
+    while done < limit:
+        [ids] = await transport.call_checked([("ZRANGE", keys.buried, 0, SWEEP_BATCH - 1)])
+        if not ids:
+            return 0
+        names = [text(i) for i in ids]
+        await transport.call_checked(
+            [
+                ("DEL", *[keys.record(i) for i in names], *[keys.lease(i) for i in names]),
+                ("ZREM", keys.buried, *names),
+            ]
+        )
+        done += len(names)
+    [left] = await transport.call_checked([("ZCARD", keys.buried)])
+    return int(left)
+
+
 class RedisSubscriptions:
     """:class:`~feedsvc.storage.base.SubscriptionStore` on Redis, for one
     kind of parent: ``keys`` builds a parent's keys from (project, name)."""
@@ -124,8 +173,11 @@ class RedisSubscriptions:
         [sid] = await self._transport.call_checked([("HGET", keys.subscribers, subscriber)])
         if sid is None:
             return None, False
-        [expires] = await self._transport.call_checked([("HGET", keys.record(text(sid)), EXPIRES)])
-        return sid, expires is not None and int(expires) > self._clock.now_ms()
+        expires, member = await self._transport.call_checked(
+            [("HGET", keys.record(text(sid)), EXPIRES), ("ZSCORE", keys.index, sid)]
+        )
+        live = member is not None and expires is not None and int(expires) > self._clock.now_ms()
+        return sid, live
 
     async def create(
         self, parent: Parent, subscriber: str, ttl: int, options: dict[str, Any]
@@ -165,13 +217,14 @@ class RedisSubscriptions:
                     ("PEXPIREAT", keys.record(sid), expires),
                     ("ZADD", keys.index, 0, sid),
                     ("HSET", keys.subscribers, subscriber, sid),
+                    *_touch(keys, subscriber),
                 ]
                 if seen is not None:
                     writes += [("DEL", keys.record(text(seen))), ("ZREM", keys.index, seen)]
                 return writes, sid
 
             made = await self._transport.optimistic(
-                [keys.subscribers],
+                [keys.guard(subscriber)],
                 [("HGET", keys.subscribers, subscriber), ("GET", parent_keys.seq)],
                 plan,
             )
@@ -182,9 +235,11 @@ class RedisSubscriptions:
 
     async def get(self, parent: Parent, subscription_id: str) -> Subscription:
         keys = self._subs(parent)
-        [row] = await self._transport.call_checked([("HMGET", keys.record(subscription_id), *ROW)])
+        row, member = await self._transport.call_checked(
+            [("HMGET", keys.record(subscription_id), *ROW), ("ZSCORE", keys.index, subscription_id)]
+        )
         found = read_subscription(subscription_id, parent.name, row, self._clock.now_ms())
-        if found is None:
+        if found is None or member is None:
             raise SubscriptionNotFound(subscription_id)
         return found
 
@@ -236,13 +291,16 @@ class RedisSubscriptions:
                 if live and text(seen) != subscription_id:
                     raise SubscriptionExists()
             now = self._clock.now_ms()
-            reads: list[Command] = [("HMGET", record, SUBSCRIBER, EXPIRES)]
+            reads: list[Command] = [
+                ("HMGET", record, SUBSCRIBER, EXPIRES),
+                ("ZSCORE", keys.index, subscription_id),
+            ]
             if subscriber is not None:
                 reads.append(("HGET", keys.subscribers, subscriber))
 
             def plan(replies: list[Any], seen: Any = seen, now: int = now) -> Any:
-                (old, expires), *mapped = replies
-                if old is None or expires is None or int(expires) <= now:
+                (old, expires), member, *mapped = replies
+                if old is None or expires is None or int(expires) <= now or member is None:
                     return None, "missing"
                 if mapped and mapped[0] != seen:
                     return None, "again"
@@ -253,6 +311,8 @@ class RedisSubscriptions:
                     writes += [
                         ("HDEL", keys.subscribers, old),
                         ("HSET", keys.subscribers, subscriber, subscription_id),
+                        *_touch(keys, text(old)),
+                        *_touch(keys, subscriber),
                     ]
                 if options is not None:
                     fields[OPTIONS] = orjson.dumps(options)
@@ -264,7 +324,8 @@ class RedisSubscriptions:
                     return None, "done"
                 return [("HSET", record, *flat(fields)), *writes], "done"
 
-            outcome = await self._transport.optimistic([record, keys.subscribers], reads, plan)
+            watch = [record] if subscriber is None else [record, keys.guard(subscriber)]
+            outcome = await self._transport.optimistic(watch, reads, plan)
             if outcome == "missing":
                 raise SubscriptionNotFound(subscription_id)
             if outcome == "done":
@@ -292,10 +353,14 @@ class RedisSubscriptions:
                     and replies[1] is not None
                     and (text(replies[1]) == subscription_id)
                 ):
-                    writes.append(("HDEL", keys.subscribers, subscriber))
+                    writes += [
+                        ("HDEL", keys.subscribers, subscriber),
+                        *_touch(keys, text(subscriber)),
+                    ]
                 return writes, True
 
-            if await self._transport.optimistic([record, keys.subscribers], reads, plan):
+            watch = [record] if subscriber is None else [record, keys.guard(text(subscriber))]
+            if await self._transport.optimistic(watch, reads, plan):
                 return
 
     async def _set_if_live(self, parent: Parent, subscription_id: str, fields: Any) -> None:
@@ -304,13 +369,17 @@ class RedisSubscriptions:
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> Any:
-            [row] = replies
+            row, member = replies
             found = read_subscription(subscription_id, parent.name, row, now)
-            if found is None:
+            if found is None or member is None:
                 return None, False
             return [("HSET", record, *flat(fields(found)))], True
 
-        if not await self._transport.optimistic([record], [("HMGET", record, *ROW)], plan):
+        reads: list[Command] = [
+            ("HMGET", record, *ROW),
+            ("ZSCORE", self._subs(parent).index, subscription_id),
+        ]
+        if not await self._transport.optimistic([record], reads, plan):
             raise SubscriptionNotFound(subscription_id)
 
     async def confirm(
@@ -337,10 +406,16 @@ class RedisSubscriptions:
         await self._set_if_live(parent, subscription_id, lambda _found: {CONTROL: control})
 
     async def purge(self, parent: Parent) -> None:
+        """Delete every subscription of the parent at once, whatever their
+        number (see the module docstring): bounded work here, the rest swept."""
         keys = self._subs(parent)
-        while True:
-            [ids] = await self._transport.call_checked([("ZRANGE", keys.index, 0, 99)])
-            if not ids:
-                break
-            for sid in ids:
-                await self.delete(parent, text(sid))
+        [count] = await self._transport.call_checked([("ZCARD", keys.index)])
+        if int(count):
+            await self.register(parent)  # first: the sweep must find what is left
+        await self._transport.transaction(
+            [
+                ("ZUNIONSTORE", keys.buried, 2, keys.buried, keys.index),
+                ("DEL", keys.index, keys.subscribers),
+            ]
+        )
+        await sweep_buried(self._transport, keys, PURGE_STEP)
