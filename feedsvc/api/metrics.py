@@ -54,6 +54,7 @@ class StoreCollector(Collector):
             ("read_retries", "reads sent again after finding their connection closed"),
             ("not_replicated", "writes answered 503: too few replicas confirmed them in time"),
             ("master_switches", "new masters announced by Redis Sentinel"),
+            ("out_of_memory", "writes answered 503: Redis refused them with OOM (full)"),
             (
                 "redis_calls",
                 "Redis operations: coalesced calls and operations on a pool connection",

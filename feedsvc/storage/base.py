@@ -354,6 +354,7 @@ class StoreCounters:
     read_retries: int = 0  # reads sent again after finding their connection closed
     not_replicated: int = 0  # writes answered 503: too few replicas confirmed them in time
     master_switches: int = 0  # new masters announced by the sentinels
+    out_of_memory: int = 0  # writes Redis refused with OOM (answered 503)
     redis_calls: int = 0
     redis_seconds: float = 0.0
 

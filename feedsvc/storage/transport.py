@@ -48,6 +48,7 @@ from feedsvc.config import Settings
 from feedsvc.errors import (
     NotReplicated,
     PoolExhausted,
+    RedisOutOfMemory,
     StorageUnavailable,
     Unavailable,
 )
@@ -84,6 +85,14 @@ _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
 # killed as redis-py connects); asyncio's would have let it pass. Only that
 # one is trouble (_closed_transport); any other RuntimeError stays a bug.
 _TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError, RuntimeError)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Redis's OOM reply: redis-py makes it an OutOfMemoryError and strips the
+    "OOM" from its text, so the prefix test below would miss it."""
+    return isinstance(exc, rexc.OutOfMemoryError) or (
+        isinstance(exc, rexc.ResponseError) and str(exc).startswith("OOM")
+    )
 
 
 def _closed_transport(exc: BaseException) -> bool:
@@ -222,6 +231,12 @@ class Transport(OptimisticTransactions):
             self.counters.cluster_redirects += 1
             await self._servers.lost()
             return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
+        if _out_of_memory(exc):
+            self.counters.out_of_memory += 1
+            return RedisOutOfMemory(
+                "Redis refused the write: it is at its maxmemory limit and evicts "
+                "nothing. The request took no effect; retry once memory is freed."
+            )
         if isinstance(exc, rexc.ReadOnlyError):
             # a master demoted to replica (a Sentinel failover): reconnect
             await self._servers.demoted()
