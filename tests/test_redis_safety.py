@@ -1,7 +1,14 @@
-"""feedsvc on a Redis that is full: every write answers 503 with
-Retry-After and says Redis is out of memory, nothing is half-written, reads
-keep working, and writes succeed again once memory is freed. Both drivers,
-on one server and on the Redis Cluster (DESIGN.md rule 10).
+"""feedsvc on any Redis (DESIGN.md rule 10), both drivers.
+
+A Redis that may evict feedsvc's keys (any maxmemory-policy but noeviction)
+is refused at start (one line, exit 2) unless --allow-evicting-redis, which
+/v2/health and /metrics then report; one that becomes so while serving gets
+its writes refused (503 naming the policy), reads go on.
+
+A Redis that is full: every write answers 503 with Retry-After and says
+Redis is out of memory, nothing is half-written, reads keep working, and
+writes succeed again once memory is freed, on one server and on the Redis
+Cluster.
 
 A Redis is made "full" with ``CONFIG SET maxmemory 1`` on every primary
 (noeviction, so every write that needs memory is refused with OOM), which
@@ -11,7 +18,11 @@ depends on sizes. One test fills a small server for real with posts.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,8 +35,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.appkeys import STORE
+from feedsvc.embedded import EmbeddedRedis
 from feedsvc.errors import RedisOutOfMemory
 from feedsvc.redis_server import RedisServer
+from feedsvc.storage import memory_policy
 from feedsvc.storage.base import Parent
 from feedsvc.testing.cluster import LocalCluster
 from tests.conftest import PROCESS_DRIVERS, make_settings
@@ -33,6 +46,7 @@ from tests.conftest import PROCESS_DRIVERS, make_settings
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
 OOM_TITLE = "Redis is out of memory"
+EVICT_TITLE = "Redis may evict data"
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +300,147 @@ async def test_a_post_that_fills_redis_is_answered_as_it_was_stored(
             finally:
                 direct.config_set("maxmemory", 0)
     assert answers == {201, 503}
+
+
+# -- the eviction policy ------------------------------------------------------
+
+
+@pytest.fixture
+def evicting_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A redis-server with the maxmemory-policy the test is parametrized with
+    (and no maxmemory: a policy is refused whatever the limit is now)."""
+    policy = getattr(request, "param", "allkeys-lru")
+    with RedisServer(
+        tmp_path, appendonly=False, extra_args=["--maxmemory-policy", policy]
+    ) as server:
+        yield server
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "evicting_redis", ["allkeys-lru", "volatile-lru", "volatile-ttl"], indirect=True
+)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_a_redis_that_may_evict(evicting_redis: RedisServer, workers: str) -> None:
+    policy = evicting_redis_policy(evicting_redis)
+    result = subprocess.run(
+        [sys.executable, "-m", "feedsvc", "serve", "--redis-url", evicting_redis.url,
+         "--port", "0", "--workers", workers],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=dict(os.environ),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("feedsvc: error: Redis at 127.0.0.1:")
+    assert f"maxmemory-policy {policy}" in lines[0]
+    assert "noeviction" in lines[0] and "--allow-evicting-redis" in lines[0]
+
+
+def evicting_redis_policy(server: RedisServer) -> str:
+    with redis.Redis(port=server.port) as direct:
+        return str(direct.config_get("maxmemory-policy")["maxmemory-policy"])
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
+async def test_allow_evicting_redis_serves_and_says_so(
+    driver: str, evicting_redis: RedisServer
+) -> None:
+    settings = make_settings(evicting_redis.url, driver=driver, allow_evicting_redis=True)
+    headers = new_headers()
+    async with TestClient(TestServer(create_app(settings))) as http:
+        resp = await http.post(
+            "/v2/queues/q/messages", json={"messages": [{"body": 1}]}, headers=headers
+        )
+        assert resp.status == 201
+        health = await (await http.get("/v2/health")).json()
+        [(_, policy)] = health["redis_eviction"]["policies"].items()
+        assert policy == "allkeys-lru"
+        assert health["redis_eviction"]["may_evict"] is True
+        assert health["redis_eviction"]["allowed"] is True
+        assert health["redis_eviction"]["refusing_writes"] is False
+        metrics = await (await http.get("/metrics")).text()
+        assert "feedsvc_redis_may_evict 1.0" in metrics
+
+
+async def refused_for_eviction(resp: Any, policy: str) -> None:
+    assert resp.status == 503, await resp.text()
+    assert int(resp.headers["Retry-After"]) >= 1
+    doc = await resp.json()
+    assert doc["title"] == EVICT_TITLE, doc
+    assert f"maxmemory-policy {policy}" in doc["description"]
+
+
+async def post_until(http: Client, headers: Headers, wanted: int, body: Any) -> Any:
+    """Post until the answer is wanted (or 20 s pass): what a client retrying does."""
+    for _ in range(200):
+        resp = await http.post(
+            "/v2/queues/q/messages", json={"messages": [{"body": body}]}, headers=headers
+        )
+        if resp.status == wanted:
+            return resp
+        assert resp.status in (201, 503), await resp.text()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {wanted} in 20 s")
+
+
+async def refusing_writes(http: Client) -> None:
+    for _ in range(200):
+        health = await (await http.get("/v2/health")).json()
+        if health["redis_eviction"]["refusing_writes"]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the policy was not read again in 20 s")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("how", ["recheck", "reconnect"])
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
+async def test_a_redis_that_becomes_evicting_gets_no_writes(
+    driver: str, how: str, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy changed while serving is found by the periodic re-check
+    (made short here) or after a reconnect (the connections killed): writes
+    are refused naming it, reads go on; set back, writes resume."""
+    if how == "recheck":
+        monkeypatch.setattr(memory_policy, "RECHECK_INTERVAL", 0.2)
+        monkeypatch.setattr(memory_policy, "REFUSING_RECHECK", 0.2)
+    headers = new_headers()
+    with redis.Redis(port=own_redis.port) as direct:
+        async with serving(own_redis.url, driver) as http:
+            await post_until(http, headers, 201, "before")
+            try:
+                direct.config_set("maxmemory-policy", "volatile-lru")
+                if how == "reconnect":
+                    direct.client_kill_filter(_type="normal", skipme=True)
+                else:  # writes until the re-check are written: wait for it
+                    await refusing_writes(http)
+                resp = await post_until(http, headers, 503, "refused?")
+                if (await resp.json())["title"] != EVICT_TITLE:  # the killed connection
+                    resp = await post_until(http, headers, 503, "refused?")
+                await refused_for_eviction(resp, "volatile-lru")
+                assert (await http.put("/v2/queues/other", headers=headers)).status == 503
+                assert await listed(http, headers, "q") == ["before"]
+                health = await (await http.get("/v2/health")).json()
+                assert health["redis_eviction"]["refusing_writes"] is True
+            finally:
+                direct.config_set("maxmemory-policy", "noeviction")
+            if how == "reconnect":
+                direct.client_kill_filter(_type="normal", skipme=True)
+            await post_until(http, headers, 201, "after")
+            assert await listed(http, headers, "q") == ["before", "after"]
+
+
+@pytest.mark.process
+def test_the_embedded_redis_evicts_nothing(tmp_path: Path) -> None:
+    embedded = EmbeddedRedis(tmp_path / "data", "no")
+    embedded.start()
+    try:
+        with redis.Redis.from_url(embedded.url) as direct:
+            assert direct.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    finally:
+        embedded.stop()

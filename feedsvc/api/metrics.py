@@ -69,6 +69,11 @@ class StoreCollector(Collector):
             ("pool_size", "Redis connection slots"),
             ("pool_in_use", "slots in use"),
             ("pool_waiting", "requests waiting for a slot"),
+            (
+                "redis_may_evict",
+                "1 while a Redis primary's maxmemory-policy may evict feedsvc's keys (or "
+                "cannot be read): writes are refused then, unless --allow-evicting-redis",
+            ),
         ]:
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
 

@@ -409,6 +409,11 @@ class FeedStore(Protocol):
         """Point-in-time numbers for /metrics: counters, pool and batch state."""
         ...
 
+    def eviction_report(self) -> dict[str, Any]:
+        """For /v2/health: each Redis primary's maxmemory-policy and whether
+        writes are refused for it (``feedsvc.storage.memory_policy``)."""
+        ...
+
     async def close(self) -> None: ...
 
     def topics(self) -> FeedStore:

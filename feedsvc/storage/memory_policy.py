@@ -120,6 +120,7 @@ class MemoryPolicyGuard:
         self.pending = True
         self.refusal: str | None = None  # set while writes are refused
         self.attention = True
+        self.log_changes = True  # off for the one read at start (cli.py says it)
         self._reading: asyncio.Task[None] | None = None
 
     @property
@@ -154,12 +155,30 @@ class MemoryPolicyGuard:
         if not reading.cancelled():
             reading.exception()  # the callers waiting got it
 
+    def note(self, name: str, policy: str) -> str | None:
+        """A new connection found primary name's policy. If it differs from
+        what was known, every primary is read again before the next write;
+        the refusal (one line) if this change makes writes refused, else None."""
+        known = self.policies.get(name)
+        if known is not None and known[0] == policy:
+            return None
+        refused = self.refusal
+        self._apply({**self.policies, name: (policy, "")})
+        self.stale()
+        return self.refusal if self.refusal is not None and self.refusal != refused else None
+
     async def _check(self) -> None:
-        policies = await self._read()
+        self._apply(await self._read())
+        self.pending = False
+        self.attention = self.refusal is not None
+
+    def _apply(self, policies: Policies) -> None:
         was = self.problems()
         self.policies = policies
         found = self.problems()
-        if found and found != was:
+        if not self.log_changes:
+            pass
+        elif found and found != was:
             for line in found:
                 if self.allow:
                     log.warning("serving anyway (--allow-evicting-redis): %s", line)
@@ -168,8 +187,7 @@ class MemoryPolicyGuard:
         elif was and not found:
             log.warning("Redis evicts nothing now (maxmemory-policy noeviction): writes go on")
         self.refusal = None if self.allow or not found else found[0]
-        self.pending = False
-        self.attention = self.refusal is not None
+        self.attention = self.pending or self.refusal is not None
 
     async def admit_write(self) -> None:
         """Return if a write may go on; RedisMayEvict if not (Redis trouble
@@ -178,6 +196,13 @@ class MemoryPolicyGuard:
             await self.check()
         if self.refusal is not None:
             raise RedisMayEvict(f"feedsvc refuses writes: {self.refusal}.")
+
+    async def close(self) -> None:
+        """End a read under way (the transport closes its connections next)."""
+        reading = self._reading
+        if reading is not None:
+            reading.cancel()
+            await asyncio.wait([reading])
 
     def next_check_in(self, failed: bool) -> float:
         if failed:

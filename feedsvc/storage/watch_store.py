@@ -455,7 +455,7 @@ class WatchStore(RedisStore):
         nothing is free."""
         transport = self._transport
         attempt = 0
-        async with transport.slot():
+        async with transport.write_slot():
             while True:
                 now = self._clock.now_ms()
                 [meta] = await transport.call_checked(
