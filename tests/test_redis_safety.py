@@ -412,7 +412,8 @@ async def test_a_redis_that_becomes_evicting_gets_no_writes(
     headers = new_headers()
     with redis.Redis(port=own_redis.port) as direct:
         async with serving(own_redis.url, driver) as http:
-            await post_until(http, headers, 201, "before")
+            resp = await post_until(http, headers, 201, "before")
+            before = (await resp.json())["resources"][0]
             try:
                 direct.config_set("maxmemory-policy", "volatile-lru")
                 if how == "reconnect":
@@ -424,7 +425,13 @@ async def test_a_redis_that_becomes_evicting_gets_no_writes(
                     resp = await post_until(http, headers, 503, "refused?")
                 await refused_for_eviction(resp, "volatile-lru")
                 assert (await http.put("/v2/queues/other", headers=headers)).status == 503
+                # reads go on: a list, stats, a message by id, the queue
                 assert await listed(http, headers, "q") == ["before"]
+                resp = await http.get("/v2/queues/q/stats", headers=headers)
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["messages"]["total"] == 1
+                assert (await http.get(before, headers=headers)).status == 200
+                assert (await http.get("/v2/queues/q", headers=headers)).status == 200
                 health = await (await http.get("/v2/health")).json()
                 assert health["redis_eviction"]["refusing_writes"] is True
             finally:

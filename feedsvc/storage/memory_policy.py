@@ -47,10 +47,15 @@ from feedsvc.errors import RedisMayEvict
 log = logging.getLogger("feedsvc")
 
 SAFE_POLICY = "noeviction"
-#: Seconds between two reads of the policies while serving.
-RECHECK_INTERVAL = 30.0
+#: Seconds between two reads of the policies while serving. Writes made
+#: between a switch to an evicting policy and the next read are not
+#: protected, and a full Redis evicts as much as they write: 30 s let a
+#: fast producer lose everything (docs/RELIABILITY.md, round 3). One
+#: ``INFO memory`` per primary per second per process costs Redis nothing
+#: that shows.
+RECHECK_INTERVAL = 1.0
 #: The same while writes are refused (an operator may be fixing it).
-REFUSING_RECHECK = 5.0
+REFUSING_RECHECK = 1.0
 #: The same after a read failed (Redis unreachable).
 FAILED_RECHECK = 1.0
 

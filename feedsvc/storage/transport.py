@@ -21,7 +21,7 @@ It owns:
 * the **memory-policy guard** (``memory_policy.py``): writes wait for a
   read of every primary's maxmemory-policy after a start, a reconnect or a
   failover, and are refused while Redis may evict; a ticker reads it again
-  every 30 s;
+  every second;
 * the counters ``/metrics`` reads.
 
 The drivers above it build commands (with ``record.py`` and ``keys.py``) and
@@ -111,7 +111,7 @@ def _reads_only(commands: Sequence[Command], idempotent: bool | None) -> bool:
     command is a plain read."""
     if idempotent is not None:
         return idempotent
-    return all(str(c[0]).upper() in READ_ONLY for c in commands)
+    return all(str(c[0]).upper() in READS for c in commands)
 
 
 def _closed_transport(exc: BaseException) -> bool:
@@ -122,6 +122,13 @@ def _closed_transport(exc: BaseException) -> bool:
 READ_ONLY = frozenset(
     {"PING", "GET", "EXISTS", "HGET", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
      "ZRANGEBYLEX", "ZSCORE"}
+)  # fmt: skip
+# Commands that only read, for the memory-policy guard: calls of these alone
+# go on while writes are refused (READ_ONLY is narrower: what may be resent).
+READS = READ_ONLY | frozenset(
+    {"GETRANGE", "MGET", "HGETALL", "HLEN", "HEXISTS", "HKEYS", "HRANDFIELD", "ZRANK",
+     "ZMSCORE", "ZREVRANGE", "ZREVRANGEBYSCORE", "SMEMBERS", "SCARD", "STRLEN", "PTTL",
+     "TTL", "TYPE", "INFO"}
 )  # fmt: skip
 # How many times a command answered MOVED is sent on to the slot's new owner.
 MOVED_RESENDS = 3
