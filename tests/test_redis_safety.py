@@ -451,3 +451,33 @@ def test_the_embedded_redis_evicts_nothing(tmp_path: Path) -> None:
             assert direct.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
     finally:
         embedded.stop()
+
+
+@pytest.mark.process
+async def test_keys_an_allowed_evicting_redis_evicts_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --allow-evicting-redis loss is possible, but not silent: the
+    keys Redis evicts show in /v2/health, /metrics and an ERROR line."""
+    monkeypatch.setattr(memory_policy, "RECHECK_INTERVAL", 0.2)
+    args = ["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"]
+    with RedisServer(tmp_path, appendonly=False, extra_args=args) as server:
+        settings = make_settings(server.url, allow_evicting_redis=True)
+        headers = new_headers()
+        async with TestClient(TestServer(create_app(settings))) as http:
+            for n in range(300):
+                batch = [{"body": {"n": n, "pad": "x" * 1000}} for _ in range(10)]
+                resp = await http.post(
+                    "/v2/queues/q/messages", json={"messages": batch}, headers=headers
+                )
+                assert resp.status == 201, await resp.text()
+            for _ in range(100):
+                health = await (await http.get("/v2/health")).json()
+                [evicted] = health["redis_eviction"]["evicted_keys"].values()
+                if evicted:
+                    break
+                await asyncio.sleep(0.1)
+            assert evicted > 0
+            metrics = await (await http.get("/metrics")).text()
+            assert f"feedsvc_redis_evicted_keys {float(evicted)}" in metrics
+    assert any("evicted" in r.message and r.levelname == "ERROR" for r in caplog.records)

@@ -74,6 +74,11 @@ class StoreCollector(Collector):
                 "1 while a Redis primary's maxmemory-policy may evict feedsvc's keys (or "
                 "cannot be read): writes are refused then, unless --allow-evicting-redis",
             ),
+            (
+                "redis_evicted_keys",
+                "keys the Redis primaries say they have evicted since they started "
+                "(evicted_keys, read every second): any rise may be lost messages",
+            ),
         ]:
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
 

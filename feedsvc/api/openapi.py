@@ -349,15 +349,28 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                             "allowed": {"type": "boolean"},
                             "refusing_writes": {"type": "boolean"},
                             "checked": {"type": "boolean"},
+                            "evicted_keys": {
+                                "type": "object",
+                                "additionalProperties": _int(0),
+                            },
                         },
-                        ["policies", "may_evict", "allowed", "refusing_writes", "checked"],
+                        [
+                            "policies",
+                            "may_evict",
+                            "allowed",
+                            "refusing_writes",
+                            "checked",
+                            "evicted_keys",
+                        ],
                     ),
                     "description": "Each Redis primary's maxmemory-policy, by address (null: "
                     "it could not be read), as last read. may_evict: some primary's policy "
                     "is not noeviction, so Redis may evict feedsvc's keys; allowed: "
                     "--allow-evicting-redis was given (writes go on); refusing_writes: "
                     "writes are answered 503 until the policy is noeviction; checked: false "
-                    "until the policies were read (at start, after a reconnect).",
+                    "until the policies were read (at start, after a reconnect); "
+                    "evicted_keys: what each primary says it has evicted since it started "
+                    "(a rise is logged at ERROR: messages may be lost).",
                 },
                 "embedded_redis": {
                     **_obj(

@@ -32,7 +32,9 @@ When it is read:
 While a primary may evict, writes are answered 503 naming the policy
 (:class:`~feedsvc.errors.RedisMayEvict`); reads go on. With
 ``--allow-evicting-redis`` writes go on and ``/v2/health``
-(``redis_eviction``) and the ``feedsvc_redis_evicting`` gauge say so.
+(``redis_eviction``) and the ``feedsvc_redis_may_evict`` gauge say so,
+and keys Redis evicts (its ``evicted_keys``, read with the policy) are
+reported there (``feedsvc_redis_evicted_keys``) and logged at ERROR.
 """
 
 from __future__ import annotations
@@ -63,14 +65,19 @@ FAILED_RECHECK = 1.0
 Policies = dict[str, tuple[str | None, str]]
 
 
-def policy_from_info(reply: Any) -> str | None:
-    """maxmemory_policy from an ``INFO memory`` reply (bytes or text), or None."""
+def info_field(reply: Any, field: str) -> str | None:
+    """A field of an ``INFO`` reply (bytes or text), or None."""
     text = reply.decode() if isinstance(reply, bytes) else str(reply)
     for line in text.splitlines():
         name, _, value = line.partition(":")
-        if name == "maxmemory_policy":
+        if name == field:
             return value.strip() or None
     return None
+
+
+def policy_from_info(reply: Any) -> str | None:
+    """maxmemory_policy from an ``INFO memory`` reply, or None."""
+    return info_field(reply, "maxmemory_policy")
 
 
 def policy_from_config(reply: Any) -> str | None:
@@ -126,6 +133,8 @@ class MemoryPolicyGuard:
         self.refusal: str | None = None  # set while writes are refused
         self.attention = True
         self.log_changes = True  # off for the one read at start (cli.py says it)
+        #: per primary: the keys Redis says it has evicted since it started
+        self.evicted: dict[str, int] = {}
         self._reading: asyncio.Task[None] | None = None
 
     @property
@@ -159,6 +168,21 @@ class MemoryPolicyGuard:
         self._reading = None
         if not reading.cancelled():
             reading.exception()  # the callers waiting got it
+
+    def saw_evicted(self, name: str, count: int) -> None:
+        """Primary name's evicted_keys as just read: an increase is logged
+        at ERROR (allowed or not, an evicted key may have been a message)."""
+        before = self.evicted.get(name)
+        self.evicted[name] = count
+        if before is not None and count > before:
+            log.error(
+                "Redis at %s evicted %d keys in the last %g s: acknowledged messages "
+                "may be lost (%d evicted since it started)",
+                name,
+                count - before,
+                RECHECK_INTERVAL,
+                count,
+            )
 
     def note(self, name: str, policy: str) -> str | None:
         """A new connection found primary name's policy. If it differs from
@@ -222,4 +246,5 @@ class MemoryPolicyGuard:
             "allowed": self.allow,
             "refusing_writes": self.refusal is not None,
             "checked": not self.pending,
+            "evicted_keys": dict(sorted(self.evicted.items())),
         }

@@ -63,6 +63,7 @@ from feedsvc.storage.gate import Gate
 from feedsvc.storage.memory_policy import (
     MemoryPolicyGuard,
     Policies,
+    info_field,
     policy_from_config,
     policy_from_info,
 )
@@ -482,8 +483,13 @@ class Transport(OptimisticTransactions):
             await self._servers.ready()
         policies: Policies = {}
         for node in self._servers.primaries():
-            [[info]] = await self._exchange([(node, [("INFO", "memory")])], idempotent=True)
+            [[info, stats]] = await self._exchange(
+                [(node, [("INFO", "memory"), ("INFO", "stats")])], idempotent=True
+            )
             policy = None if isinstance(info, Exception) else policy_from_info(info)
+            evicted = None if isinstance(stats, Exception) else info_field(stats, "evicted_keys")
+            if evicted is not None and evicted.isdigit():
+                self.memory_policy.saw_evicted(self._node_label(node), int(evicted))
             why = ""
             if policy is None:
                 [[config]] = await self._exchange(
@@ -557,6 +563,7 @@ class Transport(OptimisticTransactions):
             "coalesced_batches": 0,
             "coalesced_calls": 0,
             "redis_may_evict": 1.0 if self.memory_policy.evicting else 0.0,
+            "redis_evicted_keys": float(sum(self.memory_policy.evicted.values())),
         }
         for node in self._servers.primaries():
             if node.coalescer is not None:
