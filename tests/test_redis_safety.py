@@ -40,6 +40,7 @@ from feedsvc.errors import RedisOutOfMemory
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage import memory_policy
 from feedsvc.storage.base import Parent
+from feedsvc.storage.drivers import eviction_problems
 from feedsvc.testing.cluster import LocalCluster
 from tests.conftest import PROCESS_DRIVERS, make_settings
 
@@ -481,3 +482,28 @@ async def test_keys_an_allowed_evicting_redis_evicts_are_reported(
             metrics = await (await http.get("/metrics")).text()
             assert f"feedsvc_redis_evicted_keys {float(evicted)}" in metrics
     assert any("evicted" in r.message and r.levelname == "ERROR" for r in caplog.records)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("denied", "found"),
+    [
+        (["-info"], []),  # CONFIG GET says noeviction
+        (["-info", "-config"], ["cannot read the maxmemory-policy of Redis at 127.0.0.1:"]),
+    ],
+)
+async def test_a_policy_is_read_where_info_or_config_is_denied(
+    own_redis: RedisServer, denied: list[str], found: list[str]
+) -> None:
+    """Managed services disable CONFIG (or INFO): either one is enough; with
+    neither the policy may be anything, so it is refused."""
+    user = "u" + uuid.uuid4().hex[:8]
+    with redis.Redis(port=own_redis.port) as direct:
+        direct.acl_setuser(
+            user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+            commands=["+@all", *denied],
+        )  # fmt: skip
+    url = f"redis://{user}:pw@127.0.0.1:{own_redis.port}/0"
+    problems = await eviction_problems(make_settings(url))
+    assert problems is not None
+    assert [p[: len(f)] for p, f in zip(problems, found, strict=True)] == found
