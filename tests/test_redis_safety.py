@@ -507,3 +507,19 @@ async def test_a_policy_is_read_where_info_or_config_is_denied(
     problems = await eviction_problems(make_settings(url))
     assert problems is not None
     assert [p[: len(f)] for p, f in zip(problems, found, strict=True)] == found
+
+
+async def test_every_primary_of_a_cluster_is_read(redis_cluster: LocalCluster) -> None:
+    settings = make_settings(redis_cluster.url)
+    assert await eviction_problems(settings) == []
+    with redis_cluster.client(1) as node:
+        node.config_set("maxmemory-policy", "volatile-lru")
+        try:
+            problems = await eviction_problems(settings)
+        finally:
+            node.config_set("maxmemory-policy", "noeviction")
+    assert problems is not None and len(problems) == 1
+    assert (
+        f"Redis at 127.0.0.1:{redis_cluster.nodes[1].port} has maxmemory-policy volatile-lru"
+        in problems[0]
+    )
