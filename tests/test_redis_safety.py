@@ -36,12 +36,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.appkeys import STORE
 from feedsvc.embedded import EmbeddedRedis
-from feedsvc.errors import RedisOutOfMemory
+from feedsvc.errors import RedisMayEvict, RedisOutOfMemory, Unavailable
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage import memory_policy
-from feedsvc.storage.base import Parent
-from feedsvc.storage.drivers import eviction_problems
+from feedsvc.storage.base import NewMessage, Parent
+from feedsvc.storage.drivers import eviction_problems, make_store
 from feedsvc.testing.cluster import LocalCluster
+from feedsvc.testing.sentinel import LocalSentinel
 from tests.conftest import PROCESS_DRIVERS, make_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -523,3 +524,38 @@ async def test_every_primary_of_a_cluster_is_read(redis_cluster: LocalCluster) -
         f"Redis at 127.0.0.1:{redis_cluster.nodes[1].port} has maxmemory-policy volatile-lru"
         in problems[0]
     )
+
+
+@pytest.mark.process
+async def test_a_sentinel_failover_to_an_evicting_replica_stops_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new master's policy is read after the failover, not at the next
+    periodic read (made an hour long here)."""
+    monkeypatch.setattr(memory_policy, "RECHECK_INTERVAL", 3600.0)
+    monkeypatch.setattr(memory_policy, "REFUSING_RECHECK", 3600.0)
+    setup = LocalSentinel(tmp_path, appendfsync="no")
+    setup.start()
+    store = make_store(make_settings(setup.url, driver="lua"))
+    project = "p-" + uuid.uuid4().hex
+    try:
+        await store.open()
+        await store.post_messages(project, "q", "w", [NewMessage(b"1")])
+        with redis.Redis(port=setup.replica.port) as replica:
+            replica.config_set("maxmemory-policy", "volatile-lru")
+        setup.failover()
+        refused = None
+        for _ in range(300):
+            try:
+                await store.post_messages(project, "q", "w", [NewMessage(b"2")])
+            except RedisMayEvict as exc:
+                refused = exc
+                break
+            except Unavailable:
+                pass
+            await asyncio.sleep(0.1)
+        assert refused is not None, "writes went on on the evicting new master"
+        assert "maxmemory-policy volatile-lru" in refused.description
+    finally:
+        await store.close()
+        setup.stop()
