@@ -559,3 +559,20 @@ async def test_a_sentinel_failover_to_an_evicting_replica_stops_writes(
     finally:
         await store.close()
         setup.stop()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
+async def test_a_read_only_replica_is_a_503_for_writes(
+    driver: str, own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A URL that names a replica (or a master demoted under feedsvc):
+    Redis answers writes READONLY, which redis-py strips as it does OOM."""
+    args = ["--replicaof", "127.0.0.1", str(own_redis.port)]
+    with RedisServer(tmp_path, appendonly=False, extra_args=args) as replica:
+        async with serving(replica.url, driver) as http:
+            resp = await http.post(
+                "/v2/queues/q/messages", json={"messages": [{"body": 1}]}, headers=new_headers()
+            )
+            assert resp.status == 503, await resp.text()
+            assert int(resp.headers["Retry-After"]) >= 1

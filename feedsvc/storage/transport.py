@@ -278,7 +278,12 @@ class Transport(OptimisticTransactions):
             # a master demoted to replica (a Sentinel failover): reconnect
             self.memory_policy.stale()
             await self._servers.demoted()
-        if isinstance(exc, rexc.ResponseError) and str(exc).startswith(_TRANSIENT_PREFIXES):
+        if isinstance(exc, rexc.ResponseError) and (
+            # redis-py strips the code of the replies it has a class for
+            # (READONLY, LOADING...) and keeps it in status_code
+            str(exc).startswith(_TRANSIENT_PREFIXES)
+            or getattr(exc, "status_code", None) in _TRANSIENT_PREFIXES
+        ):
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         return None
 
