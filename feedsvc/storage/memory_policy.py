@@ -176,11 +176,10 @@ class MemoryPolicyGuard:
         self.evicted[name] = count
         if before is not None and count > before:
             log.error(
-                "Redis at %s evicted %d keys in the last %g s: acknowledged messages "
-                "may be lost (%d evicted since it started)",
+                "Redis at %s evicted %d keys since feedsvc last looked: acknowledged "
+                "messages may be lost (%d evicted since it started)",
                 name,
                 count - before,
-                RECHECK_INTERVAL,
                 count,
             )
 
