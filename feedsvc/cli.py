@@ -26,6 +26,7 @@ from feedsvc.embedded import EmbeddedRedis
 from feedsvc.process_setup import YoungCollections, raise_open_files_limit, settle_heap
 from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
 from feedsvc.redis_server import RedisServerError, RedisServerNotFound
+from feedsvc.storage.drivers import eviction_problems
 from feedsvc.workers import BACKLOG, bind, run_workers
 
 log = logging.getLogger("feedsvc")
@@ -157,6 +158,10 @@ def run_serve(settings: Settings) -> int:
                 print(f"feedsvc: error: {exc}", file=sys.stderr)
                 return 1
             settings = settings.replace(redis_url=embedded.url)
+        try:
+            check_memory_policy(settings)
+        except UnusableSetting as exc:
+            return refuse(exc)
         report = None if embedded is None else embedded.status.read
         count = settings.worker_count()
         if count > 1:
@@ -177,6 +182,21 @@ def run_serve(settings: Settings) -> int:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+def check_memory_policy(settings: Settings) -> None:
+    """UnusableSetting (one line, exit 2) if a Redis primary may evict
+    feedsvc's keys, unless --allow-evicting-redis (then a warning)."""
+    problems = asyncio.run(eviction_problems(settings))
+    if problems is None:
+        log.warning(
+            "Redis not reachable at startup: its maxmemory-policy is read before the first write"
+        )
+    elif problems and settings.allow_evicting_redis:
+        for line in problems:
+            log.warning("serving anyway (--allow-evicting-redis): %s", line)
+    elif problems:
+        raise UnusableSetting(problems[0])
 
 
 def refuse(exc: UnusableSetting) -> int:

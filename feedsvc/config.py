@@ -162,6 +162,13 @@ class Settings:
         "not be kept)",
         minimum=0.001,
     )
+    allow_evicting_redis: bool = _opt(
+        False,
+        "serve on a Redis whose maxmemory-policy may evict feedsvc's keys (anything but "
+        "noeviction), which can lose acknowledged messages without a word; without it "
+        "feedsvc refuses to start on such a Redis (exit 2) and refuses writes (503) if "
+        "one becomes so; with it /v2/health and the feedsvc_redis_may_evict metric say so",
+    )
     coalesce: bool = _opt(
         True,
         "share pipelines between concurrent requests (auto-pipelining); "

@@ -120,6 +120,8 @@ class EmbeddedRedis:
                 appendfsync=appendfsync,
                 executable=self.choice.executable,
                 pass_fds=(self._lock.fd,),
+                # a full Redis refuses writes (503) rather than evict messages
+                extra_args=("--maxmemory-policy", "noeviction"),
             )
         except BaseException:
             self._lock.release()

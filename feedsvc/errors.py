@@ -32,6 +32,8 @@ status from ``FeedError.status``. Nothing else catches them.
     │                                   list, pop, claim or delivery skips it
     └── Unavailable                503  (always sent with Retry-After)
         ├── StorageUnavailable          Redis unreachable, timed out, loading
+        │   ├── RedisOutOfMemory        Redis refused a write: at its maxmemory
+        │   └── RedisMayEvict           a write refused: Redis may evict feedsvc's keys
         ├── PoolExhausted               no Redis connection free in time
         └── TooMuchContention           WATCH retries ran out
 
@@ -174,6 +176,25 @@ class Unavailable(FeedError):
 
 class StorageUnavailable(Unavailable):
     pass
+
+
+class RedisOutOfMemory(StorageUnavailable):
+    """Redis refused a write with OOM: it is at its ``maxmemory`` and, as
+    feedsvc requires, evicts nothing. The write did not happen; reads go on,
+    and writes succeed again once memory is freed (messages expire, queues
+    are deleted, maxmemory is raised)."""
+
+    title = "Redis is out of memory"
+    retry_after = 5
+
+
+class RedisMayEvict(StorageUnavailable):
+    """A write refused because a Redis primary's maxmemory-policy may evict
+    feedsvc's keys (``feedsvc.storage.memory_policy``): it would be lost
+    without a word. Reads go on; writes resume once the policy is noeviction."""
+
+    title = "Redis may evict data"
+    retry_after = 5
 
 
 class TooManyFollowers(Unavailable):

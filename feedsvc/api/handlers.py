@@ -216,6 +216,7 @@ async def get_health(request: web.Request) -> web.Response:
         "watch_conflicts_exhausted": store.counters.watch_conflicts_exhausted,
         "posts_combined": store.counters.posts_combined,
         "noscript_reloads": store.counters.noscript_reloads,
+        "redis_eviction": store.eviction_report(),
     }
     embedded_redis = request.app.get(EMBEDDED_REDIS)
     if embedded_redis is not None:

@@ -62,6 +62,7 @@ class StoreCollector(Collector):
             ("read_retries", "reads sent again after finding their connection closed"),
             ("not_replicated", "writes answered 503: too few replicas confirmed them in time"),
             ("master_switches", "new masters announced by Redis Sentinel"),
+            ("out_of_memory", "writes answered 503: Redis refused them with OOM (full)"),
             (
                 "unreadable_skipped",
                 "messages passed over by a list, pop, claim or delivery because they cannot "
@@ -81,6 +82,16 @@ class StoreCollector(Collector):
             ("pool_size", "Redis connection slots"),
             ("pool_in_use", "slots in use"),
             ("pool_waiting", "requests waiting for a slot"),
+            (
+                "redis_may_evict",
+                "1 while a Redis primary's maxmemory-policy may evict feedsvc's keys (or "
+                "cannot be read): writes are refused then, unless --allow-evicting-redis",
+            ),
+            (
+                "redis_evicted_keys",
+                "keys the Redis primaries say they have evicted since they started "
+                "(evicted_keys, read every second): any rise may be lost messages",
+            ),
         ]:
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
 

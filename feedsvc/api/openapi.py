@@ -344,6 +344,40 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "as an earlier post to their queue.",
                 },
                 "noscript_reloads": _int(0),
+                "redis_eviction": {
+                    **_obj(
+                        {
+                            "policies": {
+                                "type": "object",
+                                "additionalProperties": {"type": ["string", "null"]},
+                            },
+                            "may_evict": {"type": "boolean"},
+                            "allowed": {"type": "boolean"},
+                            "refusing_writes": {"type": "boolean"},
+                            "checked": {"type": "boolean"},
+                            "evicted_keys": {
+                                "type": "object",
+                                "additionalProperties": _int(0),
+                            },
+                        },
+                        [
+                            "policies",
+                            "may_evict",
+                            "allowed",
+                            "refusing_writes",
+                            "checked",
+                            "evicted_keys",
+                        ],
+                    ),
+                    "description": "Each Redis primary's maxmemory-policy, by address (null: "
+                    "it could not be read), as last read. may_evict: some primary's policy "
+                    "is not noeviction, so Redis may evict feedsvc's keys; allowed: "
+                    "--allow-evicting-redis was given (writes go on); refusing_writes: "
+                    "writes are answered 503 until the policy is noeviction; checked: false "
+                    "until the policies were read (at start, after a reconnect); "
+                    "evicted_keys: what each primary says it has evicted since it started "
+                    "(a rise is logged at ERROR: messages may be lost).",
+                },
                 "embedded_redis": {
                     **_obj(
                         {
@@ -381,6 +415,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                 "watch_conflicts_exhausted",
                 "posts_combined",
                 "noscript_reloads",
+                "redis_eviction",
             ],
         ),
         "Versions": _obj(
@@ -462,11 +497,15 @@ def _responses(s: Settings) -> dict[str, Schema]:
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
         "Unavailable": error(
-            "Redis is unreachable, timed out, or too contended: try again later.",
+            "Redis is unreachable, timed out, or too contended; or, for a write, Redis is "
+            "out of memory (title 'Redis is out of memory') or may evict data (title "
+            "'Redis may evict data': its maxmemory-policy is not noeviction): try again "
+            "later.",
             headers=RETRY_AFTER,
         ),
         "UnavailableOrTooManyFollowers": error(
-            "Redis is unreachable, timed out, or too contended; or, for a long poll "
+            "Redis is unreachable, timed out, or too contended (or, for a write, out of "
+            "memory or may evict data); or, for a long poll "
             "(wait > 0) or an event stream, this process already serves "
             f"--max-followers ({s.max_followers}) of them: try again later.",
             headers=RETRY_AFTER,

@@ -405,6 +405,7 @@ class StoreCounters:
     master_switches: int = 0  # new masters announced by the sentinels
     # messages passed over because they cannot be decrypted, each time one is met
     unreadable_skipped: int = 0
+    out_of_memory: int = 0  # writes Redis refused with OOM (answered 503)
     redis_calls: int = 0
     redis_seconds: float = 0.0
 
@@ -465,6 +466,11 @@ class FeedStore(Protocol):
 
     def stats(self) -> dict[str, float]:
         """Point-in-time numbers for /metrics: counters, pool and batch state."""
+        ...
+
+    def eviction_report(self) -> dict[str, Any]:
+        """For /v2/health: each Redis primary's maxmemory-policy and whether
+        writes are refused for it (``feedsvc.storage.memory_policy``)."""
         ...
 
     async def close(self) -> None: ...

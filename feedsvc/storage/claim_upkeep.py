@@ -69,7 +69,7 @@ class ClaimUpkeep(FeedSpace):
         transport = self._transport
         claim_key = keys.claim(claim_id)
         attempt = 0
-        async with transport.slot():
+        async with transport.write_slot():
             while True:
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import DRIVER_NAMES, Settings
+from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.transport import Transport
@@ -31,3 +32,19 @@ def make_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
     if settings.redis_url is None:
         raise ValueError("make_store needs settings.redis_url")
     return DRIVERS[settings.driver](Transport(settings, clock), settings, clock)
+
+
+async def eviction_problems(settings: Settings) -> list[str] | None:
+    """What ``feedsvc serve`` checks before serving: one line per Redis
+    primary whose maxmemory-policy may evict feedsvc's keys (empty: none
+    may), or None if Redis cannot be reached yet (then each process reads
+    the policies before its first write). See ``memory_policy.py``."""
+    transport = Transport(settings, SYSTEM_CLOCK)
+    transport.memory_policy.log_changes = False
+    try:
+        await transport.memory_policy.check()
+    except Unavailable:
+        return None
+    finally:
+        await transport.close()
+    return transport.memory_policy.problems()

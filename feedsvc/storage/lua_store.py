@@ -51,6 +51,11 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
+def _indexed(reply: Any, count: int) -> bool:
+    """Whether post.lua's reply says it indexed all count messages."""
+    return isinstance(reply, list) and len(reply) == count and isinstance(reply[0], int)
+
+
 class LuaStore(RedisStore):
     name = "lua"
 
@@ -169,9 +174,15 @@ class LuaStore(RedisStore):
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
         replies = await self._transport.call(commands)
         failed = [reply for reply in replies[:-1] if isinstance(reply, Exception)]
-        if failed:  # checked first: entering errors() costs on every post
+        if failed and not _indexed(replies[-1], len(ids)):
+            # checked first: entering errors() costs on every post
             async with self._transport.errors():
                 raise failed[0]
+        # The script indexes all or nothing, and only bodies it finds: once it
+        # has, the post is stored and is answered 201 even if a command beside
+        # it failed (a Redis that filled up between the body writes and the
+        # registry's ZADD: the next post lists the queue). A 503 here would
+        # make the client post the message again.
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -43,6 +43,8 @@ from feedsvc.storage.coalescer import Coalescer, Command
 
 # Makes a node's coalescer from its connection factory (None: no coalescing).
 Coalescing = Callable[[Callable[[], AbstractConnection]], Coalescer]
+# Run on every new connection once it is up, before anything else is sent on it.
+OnConnect = Callable[[AbstractConnection], Awaitable[None]]
 
 # Commands that name no key: they go where the keyed commands next to them go.
 # A subscription's TCP keep-alive: probe after 10 s of silence, every 5 s,
@@ -82,11 +84,26 @@ class Node:
     its coalescer."""
 
     def __init__(
-        self, name: str, pool: ConnectionPool, coalescing: Coalescing | None, owned: bool
+        self,
+        name: str,
+        pool: ConnectionPool,
+        coalescing: Coalescing | None,
+        owned: bool,
+        on_connect: OnConnect | None = None,
     ) -> None:
         self.name = name
         self._pool = pool
         self._owned = owned  # close the pool with the node
+        if on_connect is not None:
+            # the pool's connections and the coalescer's are all made here
+            make = pool.make_connection
+
+            def make_connection() -> AbstractConnection:
+                conn: AbstractConnection = make()  # type: ignore[no-untyped-call]
+                conn.register_connect_callback(on_connect)  # type: ignore[no-untyped-call]
+                return conn
+
+            pool.make_connection = make_connection  # type: ignore[method-assign]
         self.coalescer = None if coalescing is None else coalescing(pool.make_connection)
 
     @asynccontextmanager
@@ -174,9 +191,11 @@ class SingleServer:
 
     cluster = False
 
-    def __init__(self, redis: Redis, coalescing: Coalescing | None) -> None:
+    def __init__(
+        self, redis: Redis, coalescing: Coalescing | None, on_connect: OnConnect | None = None
+    ) -> None:
         # the client's own pool: the client closes it
-        self._node = Node("redis", redis.connection_pool, coalescing, owned=False)
+        self._node = Node("redis", redis.connection_pool, coalescing, False, on_connect)
 
     async def ready(self) -> None:
         return None
@@ -221,10 +240,15 @@ class ClusterServers:
     cluster = True
 
     def __init__(
-        self, redis: RedisCluster, coalescing: Coalescing | None, max_connections: int
+        self,
+        redis: RedisCluster,
+        coalescing: Coalescing | None,
+        max_connections: int,
+        on_connect: OnConnect | None = None,
     ) -> None:
         self._redis = redis
         self._coalescing = coalescing
+        self._on_connect = on_connect
         self._max_connections = max_connections
         self._nodes: dict[str, Node] = {}
         self._started = False
@@ -289,7 +313,7 @@ class ClusterServers:
                 max_connections=self._max_connections,
                 **{**server.connection_kwargs, "retry": Retry(NoBackoff(), 0)},
             )
-            node = Node(server.name, pool, self._coalescing, owned=True)
+            node = Node(server.name, pool, self._coalescing, True, self._on_connect)
             self._nodes[server.name] = node
         return node
 

@@ -5,14 +5,14 @@ bounded back-off that gives the pool slot back while it sleeps.
 
 Part of the transport (:class:`~feedsvc.storage.transport.Transport` mixes it
 in); the drivers call ``optimistic()`` or, for a loop of their own,
-``attempt()`` and ``backoff()`` inside ``slot()``.
+``attempt()`` and ``backoff()`` inside ``write_slot()``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
@@ -23,6 +23,7 @@ from feedsvc.errors import TooMuchContention
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.gate import Gate
+from feedsvc.storage.memory_policy import MemoryPolicyGuard
 from feedsvc.storage.nodes import Servers
 
 BACKOFF_BASE = 0.0005
@@ -53,9 +54,20 @@ class OptimisticTransactions:
     _gate: Gate
     _wait: Command | None
     counters: StoreCounters
+    memory_policy: MemoryPolicyGuard
 
     def slot(self) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
+
+    @asynccontextmanager
+    async def write_slot(self) -> AsyncIterator[None]:
+        """slot() for a loop of writes: first, writes must be allowed
+        (``memory_policy.py``; checked before the slot is taken, as the
+        check needs one of its own without coalescing)."""
+        if self.memory_policy.attention:
+            await self.memory_policy.admit_write()
+        async with self.slot():
+            yield
 
     def _replicated(self, replies: list[Any]) -> list[Any]:
         raise NotImplementedError
@@ -76,7 +88,7 @@ class OptimisticTransactions:
         server they are not sent again.
         """
         attempt = 0
-        async with self.slot():
+        async with self.write_slot():
             while True:
                 try:
                     done, result = await self._converse(watch, reads, plan, before)
@@ -94,7 +106,7 @@ class OptimisticTransactions:
     ) -> tuple[bool, T | None]:
         """One optimistic transaction: (True, result) if it ran, (False, None) on conflict.
 
-        Call it inside slot(). A plan raises Conflicted when the reads show
+        Call it inside write_slot(). A plan raises Conflicted when the reads show
         another writer got there first (the same as EXEC answering nil). The
         transaction runs on a connection to the server owning the watched
         keys' slot; if the slot has moved (MOVED, ASK, TRYAGAIN) nothing was

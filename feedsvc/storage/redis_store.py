@@ -139,6 +139,9 @@ class RedisStore(ClaimUpkeep):
     def stats(self) -> dict[str, float]:
         return self._transport.stats()
 
+    def eviction_report(self) -> dict[str, Any]:
+        return self._transport.memory_policy.report()
+
     async def close(self) -> None:
         await self._transport.close()
 

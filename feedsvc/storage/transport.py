@@ -18,6 +18,10 @@ It owns:
 * the **WATCH engine**: optimistic transactions (WATCH + reads in one write,
   MULTI..EXEC in a second) with jittered, bounded retries that give the pool
   slot back while they sleep;
+* the **memory-policy guard** (``memory_policy.py``): writes wait for a
+  read of every primary's maxmemory-policy after a start, a reconnect or a
+  failover, and are refused while Redis may evict; a ticker reads it again
+  every second;
 * the counters ``/metrics`` reads.
 
 The drivers above it build commands (with ``record.py`` and ``keys.py``) and
@@ -39,6 +43,7 @@ from typing import Any
 import redis.exceptions as rexc
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -48,12 +53,20 @@ from feedsvc.config import Settings
 from feedsvc.errors import (
     NotReplicated,
     PoolExhausted,
+    RedisOutOfMemory,
     StorageUnavailable,
     Unavailable,
 )
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.gate import Gate
+from feedsvc.storage.memory_policy import (
+    MemoryPolicyGuard,
+    Policies,
+    info_field,
+    policy_from_config,
+    policy_from_info,
+)
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
 from feedsvc.storage.notifier import Notifier
 from feedsvc.storage.optimistic import OptimisticTransactions
@@ -86,6 +99,22 @@ _LOST = (rexc.ConnectionError, rexc.TimeoutError, OSError)
 _TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError, RuntimeError)
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Redis's OOM reply: redis-py makes it an OutOfMemoryError and strips the
+    "OOM" from its text, so the prefix test below would miss it."""
+    return isinstance(exc, rexc.OutOfMemoryError) or (
+        isinstance(exc, rexc.ResponseError) and str(exc).startswith("OOM")
+    )
+
+
+def _reads_only(commands: Sequence[Command], idempotent: bool | None) -> bool:
+    """Whether a call only reads: its caller says so (idempotent), else every
+    command is a plain read."""
+    if idempotent is not None:
+        return idempotent
+    return all(str(c[0]).upper() in READS for c in commands)
+
+
 def _closed_transport(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
 
@@ -94,6 +123,13 @@ def _closed_transport(exc: BaseException) -> bool:
 READ_ONLY = frozenset(
     {"PING", "GET", "EXISTS", "HGET", "HMGET", "ZCARD", "ZCOUNT", "ZRANGE", "ZRANGEBYSCORE",
      "ZRANGEBYLEX", "ZSCORE"}
+)  # fmt: skip
+# Commands that only read, for the memory-policy guard: calls of these alone
+# go on while writes are refused (READ_ONLY is narrower: what may be resent).
+READS = READ_ONLY | frozenset(
+    {"GETRANGE", "MGET", "HGETALL", "HLEN", "HEXISTS", "HKEYS", "HRANDFIELD", "ZRANK",
+     "ZMSCORE", "ZREVRANGE", "ZREVRANGEBYSCORE", "SMEMBERS", "SCARD", "STRLEN", "PTTL",
+     "TTL", "TYPE", "INFO"}
 )  # fmt: skip
 # How many times a command answered MOVED is sent on to the slot's new owner.
 MOVED_RESENDS = 3
@@ -168,11 +204,15 @@ class Transport(OptimisticTransactions):
                 Coalescer, reply_timeout=settings.redis_timeout, room_timeout=settings.pool_timeout
             )
         self._servers: Servers = (
-            ClusterServers(self._redis, coalescing, slots)
+            ClusterServers(self._redis, coalescing, slots, self._connected)
             if isinstance(self._redis, RedisCluster)
-            else SingleServer(self._redis, coalescing)
+            else SingleServer(self._redis, coalescing, self._connected)
         )
         self.cluster = self._servers.cluster
+        self.memory_policy = MemoryPolicyGuard(self._read_policies, settings.allow_evicting_redis)
+        self._policy_ticker: asyncio.Task[None] | None = None
+        # a Cluster's slots moved: its primaries may be others
+        self._servers.on_new_routes(self.memory_policy.stale)
         self.notifier = Notifier(self._servers, clock)
         # the hot path's shortcut: one server, coalescing, no WAIT to add
         self._direct: Coalescer | None = None
@@ -186,7 +226,10 @@ class Transport(OptimisticTransactions):
             self._direct = self._servers.default_node().coalescer
 
     def open(self) -> None:
-        """Start following the sentinels' announcements, behind Sentinel."""
+        """Start reading the memory policy now and then, and, behind
+        Sentinel, following the sentinels' announcements."""
+        if self._policy_ticker is None:
+            self._policy_ticker = asyncio.create_task(self._watch_memory_policy())
         sentinel = self._settings.redis_sentinel()
         if self._sentinel is not None and sentinel is not None and self._follower is None:
             self._follower = asyncio.create_task(
@@ -196,6 +239,7 @@ class Transport(OptimisticTransactions):
     async def _master_switched(self, announced: bool) -> None:
         if announced:
             self.counters.master_switches += 1
+        self.memory_policy.stale()
         await self._servers.demoted()
         await self.notifier.reset()
 
@@ -215,17 +259,31 @@ class Transport(OptimisticTransactions):
         if isinstance(exc, CoalescerBusy):  # Redis is slow, not gone
             return PoolExhausted(f"No room among the calls in flight to Redis: {exc}")
         if isinstance(exc, _LOST) or _closed_transport(exc):
+            self.memory_policy.stale()  # the server we reach next may be another
             await self._servers.lost()
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         if isinstance(exc, _CLUSTER_TROUBLE):
             # a slot on the move, a failover, a cluster without quorum
             self.counters.cluster_redirects += 1
+            self.memory_policy.stale()
             await self._servers.lost()
             return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
+        if _out_of_memory(exc):
+            self.counters.out_of_memory += 1
+            return RedisOutOfMemory(
+                "Redis refused the write: it is at its maxmemory limit and evicts "
+                "nothing. The request took no effect; retry once memory is freed."
+            )
         if isinstance(exc, rexc.ReadOnlyError):
             # a master demoted to replica (a Sentinel failover): reconnect
+            self.memory_policy.stale()
             await self._servers.demoted()
-        if isinstance(exc, rexc.ResponseError) and str(exc).startswith(_TRANSIENT_PREFIXES):
+        if isinstance(exc, rexc.ResponseError) and (
+            # redis-py strips the code of the replies it has a class for
+            # (READONLY, LOADING...) and keeps it in status_code
+            str(exc).startswith(_TRANSIENT_PREFIXES)
+            or getattr(exc, "status_code", None) in _TRANSIENT_PREFIXES
+        ):
             return StorageUnavailable(f"Redis is unavailable: {exc}")
         return None
 
@@ -261,6 +319,8 @@ class Transport(OptimisticTransactions):
         idempotent says whether the commands may be sent twice (see
         _exchange); by default, when every one of them only reads.
         """
+        if self.memory_policy.attention and not _reads_only(commands, idempotent):
+            await self.memory_policy.admit_write()
         if self._direct is not None:
             return await self._call_direct(self._direct, commands, idempotent)
         if idempotent is None:
@@ -301,6 +361,7 @@ class Transport(OptimisticTransactions):
             try:
                 return await coalescer.submit(commands)
             except rexc.ConnectionError as exc:
+                self.memory_policy.stale()
                 if idempotent is None:
                     idempotent = all(str(c[0]).upper() in READ_ONLY for c in commands)
                 if not idempotent or isinstance(exc, CoalescerBusy):
@@ -351,6 +412,7 @@ class Transport(OptimisticTransactions):
         try:
             return await self._send(batches)
         except rexc.ConnectionError:
+            self.memory_policy.stale()
             for node, _ in batches:
                 await node.drop_idle()
             if not idempotent:
@@ -417,6 +479,84 @@ class Transport(OptimisticTransactions):
                     if isinstance(reply, Exception):
                         raise reply
 
+    # -- the memory policy (memory_policy.py) ----------------------------------
+
+    async def _read_policies(self) -> Policies:
+        """Each primary's maxmemory-policy: from INFO memory, else CONFIG GET
+        (managed services may disable either); None and why if neither answers."""
+        async with self.errors():
+            await self._servers.ready()
+        policies: Policies = {}
+        for node in self._servers.primaries():
+            [[info, stats]] = await self._exchange(
+                [(node, [("INFO", "memory"), ("INFO", "stats")])], idempotent=True
+            )
+            policy = None if isinstance(info, Exception) else policy_from_info(info)
+            evicted = None if isinstance(stats, Exception) else info_field(stats, "evicted_keys")
+            if evicted is not None and evicted.isdigit():
+                self.memory_policy.saw_evicted(self._node_label(node), int(evicted))
+            why = ""
+            if policy is None:
+                [[config]] = await self._exchange(
+                    [(node, [("CONFIG", "GET", "maxmemory-policy")])], idempotent=True
+                )
+                if not isinstance(config, Exception):
+                    policy = policy_from_config(config)
+                why = f"INFO memory: {_said(info)}; CONFIG GET: {_said(config)}"
+            policies[self._node_label(node)] = (policy, why)
+        return policies
+
+    async def _connected(self, conn: AbstractConnection) -> None:
+        """Every new connection (at start, after a reconnect, to a new master
+        or primary) reads its server's policy before anything is sent on it.
+        A change into one that refuses writes fails the connection once (its
+        calls get a 503, none is written): calls admitted before the change
+        was known must not reach it. Calls after that are admitted knowing."""
+        await conn.send_command("INFO", "memory", check_health=False)
+        try:
+            policy = policy_from_info(await conn.read_response())
+        except rexc.ResponseError:
+            policy = None  # INFO refused: the full check falls back to CONFIG GET
+        if policy is None:
+            self.memory_policy.stale()
+            return
+        address = f"{getattr(conn, 'host', '')}:{getattr(conn, 'port', '')}"
+        name = address if self.cluster else self._single_label()
+        refusal = self.memory_policy.note(name, policy)
+        if refusal is not None:
+            raise rexc.ConnectionError(f"feedsvc refuses writes: {refusal}")
+
+    def _node_label(self, node: Node) -> str:
+        """A primary as an operator knows it: its address."""
+        if self.cluster:
+            return node.name
+        return self._single_label()
+
+    def _single_label(self) -> str:
+        sentinel = self._settings.redis_sentinel()
+        if sentinel is not None:
+            return f"the master of Sentinel service {sentinel.service}"
+        assert not isinstance(self._redis, RedisCluster)
+        kwargs = self._redis.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+    async def _watch_memory_policy(self) -> None:
+        """Read the policies now, then every RECHECK_INTERVAL seconds (more
+        often while writes are refused or Redis cannot be reached)."""
+        guard = self.memory_policy
+        while True:
+            failed = False
+            try:
+                await guard.check()
+            except Unavailable:
+                failed = True
+            except Exception:  # a bug must not end the checks for good
+                log.exception("reading Redis's maxmemory-policy failed")
+                failed = True
+            await asyncio.sleep(guard.next_check_in(failed))
+
     # -- the rest -------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
@@ -427,6 +567,8 @@ class Transport(OptimisticTransactions):
             "pool_waiting": self._gate.waiting,
             "coalesced_batches": 0,
             "coalesced_calls": 0,
+            "redis_may_evict": 1.0 if self.memory_policy.evicting else 0.0,
+            "redis_evicted_keys": float(sum(self.memory_policy.evicted.values())),
         }
         for node in self._servers.primaries():
             if node.coalescer is not None:
@@ -436,6 +578,11 @@ class Transport(OptimisticTransactions):
         return out
 
     async def close(self) -> None:
+        if self._policy_ticker is not None:
+            self._policy_ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._policy_ticker
+        await self.memory_policy.close()
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -448,3 +595,8 @@ class Transport(OptimisticTransactions):
             await self._redis.aclose(close_connection_pool=True)
         if self._sentinel is not None:
             await self._sentinel.aclose()
+
+
+def _said(reply: Any) -> str:
+    """A reply, briefly, for a message."""
+    return str(reply)[:80] if isinstance(reply, Exception) else "no maxmemory_policy field"

@@ -452,7 +452,7 @@ class WatchStore(RedisStore):
         free; where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
-        async with transport.slot():
+        async with transport.write_slot():
             while True:
                 now = self._clock.now_ms()
                 [meta] = await transport.call_checked(
