@@ -60,11 +60,12 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.stop()
 
 
-@pytest.fixture(params=["single", "cluster"])
+# the single one starts a redis-server of its own: a process (the cluster is
+# marked by conftest.py)
+@pytest.fixture(params=[pytest.param("single", marks=pytest.mark.process), "cluster"])
 def primaries(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[redis.Redis]]]:
     """The URL feedsvc takes and a client per primary."""
     if request.param == "single":
-        request.applymarker(pytest.mark.process)
         server: RedisServer = request.getfixturevalue("own_redis")
         clients = [redis.Redis(port=server.port)]
         url = server.url

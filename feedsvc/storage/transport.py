@@ -60,16 +60,11 @@ from feedsvc.errors import (
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Coalescer, CoalescerBusy, Command
 from feedsvc.storage.gate import Gate
-from feedsvc.storage.memory_policy import (
-    MemoryPolicyGuard,
-    Policies,
-    info_field,
-    policy_from_config,
-    policy_from_info,
-)
+from feedsvc.storage.memory_policy import MemoryPolicyGuard
 from feedsvc.storage.nodes import ClusterServers, Coalescing, Node, Servers, SingleServer
 from feedsvc.storage.notifier import Notifier
 from feedsvc.storage.optimistic import OptimisticTransactions
+from feedsvc.storage.policy_reader import PolicyReader
 from feedsvc.storage.sentinel import follow_sentinels
 
 log = logging.getLogger("feedsvc")
@@ -191,6 +186,44 @@ def replicated(replies: list[Any], wanted: int, counters: StoreCounters) -> list
     return replies
 
 
+async def trouble(
+    exc: BaseException, servers: Servers, counters: StoreCounters, guard: MemoryPolicyGuard
+) -> Unavailable | None:
+    """The 503 that Redis trouble means, or None: not trouble, a bug. Also
+    what the trouble tells: a lost server, a demoted master, a policy to
+    read again."""
+    if isinstance(exc, CoalescerBusy):  # Redis is slow, not gone
+        return PoolExhausted(f"No room among the calls in flight to Redis: {exc}")
+    if isinstance(exc, _LOST) or _closed_transport(exc):
+        guard.stale()  # the server we reach next may be another
+        await servers.lost()
+        return StorageUnavailable(f"Redis is unavailable: {exc}")
+    if isinstance(exc, _CLUSTER_TROUBLE):
+        # a slot on the move, a failover, a cluster without quorum
+        counters.cluster_redirects += 1
+        guard.stale()
+        await servers.lost()
+        return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
+    if _out_of_memory(exc):
+        counters.out_of_memory += 1
+        return RedisOutOfMemory(
+            "Redis refused the write: it is at its maxmemory limit and evicts "
+            "nothing. The request took no effect; retry once memory is freed."
+        )
+    if isinstance(exc, rexc.ReadOnlyError):
+        # a master demoted to replica (a Sentinel failover): reconnect
+        guard.stale()
+        await servers.demoted()
+    if isinstance(exc, rexc.ResponseError) and (
+        # redis-py strips the code of the replies it has a class for
+        # (READONLY, LOADING...) and keeps it in status_code
+        str(exc).startswith(_TRANSIENT_PREFIXES)
+        or getattr(exc, "status_code", None) in _TRANSIENT_PREFIXES
+    ):
+        return StorageUnavailable(f"Redis is unavailable: {exc}")
+    return None
+
+
 class Transport(OptimisticTransactions):
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
@@ -209,10 +242,10 @@ class Transport(OptimisticTransactions):
             else SingleServer(self._redis, coalescing, self._connected)
         )
         self.cluster = self._servers.cluster
-        self.memory_policy = MemoryPolicyGuard(self._read_policies, settings.allow_evicting_redis)
-        self._policy_ticker: asyncio.Task[None] | None = None
-        # a Cluster's slots moved: its primaries may be others
-        self._servers.on_new_routes(self.memory_policy.stale)
+        self._policy = PolicyReader(
+            self._redis, self._servers, self._exchange, self.errors, settings
+        )
+        self.memory_policy = self._policy.guard
         self.notifier = Notifier(self._servers, clock)
         # the hot path's shortcut: one server, coalescing, no WAIT to add
         self._direct: Coalescer | None = None
@@ -228,8 +261,7 @@ class Transport(OptimisticTransactions):
     def open(self) -> None:
         """Start reading the memory policy now and then, and, behind
         Sentinel, following the sentinels' announcements."""
-        if self._policy_ticker is None:
-            self._policy_ticker = asyncio.create_task(self._watch_memory_policy())
+        self._policy.open()
         sentinel = self._settings.redis_sentinel()
         if self._sentinel is not None and sentinel is not None and self._follower is None:
             self._follower = asyncio.create_task(
@@ -255,37 +287,7 @@ class Transport(OptimisticTransactions):
             raise unavailable from exc
 
     async def _unavailable(self, exc: BaseException) -> Unavailable | None:
-        """The 503 that Redis trouble means, or None: not trouble, a bug."""
-        if isinstance(exc, CoalescerBusy):  # Redis is slow, not gone
-            return PoolExhausted(f"No room among the calls in flight to Redis: {exc}")
-        if isinstance(exc, _LOST) or _closed_transport(exc):
-            self.memory_policy.stale()  # the server we reach next may be another
-            await self._servers.lost()
-            return StorageUnavailable(f"Redis is unavailable: {exc}")
-        if isinstance(exc, _CLUSTER_TROUBLE):
-            # a slot on the move, a failover, a cluster without quorum
-            self.counters.cluster_redirects += 1
-            self.memory_policy.stale()
-            await self._servers.lost()
-            return StorageUnavailable(f"Redis Cluster is reconfiguring: {exc!r}")
-        if _out_of_memory(exc):
-            self.counters.out_of_memory += 1
-            return RedisOutOfMemory(
-                "Redis refused the write: it is at its maxmemory limit and evicts "
-                "nothing. The request took no effect; retry once memory is freed."
-            )
-        if isinstance(exc, rexc.ReadOnlyError):
-            # a master demoted to replica (a Sentinel failover): reconnect
-            self.memory_policy.stale()
-            await self._servers.demoted()
-        if isinstance(exc, rexc.ResponseError) and (
-            # redis-py strips the code of the replies it has a class for
-            # (READONLY, LOADING...) and keeps it in status_code
-            str(exc).startswith(_TRANSIENT_PREFIXES)
-            or getattr(exc, "status_code", None) in _TRANSIENT_PREFIXES
-        ):
-            return StorageUnavailable(f"Redis is unavailable: {exc}")
-        return None
+        return await trouble(exc, self._servers, self.counters, self.memory_policy)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -479,83 +481,8 @@ class Transport(OptimisticTransactions):
                     if isinstance(reply, Exception):
                         raise reply
 
-    # -- the memory policy (memory_policy.py) ----------------------------------
-
-    async def _read_policies(self) -> Policies:
-        """Each primary's maxmemory-policy: from INFO memory, else CONFIG GET
-        (managed services may disable either); None and why if neither answers."""
-        async with self.errors():
-            await self._servers.ready()
-        policies: Policies = {}
-        for node in self._servers.primaries():
-            [[info, stats]] = await self._exchange(
-                [(node, [("INFO", "memory"), ("INFO", "stats")])], idempotent=True
-            )
-            policy = None if isinstance(info, Exception) else policy_from_info(info)
-            evicted = None if isinstance(stats, Exception) else info_field(stats, "evicted_keys")
-            if evicted is not None and evicted.isdigit():
-                self.memory_policy.saw_evicted(self._node_label(node), int(evicted))
-            why = ""
-            if policy is None:
-                [[config]] = await self._exchange(
-                    [(node, [("CONFIG", "GET", "maxmemory-policy")])], idempotent=True
-                )
-                if not isinstance(config, Exception):
-                    policy = policy_from_config(config)
-                why = f"INFO memory: {_said(info)}; CONFIG GET: {_said(config)}"
-            policies[self._node_label(node)] = (policy, why)
-        return policies
-
     async def _connected(self, conn: AbstractConnection) -> None:
-        """Every new connection (at start, after a reconnect, to a new master
-        or primary) reads its server's policy before anything is sent on it.
-        A change into one that refuses writes fails the connection once (its
-        calls get a 503, none is written): calls admitted before the change
-        was known must not reach it. Calls after that are admitted knowing."""
-        await conn.send_command("INFO", "memory", check_health=False)
-        try:
-            policy = policy_from_info(await conn.read_response())
-        except rexc.ResponseError:
-            policy = None  # INFO refused: the full check falls back to CONFIG GET
-        if policy is None:
-            self.memory_policy.stale()
-            return
-        address = f"{getattr(conn, 'host', '')}:{getattr(conn, 'port', '')}"
-        name = address if self.cluster else self._single_label()
-        refusal = self.memory_policy.note(name, policy)
-        if refusal is not None:
-            raise rexc.ConnectionError(f"feedsvc refuses writes: {refusal}")
-
-    def _node_label(self, node: Node) -> str:
-        """A primary as an operator knows it: its address."""
-        if self.cluster:
-            return node.name
-        return self._single_label()
-
-    def _single_label(self) -> str:
-        sentinel = self._settings.redis_sentinel()
-        if sentinel is not None:
-            return f"the master of Sentinel service {sentinel.service}"
-        assert not isinstance(self._redis, RedisCluster)
-        kwargs = self._redis.connection_pool.connection_kwargs
-        if "path" in kwargs:
-            return str(kwargs["path"])
-        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-
-    async def _watch_memory_policy(self) -> None:
-        """Read the policies now, then every RECHECK_INTERVAL seconds (more
-        often while writes are refused or Redis cannot be reached)."""
-        guard = self.memory_policy
-        while True:
-            failed = False
-            try:
-                await guard.check()
-            except Unavailable:
-                failed = True
-            except Exception:  # a bug must not end the checks for good
-                log.exception("reading Redis's maxmemory-policy failed")
-                failed = True
-            await asyncio.sleep(guard.next_check_in(failed))
+        await self._policy.connected(conn)  # see PolicyReader.connected
 
     # -- the rest -------------------------------------------------------------
 
@@ -578,11 +505,7 @@ class Transport(OptimisticTransactions):
         return out
 
     async def close(self) -> None:
-        if self._policy_ticker is not None:
-            self._policy_ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._policy_ticker
-        await self.memory_policy.close()
+        await self._policy.close()
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -595,8 +518,3 @@ class Transport(OptimisticTransactions):
             await self._redis.aclose(close_connection_pool=True)
         if self._sentinel is not None:
             await self._sentinel.aclose()
-
-
-def _said(reply: Any) -> str:
-    """A reply, briefly, for a message."""
-    return str(reply)[:80] if isinstance(reply, Exception) else "no maxmemory_policy field"
