@@ -7,8 +7,10 @@ pool use, coalesced batches) are read at scrape time, and so are the
 process's own (``process_*``: CPU, memory, open files) and its Python's
 (``python_gc_*``: the cycle collector's runs per generation, see
 :mod:`feedsvc.process_setup`; ``python_info``), as any Python service
-exports them. Each app has its own registry, so several apps in one process
-(tests) do not collide.
+exports them; and the gauges of the queues ``--metrics-queues`` names, read
+from Redis at most once per ``--metrics-queue-refresh`` (see
+:mod:`feedsvc.api.queue_gauges`). Each app has its own registry, so several
+apps in one process (tests) do not collide.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from feedsvc.api.queue_gauges import QUEUE_GAUGES, QueueGauges
 from feedsvc.appkeys import DELIVERIES, METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
 from feedsvc.storage.base import FeedStore
 
@@ -126,6 +129,8 @@ def setup_metrics(app: web.Application) -> None:
     app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
     registry.register(DeliveryCollector(app))
+    app[QUEUE_GAUGES] = QueueGauges(app)
+    registry.register(app[QUEUE_GAUGES])
     GCCollector(registry=registry)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -154,6 +159,7 @@ def observe_request(request: web.Request, status: int, started: float) -> None:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    await request.app[QUEUE_GAUGES].refresh()
     body = generate_latest(request.app[METRICS_REGISTRY])
     response = web.Response(body=body)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
