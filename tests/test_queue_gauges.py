@@ -17,6 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import MAX_METRICS_QUEUES, Settings, metrics_queue_names, parse_settings
+from feedsvc.storage.base import FeedStore
+from feedsvc.storage.drivers import make_store
 from tests.test_metrics import sample
 
 Client = TestClient[web.Request, web.Application]
@@ -106,21 +108,68 @@ async def test_dead_letters_are_the_dead_letter_queues_depth(
     assert 'queue="work.dead"' not in text
 
 
-async def test_followers_of_a_queue(gauged: Client, headers: Headers, project: str) -> None:
-    poll = asyncio.create_task(gauged.get("/v2/queues/work/messages?wait=20", headers=headers))
-    for _ in range(200):  # up to 5 s for the long poll to begin waiting
-        if gauge(await scrape(gauged), "followers", project, "work") == 1:
+async def followers(http: Client, project: str, queue: str, expected: float) -> float:
+    """The followers gauge once it shows expected (processes report their
+    followers every half second), or after 10 s, as it is then."""
+    for _ in range(400):
+        found = gauge(await scrape(http), "followers", project, queue)
+        if found == expected:
             break
         await asyncio.sleep(0.025)
-    text = await scrape(gauged)
-    assert gauge(text, "followers", project, "work") == 1
-    assert gauge(text, "followers", project, "idle") == 0
+    return found
+
+
+async def test_followers_of_a_queue(gauged: Client, headers: Headers, project: str) -> None:
+    poll = asyncio.create_task(gauged.get("/v2/queues/work/messages?wait=20", headers=headers))
+    assert await followers(gauged, project, "work", 1) == 1
+    assert gauge(await scrape(gauged), "followers", project, "idle") == 0
     poster = {**headers, "Client-ID": str(uuid.uuid4())}  # the poll sees others' messages
     await post(gauged, poster, "work", 1)
     response = await asyncio.wait_for(poll, 10)
     assert response.status == 200
     assert len((await response.json())["messages"]) == 1
-    assert gauge(await scrape(gauged), "followers", project, "work") == 0
+    assert await followers(gauged, project, "work", 0) == 0
+
+
+async def test_every_process_reports_all_followers(
+    settings: Settings, clock: ManualClock, headers: Headers, project: str
+) -> None:
+    """Two processes (workers, or pods) on one Redis: a scrape of either
+    counts the followers of both."""
+    listed = settings.replace(metrics_queues=f"{project}/work", metrics_queue_refresh=0)
+    one, other = (TestClient(TestServer(create_app(listed, clock))) for _ in range(2))
+    async with one, other:
+        polls = [
+            asyncio.create_task(http.get("/v2/queues/work/messages?wait=20", headers=headers))
+            for http in (one, one, other)
+        ]
+        assert await followers(other, project, "work", 3) == 3
+        assert gauge(await scrape(one), "followers", project, "work") == 3
+        poster = {**headers, "Client-ID": str(uuid.uuid4())}
+        await post(one, poster, "work", 1)
+        for poll in polls:
+            assert (await asyncio.wait_for(poll, 10)).status == 200
+        assert await followers(one, project, "work", 0) == 0
+
+
+async def test_a_silent_process_reports_lapse(
+    store: FeedStore, settings: Settings, clock: ManualClock, project: str
+) -> None:
+    """A process that died without withdrawing its report stops counting
+    once the report's ttl has passed, and its report is dropped."""
+    other = make_store(settings, clock)
+    await other.open()
+    try:
+        await store.report_followers({(project, "q"): 3}, 1000)
+        await other.report_followers({(project, "q"): 2, (project, "r"): 1}, 5000)
+        assert await store.count_followers(project, "q") == 5
+        clock.advance(1.001)  # the first process went silent
+        assert await other.count_followers(project, "q") == 2
+        await other.report_followers({(project, "q"): 0}, 5000)  # withdrawn
+        assert await store.count_followers(project, "q") == 0
+        assert await store.count_followers(project, "r") == 1
+    finally:
+        await other.close()
 
 
 def queue_series(text: str) -> set[str]:
@@ -179,14 +228,14 @@ async def test_without_redis_the_queue_gauges_are_left_out(
     settings: Settings, clock: ManualClock, project: str
 ) -> None:
     """Redis unreachable: /metrics still answers, without queue gauges
-    (rather than stale ones), and the followers (from memory) stay."""
+    (rather than stale ones)."""
     unreachable = settings.replace(
         redis_url="redis://127.0.0.1:1", metrics_queues=f"{project}/work", metrics_queue_refresh=0
     )
     async with TestClient(TestServer(create_app(unreachable, clock))) as http:
         text = await scrape(http)
-    assert gauge(text, "followers", project, "work") == 0
-    assert "feedsvc_queue_depth{" not in text
+    assert "feedsvc_queue_" not in text
+    assert sample(text, "feedsvc_pool_size") == 32
 
 
 @pytest.mark.parametrize(

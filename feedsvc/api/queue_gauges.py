@@ -4,7 +4,7 @@ For each listed queue ``/metrics`` reports its depth (live messages,
 claimed ones included, as ``GET /v2/queues/{q}/stats`` counts ``total``),
 its claimed messages, the age of its oldest live message, the messages in
 its dead-letter queue (its ``_dead_letter_queue``; 0 without one) and its
-followers (long polls and event streams this process serves), with the
+followers (long polls and event streams, in every process), with the
 labels ``project`` and ``queue``. KEDA and the Prometheus adapter scale
 workers on them (docs/operations.md: Autoscaling).
 
@@ -21,15 +21,22 @@ one owner of those counts), so every process, and every worker of
 ``--metrics-queue-refresh`` seconds (concurrent scrapes share one read), so
 a scrape costs Redis at most a few calls per listed queue, however often
 ``/metrics`` is asked. If Redis cannot answer, the queue gauges are left out
-of that scrape rather than shown stale. Followers are this process's own, read
-from memory at each scrape: sum them over processes.
+of that scrape rather than shown stale.
+
+Followers live in each process's memory, so for every worker to answer the
+same, each process reports its followers of the listed queues to Redis
+(``FeedStore.report_followers``): those that changed, every
+``REPORT_CHECK`` seconds, and all of them every ``REPORT_HEARTBEAT``; a
+report lapses after ``REPORT_TTL``, so a process that died stops counting.
+Reads add up the reports that hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -49,12 +56,23 @@ CONCURRENT_READS = 8
 LABELS = ["project", "queue"]
 
 
+#: Seconds between a process's looks at its followers of the listed queues:
+#: it reports to Redis those that changed since its last report ...
+REPORT_CHECK = 0.5
+#: ... and all of them again this often, each report holding REPORT_TTL, so
+#: a process that dies without withdrawing its followers stops counting
+#: within REPORT_TTL seconds.
+REPORT_HEARTBEAT = 10.0
+REPORT_TTL = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class QueueReading:
     depth: int
     claimed: int
     oldest_age: float  # seconds; 0 when the queue is empty
     dead_letters: int
+    followers: int
 
 
 class QueueGauges(Collector):
@@ -99,20 +117,44 @@ class QueueGauges(Collector):
         self._readings = dict(zip(self._queues, readings, strict=True))
         self._read_at_ms = self._app[CLOCK].now_ms()
 
-    def collect(self) -> Iterator[Metric]:
-        if not self._queues:
+    async def reporting(self, app: web.Application) -> AsyncIterator[None]:
+        """A cleanup context, after the store's: this process reports its
+        followers of the listed queues to Redis while it serves."""
+        task = asyncio.create_task(self._report()) if self._queues else None
+        yield
+        if task is None:
             return
-        live = self._app.get(LIVE)
-        if live is not None:
-            followers = GaugeMetricFamily(
-                "feedsvc_queue_followers",
-                "long polls and event streams of the queue this process serves now "
-                "(sum over processes)",
-                labels=LABELS,
-            )
-            for project, queue in self._queues:
-                followers.add_metric([project, queue], live.followers_of(project, queue))
-            yield followers
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:  # withdrawn at once rather than lapsing REPORT_TTL later
+            await self._app[STORE].report_followers(dict.fromkeys(self._queues, 0), 0)
+        except Unavailable as exc:
+            log.debug("followers not withdrawn (they lapse by themselves): %s", exc)
+
+    async def _report(self) -> None:
+        store, live = self._app[STORE], self._app[LIVE]
+        ttl_ms = int(REPORT_TTL * 1000)
+        reported: dict[tuple[str, str], int] = {}
+        since_all = REPORT_HEARTBEAT
+        while True:
+            counts = {key: live.followers_of(*key) for key in self._queues}
+            if since_all >= REPORT_HEARTBEAT:
+                # every count (0s withdraw reports a failed write may have left)
+                changed = counts
+                since_all = 0.0
+            else:
+                changed = {k: n for k, n in counts.items() if n != reported.get(k, 0)}
+            try:
+                await store.report_followers(changed, ttl_ms)
+                reported.update(changed)
+            except Unavailable as exc:
+                log.debug("followers not reported: %s", exc)
+                since_all = REPORT_HEARTBEAT  # all of them again next time
+            await asyncio.sleep(REPORT_CHECK)
+            since_all += REPORT_CHECK
+
+    def collect(self) -> Iterator[Metric]:
         readings = self._readings
         if readings is None:
             return
@@ -133,6 +175,11 @@ class QueueGauges(Collector):
                 "messages in the queue's dead-letter queue; 0 without one",
                 lambda reading: reading.dead_letters,
             ),
+            (
+                "followers",
+                "long polls and event streams of the queue, in every process",
+                lambda reading: reading.followers,
+            ),
         ]
         for name, text, value in families:
             family = GaugeMetricFamily(f"feedsvc_queue_{name}", text, labels=LABELS)
@@ -151,7 +198,8 @@ async def _reading(store: FeedStore, project: str, queue: str, now_ms: int) -> Q
     dlq = (metadata or {}).get("_dead_letter_queue")
     if isinstance(dlq, str) and dlq and dlq != queue:
         dead_letters = (await store.queue_stats(project, dlq)).total
-    return QueueReading(stats.total, stats.claimed, oldest_age, dead_letters)
+    followers = await store.count_followers(project, queue)
+    return QueueReading(stats.total, stats.claimed, oldest_age, dead_letters, followers)
 
 
 QUEUE_GAUGES = web.AppKey("queue_gauges", QueueGauges)

@@ -33,6 +33,12 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+    Q:fol                hash    process token -> "<followers> <valid until ms>":
+                                 each process's long polls and streams of
+                                 the queue, reported only for the queues
+                                 --metrics-queues names; PEXPIRE'd, so it
+                                 outlives its last report briefly (a
+                                 deleted queue's too), never for ever
 
 A topic (``FeedStore.topics()``) has exactly these keys and records under
 ``fs:t:{<escaped project>/<topic>}``, and its names in ``fs:p:{P}:topics``
@@ -438,6 +444,16 @@ class FeedStore(Protocol):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         """Live counts; a queue that does not exist has none."""
+        ...
+
+    async def report_followers(self, counts: dict[tuple[str, str], int], ttl_ms: int) -> None:
+        """This process's followers of these (project, queue)s, for any
+        process's ``count_followers``: each count holds for ttl_ms unless
+        reported again; 0 withdraws this process's report."""
+        ...
+
+    async def count_followers(self, project: str, queue: str) -> int:
+        """The queue's followers in every process whose report still holds."""
         ...
 
     async def post_messages(
