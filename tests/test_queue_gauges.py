@@ -10,7 +10,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -19,6 +21,10 @@ from feedsvc.clock import ManualClock
 from feedsvc.config import MAX_METRICS_QUEUES, Settings, metrics_queue_names, parse_settings
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.drivers import make_store
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.testing import ServiceProcess
+from tests.conftest import PROCESS_DRIVERS
+from tests.test_live_workers import read_event, shard_subscribers
 from tests.test_metrics import sample
 
 Client = TestClient[web.Request, web.Application]
@@ -170,6 +176,47 @@ async def test_a_silent_process_reports_lapse(
         assert await store.count_followers(project, "r") == 1
     finally:
         await other.close()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("driver", PROCESS_DRIVERS)
+async def test_any_worker_reports_the_followers_of_all(driver: str) -> None:
+    """feedsvc serve --workers 2: whichever worker a scrape reaches, it
+    counts the streams of both."""
+    project = "gauges-" + uuid.uuid4().hex
+    headers = {"X-Project-ID": project, "Accept": "text/event-stream"}
+    listed = ("--metrics-queues", f"{project}/q", "--metrics-queue-refresh", "0")
+    with ServiceProcess("--workers", "2", "--driver", driver, *listed) as service:
+        redis = aioredis.Redis.from_url(str(service.redis_url))
+        channel = QueueKeys.of(project, "q").feed
+        streams: list[aiohttp.ClientResponse] = []
+        async with aiohttp.ClientSession(service.url) as http:
+            try:
+                # open streams until both workers serve some (each subscribes once)
+                for _ in range(40):
+                    reader = {**headers, "Client-ID": str(uuid.uuid4())}
+                    response = await http.get("/v2/queues/q/messages", headers=reader)
+                    assert response.status == 200
+                    streams.append(response)
+                    await read_event(response)  # retry: the stream is up
+                    if await shard_subscribers(redis, channel) == 2:
+                        break
+                assert await shard_subscribers(redis, channel) == 2
+                for _ in range(400):  # up to 10 s for both workers to report
+                    async with http.get("/metrics", headers={"Connection": "close"}) as got:
+                        text = await got.text()
+                    if gauge(text, "followers", project, "q") == len(streams):
+                        break
+                    await asyncio.sleep(0.025)
+                # ten scrapes, each on a connection of its own: whichever worker
+                # accepts it, it counts every stream
+                for _ in range(10):
+                    async with http.get("/metrics", headers={"Connection": "close"}) as got:
+                        assert gauge(await got.text(), "followers", project, "q") == len(streams)
+            finally:
+                for stream in streams:
+                    stream.close()
+                await redis.aclose()
 
 
 def queue_series(text: str) -> set[str]:
