@@ -24,6 +24,7 @@ from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.testing import ServiceProcess
 from tests.conftest import PROCESS_DRIVERS
+from tests.test_cli import run_cli
 from tests.test_live_workers import read_event, shard_subscribers
 from tests.test_metrics import sample
 
@@ -311,3 +312,20 @@ def test_allow_list_and_refresh_settings() -> None:
     assert metrics_queue_names(settings.metrics_queues) == [("a/b", "q1"), ("c", "q2")]
     with pytest.raises(ValueError, match="--metrics-queue-refresh must be <= 300"):
         parse_settings(["--metrics-queue-refresh", "301"], {})
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--metrics-queues", "orders"], {}, "--metrics-queues must be PROJECT/QUEUE"),
+        ([], {"FEEDSVC_METRICS_QUEUE_REFRESH": "-1"}, "--metrics-queue-refresh must be >= 0"),
+    ],
+)
+def test_bad_gauge_setting_is_one_line_and_exit_2(
+    args: list[str], env: dict[str, str], needle: str
+) -> None:
+    result = run_cli("serve", *args, env=env)
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
