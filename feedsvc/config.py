@@ -307,6 +307,18 @@ class Settings:
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
+    access_log: bool = _opt(False, "log every request (costs throughput)")
+    bench_routes: bool = _opt(
+        False,
+        "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
+        "benchmarks compare against in the same process and event loop; and the "
+        "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
+        "POST /bench/post, GET /bench/page)",
+    )
+    log_format: str = _opt(
+        "text", "log lines as plain text or as JSON objects", choices=("text", "json")
+    )
+    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     metrics_queues: str | None = _opt(
         None,
         "queues whose depth, claimed messages, oldest message's age, dead letters and "
@@ -321,18 +333,6 @@ class Settings:
         minimum=0.0,
         maximum=300.0,
     )
-    access_log: bool = _opt(False, "log every request (costs throughput)")
-    bench_routes: bool = _opt(
-        False,
-        "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
-        "benchmarks compare against in the same process and event loop; and the "
-        "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
-        "POST /bench/post, GET /bench/page)",
-    )
-    log_format: str = _opt(
-        "text", "log lines as plain text or as JSON objects", choices=("text", "json")
-    )
-    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     def __post_init__(self) -> None:
         _check(self)

@@ -167,14 +167,14 @@ async def test_a_silent_process_reports_lapse(
     other = make_store(settings, clock)
     await other.open()
     try:
-        await store.report_followers({(project, "q"): 3}, 1000)
-        await other.report_followers({(project, "q"): 2, (project, "r"): 1}, 5000)
-        assert await store.count_followers(project, "q") == 5
+        await store.follower_counts.report({(project, "q"): 3}, 1000)
+        await other.follower_counts.report({(project, "q"): 2, (project, "r"): 1}, 5000)
+        assert await store.follower_counts.count(project, "q") == 5
         clock.advance(1.001)  # the first process went silent
-        assert await other.count_followers(project, "q") == 2
-        await other.report_followers({(project, "q"): 0}, 5000)  # withdrawn
-        assert await store.count_followers(project, "q") == 0
-        assert await store.count_followers(project, "r") == 1
+        assert await other.follower_counts.count(project, "q") == 2
+        await other.follower_counts.report({(project, "q"): 0}, 5000)  # withdrawn
+        assert await store.follower_counts.count(project, "q") == 0
+        assert await store.follower_counts.count(project, "r") == 1
     finally:
         await other.close()
 

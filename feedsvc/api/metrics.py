@@ -16,7 +16,7 @@ apps in one process (tests) do not collide.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -31,7 +31,6 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feedsvc.api.queue_gauges import QUEUE_GAUGES, QueueGauges
 from feedsvc.appkeys import DELIVERIES, METRICS_CHILDREN, METRICS_REGISTRY, METRICS_REQUESTS, STORE
 from feedsvc.storage.base import FeedStore
 
@@ -116,6 +115,11 @@ class DeliveryCollector(Collector):
         )
 
 
+#: What each scrape awaits first: collectors that read Redis refresh there,
+#: since a collector's collect() cannot await (feedsvc.api.queue_gauges).
+BEFORE_SCRAPE = web.AppKey("metrics_before_scrape", list[Callable[[], Awaitable[None]]])
+
+
 def setup_metrics(app: web.Application) -> None:
     registry = CollectorRegistry()
     app[METRICS_REGISTRY] = registry
@@ -129,8 +133,7 @@ def setup_metrics(app: web.Application) -> None:
     app[METRICS_CHILDREN] = {}
     registry.register(StoreCollector(app))
     registry.register(DeliveryCollector(app))
-    app[QUEUE_GAUGES] = QueueGauges(app)
-    registry.register(app[QUEUE_GAUGES])
+    app[BEFORE_SCRAPE] = []
     GCCollector(registry=registry)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -159,7 +162,8 @@ def observe_request(request: web.Request, status: int, started: float) -> None:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    await request.app[QUEUE_GAUGES].refresh()
+    for refresh in request.app[BEFORE_SCRAPE]:
+        await refresh()
     body = generate_latest(request.app[METRICS_REGISTRY])
     response = web.Response(body=body)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]

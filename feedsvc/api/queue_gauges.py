@@ -25,7 +25,7 @@ of that scrape rather than shown stale.
 
 Followers live in each process's memory, so for every worker to answer the
 same, each process reports its followers of the listed queues to Redis
-(``FeedStore.report_followers``): those that changed, every
+(``FeedStore.follower_counts``): those that changed, every
 ``REPORT_CHECK`` seconds, and all of them every ``REPORT_HEARTBEAT``; a
 report lapses after ``REPORT_TTL``, so a process that died stops counting.
 Reads add up the reports that hold.
@@ -43,7 +43,8 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from feedsvc.appkeys import CLOCK, LIVE, SETTINGS, STORE
+from feedsvc.api.metrics import BEFORE_SCRAPE
+from feedsvc.appkeys import CLOCK, LIVE, METRICS_REGISTRY, SETTINGS, STORE
 from feedsvc.config import metrics_queue_names
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore
@@ -128,7 +129,7 @@ class QueueGauges(Collector):
         with contextlib.suppress(asyncio.CancelledError):
             await task
         try:  # withdrawn at once rather than lapsing REPORT_TTL later
-            await self._app[STORE].report_followers(dict.fromkeys(self._queues, 0), 0)
+            await self._app[STORE].follower_counts.report(dict.fromkeys(self._queues, 0), 0)
         except Unavailable as exc:
             log.debug("followers not withdrawn (they lapse by themselves): %s", exc)
 
@@ -146,7 +147,7 @@ class QueueGauges(Collector):
             else:
                 changed = {k: n for k, n in counts.items() if n != reported.get(k, 0)}
             try:
-                await store.report_followers(changed, ttl_ms)
+                await store.follower_counts.report(changed, ttl_ms)
                 reported.update(changed)
             except Unavailable as exc:
                 log.debug("followers not reported: %s", exc)
@@ -198,8 +199,14 @@ async def _reading(store: FeedStore, project: str, queue: str, now_ms: int) -> Q
     dlq = (metadata or {}).get("_dead_letter_queue")
     if isinstance(dlq, str) and dlq and dlq != queue:
         dead_letters = (await store.queue_stats(project, dlq)).total
-    followers = await store.count_followers(project, queue)
+    followers = await store.follower_counts.count(project, queue)
     return QueueReading(stats.total, stats.claimed, oldest_age, dead_letters, followers)
 
 
-QUEUE_GAUGES = web.AppKey("queue_gauges", QueueGauges)
+def setup_queue_gauges(app: web.Application) -> None:
+    """Add the gauges to the app's /metrics; call after the storage cleanup
+    context is added (the follower reports need the store)."""
+    gauges = QueueGauges(app)
+    app[METRICS_REGISTRY].register(gauges)
+    app[BEFORE_SCRAPE].append(gauges.refresh)
+    app.cleanup_ctx.append(gauges.reporting)

@@ -14,8 +14,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
 
@@ -42,6 +41,7 @@ from feedsvc.storage.base import (
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
+from feedsvc.storage.follower_counts import RedisFollowerCounts
 from feedsvc.storage.keys import KINDS, QueueKeys
 from feedsvc.storage.sealing import BodySealer, MustSeal, reveal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
@@ -55,14 +55,6 @@ log = logging.getLogger("feedsvc")
 #: encrypted meanwhile (see ``RedisStore.post_messages``).
 SEALING_MEMORY_MS = 1000
 SEALING_MEMORY_SIZE = 10000
-
-
-def _pairs(reply: dict[bytes, bytes] | list[bytes]) -> Iterator[tuple[bytes, bytes]]:
-    """A hash's fields and values, as RESP3 (a map) or RESP2 (a flat list) gives them."""
-    if isinstance(reply, dict):
-        yield from reply.items()
-    else:
-        yield from zip(reply[::2], reply[1::2], strict=True)
 
 
 def idempotency_token(client_id: str, key: str) -> str:
@@ -83,8 +75,7 @@ class RedisStore(ClaimUpkeep):
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
         self._topic_view: Self | None = None
-        # names this process's reports of followers (report_followers)
-        self._process = uuid.uuid4().hex
+        self.follower_counts = RedisFollowerCounts(transport, clock)
         # subscriptions hang off queues and topics alike (the same layout
         # under each kind's keys); one delivery state for both
         builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
@@ -214,34 +205,6 @@ class RedisStore(ClaimUpkeep):
             oldest=oldest,
             newest=newest,
         )
-
-    async def report_followers(self, counts: dict[tuple[str, str], int], ttl_ms: int) -> None:
-        until = self._clock.now_ms() + ttl_ms
-        commands: list[Command] = []
-        for (project, queue), count in counts.items():
-            key = self._keys(project, queue).followers
-            if count:
-                commands.append(("HSET", key, self._process, f"{count} {until}"))
-                commands.append(("PEXPIRE", key, ttl_ms))
-            else:
-                commands.append(("HDEL", key, self._process))
-        if commands:
-            await self._transport.call_checked(commands)
-
-    async def count_followers(self, project: str, queue: str) -> int:
-        key = self._keys(project, queue).followers
-        now = self._clock.now_ms()
-        [reports] = await self._transport.call_checked([("HGETALL", key)], idempotent=True)
-        total, lapsed = 0, []
-        for process, report in _pairs(reports):
-            count, _, until = report.partition(b" ")
-            if int(until) > now:
-                total += int(count)
-            else:  # its process stopped reporting (it died) while others went on
-                lapsed.append(process)
-        if lapsed:
-            await self._transport.call_checked([("HDEL", key, *lapsed)])
-        return total
 
     async def _live_end(self, keys: QueueKeys, now: int, reverse: bool) -> MessageSummary | None:
         """The first live message from the head (or the tail) of the index."""
