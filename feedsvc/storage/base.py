@@ -426,12 +426,6 @@ class FeedStore(Protocol):
         """Point-in-time numbers for /metrics: counters, pool and batch state."""
         ...
 
-    @property
-    def follower_counts(self) -> FollowerCounts:
-        """Followers of queues counted over every process (see
-        ``feedsvc.storage.follower_counts``)."""
-        ...
-
     async def close(self) -> None: ...
 
     def topics(self) -> FeedStore:
@@ -462,6 +456,12 @@ class FeedStore(Protocol):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         """Live counts; a queue that does not exist has none."""
+        ...
+
+    @property
+    def follower_counts(self) -> FollowerCounts:
+        """Followers of queues counted over every process (see
+        ``feedsvc.storage.follower_counts``)."""
         ...
 
     async def post_messages(
