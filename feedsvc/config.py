@@ -321,17 +321,11 @@ class Settings:
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     metrics_queues: str | None = _opt(
         None,
-        "queues whose depth, claimed messages, oldest message's age, dead letters and "
-        "followers /metrics reports, for autoscaling: PROJECT/QUEUE[,PROJECT/QUEUE...], "
-        f"at most {MAX_METRICS_QUEUES}; no other queue ever becomes a label "
-        "(docs/operations.md: Autoscaling)",
+        f"PROJECT/QUEUE[,...] (at most {MAX_METRICS_QUEUES}): the queues whose depth, claimed, "
+        "oldest age, dead letters and followers /metrics reports; no other queue is a label",
     )
     metrics_queue_refresh: float = _opt(
-        5.0,
-        "seconds /metrics reuses the --metrics-queues gauges it last read from Redis "
-        "(0 = read them on every scrape)",
-        minimum=0.0,
-        maximum=300.0,
+        5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
     )
 
     def __post_init__(self) -> None:
