@@ -16,6 +16,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from feedsvc.api.metrics import setup_metrics
 from feedsvc.api.middleware import request_middleware
+from feedsvc.api.queue_gauges import setup_queue_gauges
 from feedsvc.api.routes import add_routes
 from feedsvc.appkeys import (
     AUTH_TOKENS,
@@ -109,5 +110,6 @@ def create_app(
         app[EMBEDDED_REDIS] = embedded_redis
     setup_metrics(app)
     app.cleanup_ctx.append(_storage_context(settings, clock))
+    setup_queue_gauges(app)  # after the store's context: it reports followers through it
     add_routes(app, settings.bench_routes)
     return app

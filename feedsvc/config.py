@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,11 @@ SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
 DRIVER_NAMES = ("lua", "watch", "watch-naive")
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
+#: Most queues --metrics-queues may name: each is a set of series in every
+#: scrape and a few Redis reads per refresh, so both stay bounded.
+MAX_METRICS_QUEUES = 100
+# A queue name, as the API accepts it (feedsvc.api.validation.QUEUE_NAME).
+_QUEUE_NAME = re.compile(r"^(?!\.\.?$)[a-zA-Z0-9_.-]{1,64}$")
 
 
 class UnusableSetting(Exception):
@@ -338,6 +344,14 @@ class Settings:
         "text", "log lines as plain text or as JSON objects", choices=("text", "json")
     )
     log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    metrics_queues: str | None = _opt(
+        None,
+        f"PROJECT/QUEUE[,...] (at most {MAX_METRICS_QUEUES}): the queues whose depth, claimed, "
+        "oldest age, dead letters and followers /metrics reports; no other queue is a label",
+    )
+    metrics_queue_refresh: float = _opt(
+        5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
+    )
 
     def __post_init__(self) -> None:
         _check(self)
@@ -414,6 +428,7 @@ def _check(settings: Settings) -> None:
         )
     settings.redis_sentinel()  # fails early on a malformed sentinel URL
     subscriber_networks(settings.subscriber_allow)  # fails early on a malformed CIDR
+    metrics_queue_names(settings.metrics_queues)
     smtp_address(settings.smtp_server)
     if settings.delivery_timeout * 2 >= settings.delivery_lease:
         raise ValueError("--delivery-timeout must be below half of --delivery-lease")
@@ -454,6 +469,28 @@ def subscriber_networks(allow: str | None) -> list[IPNetwork]:
                 f"--subscriber-allow must be CIDR[,CIDR...], got {item.strip()!r}"
             ) from None
     return out
+
+
+def metrics_queue_names(queues: str | None) -> list[tuple[str, str]]:
+    """(project, queue) pairs of --metrics-queues, in order, each once.
+
+    A project may hold ``/`` (the queue name after the last one cannot), but
+    not ``,``, which separates the pairs."""
+    if not queues:
+        return []
+    pairs: dict[tuple[str, str], None] = {}
+    for item in queues.split(","):
+        project, slash, queue = item.strip().rpartition("/")
+        if not slash or not 0 < len(project) <= 256 or not _QUEUE_NAME.match(queue):
+            raise ValueError(
+                f"--metrics-queues must be PROJECT/QUEUE[,PROJECT/QUEUE...], got {item.strip()!r}"
+            )
+        pairs[project, queue] = None
+    if len(pairs) > MAX_METRICS_QUEUES:
+        raise ValueError(
+            f"--metrics-queues names at most {MAX_METRICS_QUEUES} queues, got {len(pairs)}"
+        )
+    return list(pairs)
 
 
 def smtp_address(server: str | None) -> tuple[str, int] | None:

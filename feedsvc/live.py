@@ -292,19 +292,31 @@ class LiveFeeds:
         self._tails: dict[tuple[str, str], Tail] = {}
         self._ticker: asyncio.Task[None] | None = None
         self.followers = 0  # long polls and streams now
+        self._following: dict[tuple[str, str], int] = {}  # the same per queue
 
     @property
     def tails(self) -> int:
         return len(self._tails)
 
+    def followers_of(self, project: str, queue: str) -> int:
+        """Long polls and streams of this queue in this process now."""
+        return self._following.get((project, queue), 0)
+
     @asynccontextmanager
     async def follower(self, project: str, queue: str, follower: Follower) -> AsyncIterator[None]:
         """Follow with ``follower`` (not yet caught up: call ``catch_up`` until it returns [])."""
+        key = (project, queue)
         self.followers += 1
+        self._following[key] = self._following.get(key, 0) + 1
         try:
             yield
         finally:
             self.followers -= 1
+            left = self._following[key] - 1
+            if left:
+                self._following[key] = left
+            else:
+                del self._following[key]
             await self._leave(project, queue, follower)
 
     async def catch_up(

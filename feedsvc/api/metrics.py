@@ -7,14 +7,16 @@ pool use, coalesced batches) are read at scrape time, and so are the
 process's own (``process_*``: CPU, memory, open files) and its Python's
 (``python_gc_*``: the cycle collector's runs per generation, see
 :mod:`feedsvc.process_setup`; ``python_info``), as any Python service
-exports them. Each app has its own registry, so several apps in one process
-(tests) do not collide.
+exports them; and the gauges of the queues ``--metrics-queues`` names, read
+from Redis at most once per ``--metrics-queue-refresh`` (see
+:mod:`feedsvc.api.queue_gauges`). Each app has its own registry, so several
+apps in one process (tests) do not collide.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -155,6 +157,11 @@ class DeliveryCollector(Collector):
         )
 
 
+#: What each scrape awaits first: collectors that read Redis refresh there,
+#: since a collector's collect() cannot await (feedsvc.api.queue_gauges).
+BEFORE_SCRAPE = web.AppKey("metrics_before_scrape", list[Callable[[], Awaitable[None]]])
+
+
 def setup_metrics(app: web.Application) -> None:
     registry = CollectorRegistry()
     app[METRICS_REGISTRY] = registry
@@ -169,6 +176,7 @@ def setup_metrics(app: web.Application) -> None:
     registry.register(StoreCollector(app))
     registry.register(RefusalCollector(app))
     registry.register(DeliveryCollector(app))
+    app[BEFORE_SCRAPE] = []
     GCCollector(registry=registry)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -197,6 +205,8 @@ def observe_request(request: web.Request, status: int, started: float) -> None:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    for refresh in request.app[BEFORE_SCRAPE]:
+        await refresh()
     body = generate_latest(request.app[METRICS_REGISTRY])
     response = web.Response(body=body)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]

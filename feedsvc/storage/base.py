@@ -33,6 +33,11 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+    Q:fol                hash    process token -> "<followers> <valid until ms>"
+                                 for the queues --metrics-queues names (see
+                                 follower_counts.py); expires by itself
+                                 soon after its last report, not deleted
+                                 with the queue
 
 A topic (``FeedStore.topics()``) has exactly these keys and records under
 ``fs:t:{<escaped project>/<topic>}``, and its names in ``fs:p:{P}:topics``
@@ -436,6 +441,19 @@ class Follow(Protocol):
         ...
 
 
+class FollowerCounts(Protocol):
+    """Each process's followers of a queue, for any process's /metrics."""
+
+    async def report(self, counts: dict[tuple[str, str], int], ttl_ms: int) -> None:
+        """This process's followers of these (project, queue)s: each count
+        holds for ttl_ms unless reported again; 0 withdraws its report."""
+        ...
+
+    async def count(self, project: str, queue: str) -> int:
+        """The queue's followers in every process whose report still holds."""
+        ...
+
+
 class FeedStore(Protocol):
     """What the HTTP layer needs from storage. Both drivers implement it.
 
@@ -503,6 +521,12 @@ class FeedStore(Protocol):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         """Live counts; a queue that does not exist has none."""
+        ...
+
+    @property
+    def follower_counts(self) -> FollowerCounts:
+        """Followers of queues counted over every process (see
+        ``feedsvc.storage.follower_counts``)."""
         ...
 
     async def post_messages(

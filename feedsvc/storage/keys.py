@@ -39,6 +39,8 @@ RECORD_INFIX = ":r:"  # a message (record.py)
 MESSAGE_INFIX = ":m:"  # a message written before the compact record (record.py)
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
+#: each process's count of the queue's followers, for /metrics (--metrics-queues)
+FOLLOWERS_SUFFIX = ":fol"
 SUBSCRIPTIONS_SUFFIX = ":subs"
 SUBSCRIBERS_SUFFIX = ":subu"
 BURIED_SUFFIX = ":subx"
@@ -130,6 +132,11 @@ class QueueKeys:
     def idempotency(self) -> str:
         """Hash: sha1(client id, Idempotency-Key) -> "<expires ms> <id> <id> ..."."""
         return self.prefix + IDEMPOTENCY_SUFFIX
+
+    @property
+    def followers(self) -> str:
+        """Each process's followers of the queue: a report, not queue data."""
+        return self.prefix + FOLLOWERS_SUFFIX
 
     def record(self, message_id: str) -> str:
         """A message: its header and body in one string (see record.py)."""

@@ -44,6 +44,7 @@ from feedsvc.storage.base import (
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
+from feedsvc.storage.follower_counts import RedisFollowerCounts
 from feedsvc.storage.keys import KINDS, QueueKeys
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
@@ -93,6 +94,7 @@ class RedisStore(ClaimUpkeep):
         # queue prefix -> (bodies are sealed, learned at ms)
         self._sealing: dict[str, tuple[bool, int]] = {}
         self._topic_view: Self | None = None
+        self.follower_counts = RedisFollowerCounts(transport, clock)
         # subscriptions hang off queues and topics alike (the same layout
         # under each kind's keys); one delivery state for both
         builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
