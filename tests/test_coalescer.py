@@ -176,6 +176,24 @@ async def test_error_replies_stay_with_their_caller(
     assert isinstance(noscript[0], ResponseError)
 
 
+async def test_a_command_that_cannot_be_encoded_fails_only_its_caller(
+    coalescer: Coalescer,
+) -> None:
+    """An argument Redis cannot take (a bug of the caller's) is that caller's
+    error at once: the calls batched with it, before and after, get their
+    replies, and the connection goes on."""
+    p = prefix()
+    before = [coalescer.submit([("SET", f"{p}{i}", i)]) for i in range(5)]
+    bad = coalescer.submit([("SET", p + "bad", object())])  # type: ignore[list-item]
+    after = [coalescer.submit([("GET", f"{p}{i}")]) for i in range(5)]
+    async with asyncio.timeout(5):
+        assert await asyncio.gather(*before) == [[b"OK"]] * 5
+        with pytest.raises(TypeError):
+            await bad
+        assert await asyncio.gather(*after) == [[str(i).encode()] for i in range(5)]
+        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+
+
 async def test_order_is_kept(client: aioredis.Redis, coalescer: Coalescer) -> None:
     # one connection: batches in the order formed, calls within a batch in call order
     key = prefix() + "list"

@@ -347,8 +347,13 @@ class Coalescer:
                 call.future.set_exception(RedisTimeoutError("Timeout waiting to write to Redis"))
                 dropped += 1
                 continue
-            for command in call.commands:
-                chunks.append(hiredis.pack_command(command))
+            try:
+                packed = [hiredis.pack_command(command) for command in call.commands]
+            except Exception as exc:  # an argument Redis cannot take: its caller's bug alone
+                call.future.set_exception(exc)
+                dropped += 1
+                continue
+            chunks += packed
             self._waiting.append(_Waiter(call.future, len(call.commands), call.deadline))
             self.calls += 1
         if chunks:
