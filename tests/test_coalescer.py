@@ -184,7 +184,7 @@ async def test_a_command_that_cannot_be_encoded_fails_only_its_caller(
     replies, and the connection goes on."""
     p = prefix()
     before = [coalescer.submit([("SET", f"{p}{i}", i)]) for i in range(5)]
-    bad = coalescer.submit([("SET", p + "bad", object())])  # type: ignore[list-item]
+    bad = coalescer.submit([("SET", p + "bad", object())])
     after = [coalescer.submit([("GET", f"{p}{i}")]) for i in range(5)]
     async with asyncio.timeout(5):
         assert await asyncio.gather(*before) == [[b"OK"]] * 5
