@@ -139,6 +139,18 @@ local function verdict(checked, sealed, id, body)
   return 'open'
 end
 
+-- verdict for pop and claim, noting in unopened (id, body pairs) a body to
+-- ask the caller about; true if the message is to be taken (or would be,
+-- once opened), false if it is to be left where it is.
+local function may_take(checked, sealed, id, m, unopened)
+  local v = verdict(checked, sealed, id, m.body)
+  if v == 'open' then
+    unopened[#unopened + 1] = id
+    unopened[#unopened + 1] = m.body
+  end
+  return v ~= 'skip'
+end
+
 -- The verdicts a caller sends: ARGV pairs (id, SHA1 or '') from first on.
 local function verdicts(first)
   local checked = {}

@@ -60,17 +60,10 @@ while taking < limit and scanned < scan_limit do
     if is_free(m, now) then
       if dead_letters and max_claims and m.count >= max_claims then
         chosen[#chosen + 1] = {id, seq, m, true}
-      else
-        local v = verdict(checked, sealed, id, m.body)
-        if v == 'open' then
-          unopened[#unopened + 1] = id
-          unopened[#unopened + 1] = m.body
-        end
-        if v ~= 'skip' then
-          chosen[#chosen + 1] = {id, seq, m, false}
-          taking = taking + 1
-          if taking == limit then break end
-        end
+      elseif may_take(checked, sealed, id, m, unopened) then
+        chosen[#chosen + 1] = {id, seq, m, false}
+        taking = taking + 1
+        if taking == limit then break end
       end
     end
   end

@@ -20,16 +20,9 @@ while #chosen < limit and scanned < scan_limit do
     local id, seq = entries[j], entries[j + 1]
     scanned = scanned + 1
     local m = read_message(id)
-    if is_free(m, now) then
-      local v = verdict(checked, sealed, id, m.body)
-      if v == 'open' then
-        unopened[#unopened + 1] = id
-        unopened[#unopened + 1] = m.body
-      end
-      if v ~= 'skip' then
-        chosen[#chosen + 1] = {id, seq, m}
-        if #chosen == limit then break end
-      end
+    if is_free(m, now) and may_take(checked, sealed, id, m, unopened) then
+      chosen[#chosen + 1] = {id, seq, m}
+      if #chosen == limit then break end
     end
   end
 end
