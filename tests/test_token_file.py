@@ -68,7 +68,7 @@ def test_a_token_file_that_does_not_parse_stops_the_start(tmp_path: Path) -> Non
     done = subprocess.run(
         [sys.executable, "-m", "feedsvc", "serve", "--redis-url", "redis://127.0.0.1:1",
          "--auth-token-file", str(tokens)],
-        capture_output=True, text=True, timeout=60,
+        check=False, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
     assert "line 1: 'write:*' is no scope" in done.stderr
