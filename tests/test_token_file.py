@@ -73,3 +73,12 @@ def test_a_token_file_that_does_not_parse_stops_the_start(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert "line 1: 'write:*' is no scope" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_token_on_the_command_line_is_logged_as_visible_to_ps(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    with serving(redis_server.url, log, "--auth-token", "cli-token=p", workers=1) as svc:
+        assert status(svc.port, "cli-token") == 201
+    assert "--auth-token is visible to ps" in log.read_text()
