@@ -138,3 +138,12 @@ def test_the_flag_repeats() -> None:
     assert settings.cors_origins() == {APP, "http://[::1]:8080"}
     from_env = parse_settings([], {"FEEDSVC_CORS_ORIGIN": f"{APP}, *"})
     assert from_env.cors_origins() == {APP, "*"}
+
+
+async def test_an_event_stream_carries_the_cors_headers(listed: Client) -> None:
+    headers = {"Origin": APP, "Client-ID": str(uuid.uuid4()), "Authorization": f"Bearer {TOKEN}",
+               "Accept": "text/event-stream"}  # fmt: skip
+    async with listed.get("/v2/queues/q/messages", headers=headers) as stream:
+        assert stream.status == 200
+        assert stream.content_type == "text/event-stream"
+        assert stream.headers["Access-Control-Allow-Origin"] == APP
