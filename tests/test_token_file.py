@@ -39,25 +39,27 @@ def status(port: int, token: str) -> int:
         return exc.code
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_sighup_makes_every_worker_read_the_token_file_again(
-    redis_server: RedisServer, tmp_path: Path
+    redis_server: RedisServer, tmp_path: Path, workers: int
 ) -> None:
     old, new = "old-" + uuid.uuid4().hex, "new-" + uuid.uuid4().hex
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{old} tf-project *:*\n")
     log = tmp_path / "serve.log"
-    with serving(redis_server.url, log, "--auth-token-file", str(tokens), workers=2) as svc:
+    flags = ("--auth-token-file", str(tokens))
+    with serving(redis_server.url, log, *flags, workers=workers) as svc:
         assert all(status(svc.port, old) == 201 for _ in range(10))
         assert status(svc.port, new) == 401
         tokens.write_text(f"# rotated\n{new} tf-project post:tf\n")
         svc.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: log.read_text().count("read 1 tokens from") == 2, "both workers reading")
+        wait_for(lambda: log.read_text().count("read 1 tokens from") == workers, "each reading")
         assert [status(svc.port, old) for _ in range(20)] == [401] * 20
         assert [status(svc.port, new) for _ in range(20)] == [201] * 20
         # a file that does not parse keeps the tokens in force
         tokens.write_text(f"{new} tf-project\n")
         svc.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: log.read_text().count("kept the tokens in force") == 2, "both refusing")
+        wait_for(lambda: log.read_text().count("kept the tokens in force") == workers, "refusing")
         assert [status(svc.port, new) for _ in range(10)] == [201] * 10
         assert svc.returncode is None
 
