@@ -20,7 +20,8 @@ three in bench/capacity.py), coalesce, drivers, cluster (a local 3-primary
 Redis Cluster), rtt (needs root: network namespace + tc netem), idle and
 fanout (live followers over SSE; bench/live.py), wake (a long poll woken
 by a post), webhook (a subscription's webhook deliveries;
-bench/webhook.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
+bench/webhook.py), auth (POST and GET with a JWT against none;
+bench/auth.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -375,6 +376,11 @@ class Suite:
 
         part_wake(self)
 
+    def part_auth(self) -> None:
+        from bench.auth import part_auth
+
+        part_auth(self)
+
     def part_webhook(self) -> None:
         from bench.webhook import part_webhook
 
@@ -552,7 +558,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
-    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook",
+    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth",
 ]  # fmt: skip
 
 

@@ -14,12 +14,14 @@ from typing import Any
 from aiohttp import web
 from redis.utils import HIREDIS_AVAILABLE
 
+from feedsvc.access import Authenticator
+from feedsvc.api import cors
 from feedsvc.api.metrics import setup_metrics
 from feedsvc.api.middleware import request_middleware
 from feedsvc.api.queue_gauges import setup_queue_gauges
 from feedsvc.api.routes import add_routes
 from feedsvc.appkeys import (
-    AUTH_TOKENS,
+    AUTHENTICATOR,
     CLOCK,
     COUNTED_ERRORS,
     DELIVERIES,
@@ -83,6 +85,15 @@ def _counted_errors(clock: Clock) -> dict[type[Exception], LogCounter]:
     }
 
 
+async def _issuer_keys(app: web.Application) -> AsyncIterator[None]:
+    """The JWT issuer's keys fetched before serving (with --jwt-jwks-url)."""
+    authenticator = app[AUTHENTICATOR]
+    if authenticator.jwt is not None:
+        await authenticator.jwt.start()
+    yield
+    await authenticator.close()
+
+
 async def _tell_counted_errors(app: web.Application) -> None:
     for counter in app[COUNTED_ERRORS].values():
         counter.close()
@@ -105,7 +116,10 @@ def create_app(
     app[DRAINING] = DrainSignal()
     app[COUNTED_ERRORS] = _counted_errors(clock)
     app.on_cleanup.append(_tell_counted_errors)
-    app[AUTH_TOKENS] = settings.auth_tokens()
+    app[AUTHENTICATOR] = Authenticator(settings, clock)
+    if settings.cors_origins():
+        app.on_response_prepare.append(cors.on_prepare(settings.cors_origins()))
+    app.cleanup_ctx.append(_issuer_keys)
     if embedded_redis is not None:
         app[EMBEDDED_REDIS] = embedded_redis
     setup_metrics(app)

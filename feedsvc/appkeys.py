@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import AbstractRoute
 from prometheus_client import CollectorRegistry, Histogram
 
+from feedsvc.access import Authenticator
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
@@ -36,8 +38,12 @@ LIVE = web.AppKey("live", LiveFeeds)
 TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
 #: This process's delivery worker for subscriptions; set with STORE.
 DELIVERIES = web.AppKey("deliveries", Deliverer)
-#: Bearer token -> project (``--auth-token``); empty means no authentication.
-AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
+#: Bearer token -> identity (--auth-token, --auth-token-file, JWTs); ``on`` is
+#: False when none is set: then no request is authenticated.
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+#: Each route -> the action its scope check asks for (``feedsvc.api.routes``);
+#: None: open to all (probes, the console's files, the home document).
+ROUTE_ACTIONS: web.AppKey[dict[AbstractRoute, str | None]] = web.AppKey("route_actions")
 #: This app's own Prometheus registry (several apps in one process do not collide).
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)

@@ -17,9 +17,11 @@ from typing import Any
 from aiohttp import web
 
 from feedsvc import __version__
+from feedsvc.access import Authenticator
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
-from feedsvc.appkeys import DRAINING
+from feedsvc.appkeys import AUTHENTICATOR, DRAINING
+from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.drain import CUT_OFF_WAIT, Drain
 from feedsvc.embedded import EmbeddedRedis
@@ -120,6 +122,8 @@ async def serve(
     assert server is not None  # set up above
     young_collections = YoungCollections(loop, lambda: server.requests_count)
     young_collections.start()
+    # the token file read again (with --workers, the supervisor passes SIGHUP on)
+    loop.add_signal_handler(signal.SIGHUP, app[AUTHENTICATOR].reload)
     for sig in (signal.SIGINT, signal.SIGTERM):
         # a worker ignores SIGINT: its supervisor decides when it stops
         if signal.getsignal(sig) is not signal.SIG_IGN:
@@ -142,6 +146,12 @@ def run_serve(settings: Settings) -> int:
     """Run ``feedsvc serve``: its exit code (2: a setting this machine cannot honour)."""
     embedded: EmbeddedRedis | None = None
     raise_open_files_limit()  # a client is a descriptor (workers inherit it)
+    try:
+        Authenticator(settings, SYSTEM_CLOCK)  # the token and key files read, or exit 2
+    except ValueError as exc:
+        return refuse(UnusableSetting(str(exc)))
+    if settings.auth_token:
+        log.warning("--auth-token is visible to ps and in /proc: prefer --auth-token-file")
     try:
         # first, so that an address we cannot have costs nothing
         sock = bind(settings)

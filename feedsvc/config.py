@@ -225,9 +225,55 @@ class Settings:
     _section("access and encryption")
     auth_token: str | None = _opt(
         None,
-        "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...]: when set, queue "
-        "routes need 'Authorization: Bearer TOKEN' (else 401) and the project is "
-        "the token's, not X-Project-ID's",
+        "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...], each granting its whole "
+        "project: when set, queue routes need 'Authorization: Bearer TOKEN' (else 401) and "
+        "the project is the token's, not X-Project-ID's. A flag shows in ps: prefer "
+        "--auth-token-file",
+    )
+    auth_token_file: Path | None = _opt(
+        None,
+        "file of static bearer tokens, one 'TOKEN PROJECT SCOPE...' per line (scopes as "
+        "a JWT's, e.g. '*:*' or 'read:orders-*'; # starts a comment); read again on SIGHUP "
+        "by every worker (a file that does not parse keeps the tokens in force)",
+    )
+    jwt_jwks_url: str | None = _opt(
+        None,
+        "accept JWT bearer tokens (OIDC / OAuth2 access tokens) signed by the keys of this "
+        "JWKS URL (http:// or https://): fetched at start, again on an unknown kid (at most "
+        "every 10 s) and every --jwt-jwks-refresh seconds; needs --jwt-issuer and "
+        "--jwt-audience",
+    )
+    jwt_key_file: Path | None = _opt(
+        None,
+        "accept JWT bearer tokens signed by the public key in this PEM file (instead of "
+        "--jwt-jwks-url); needs --jwt-issuer and --jwt-audience",
+    )
+    jwt_issuer: str | None = _opt(None, "the iss a JWT must carry")
+    jwt_audience: str | None = _opt(None, "the aud a JWT must carry (one of, if a list)")
+    jwt_algorithms: str = _opt(
+        "RS256,ES256,PS256,EdDSA",
+        "signature algorithms a JWT may use, comma-separated; asymmetric ones only "
+        "(RS*, PS*, ES*, EdDSA): never none, never an HMAC keyed by a public key",
+    )
+    jwt_leeway: float = _opt(
+        30.0, "seconds of clock skew allowed on a JWT's exp and nbf", minimum=0.0, maximum=300.0
+    )
+    jwt_project_claim: str = _opt(
+        "project", "the JWT claim that names the project (it wins over X-Project-ID)"
+    )
+    jwt_jwks_refresh: float = _opt(
+        60.0,
+        "seconds between fetches of --jwt-jwks-url: a key added or removed at the issuer "
+        "counts within this",
+        minimum=1.0,
+        maximum=86400.0,
+    )
+    cors_origin: str | None = _opt(
+        None,
+        "a browser origin (scheme://host[:port]) allowed to call the API cross-origin; "
+        "repeat the flag (or comma-separate in the environment) for several; '*' allows "
+        "any origin, for GET and HEAD without credentials only",
+        repeat=True,
     )
     signed_url_key: str | None = _opt(
         None,
@@ -393,6 +439,17 @@ class Settings:
             tokens[token] = project
         return tokens
 
+    def jwt_on(self) -> bool:
+        return self.jwt_jwks_url is not None or self.jwt_key_file is not None
+
+    def jwt_algorithm_list(self) -> list[str]:
+        return [name for name in (a.strip() for a in self.jwt_algorithms.split(",")) if name]
+
+    def cors_origins(self) -> frozenset[str]:
+        """The origins of --cors-origin ('*' among them when given)."""
+        raw = self.cors_origin or ""
+        return frozenset(o for o in (item.strip() for item in raw.split(",")) if o)
+
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
@@ -421,6 +478,7 @@ def _check(settings: Settings) -> None:
         if any(len(key) < 16 for key in settings.old_encryption_keys()):
             raise ValueError("--message-encryption-old-keys: each key has at least 16 characters")
     settings.auth_tokens()  # fails early on a malformed list
+    _check_access(settings)
     settings.worker_count()
     if settings.redis_url is not None and not settings.redis_url.startswith(URL_SCHEMES):
         raise ValueError(
@@ -453,6 +511,43 @@ def _check(settings: Settings) -> None:
             raise ValueError(
                 f"need {_flag(lo_name)} <= {_flag(mid_name)} <= {_flag(hi_name)}"
                 f", got {lo}, {mid}, {hi}"
+            )
+
+
+#: What --jwt-algorithms may name: the asymmetric JWS algorithms (RFC 7518, 8037).
+JWT_ALGORITHMS = frozenset(
+    ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+)
+_ORIGIN = re.compile(
+    r"^https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?$"
+)
+
+
+def _check_access(settings: Settings) -> None:
+    """The JWT and CORS settings consistent (the token file is read at start)."""
+    if settings.jwt_jwks_url is not None and settings.jwt_key_file is not None:
+        raise ValueError("give --jwt-jwks-url or --jwt-key-file, not both")
+    if settings.jwt_jwks_url is not None and not settings.jwt_jwks_url.startswith(
+        ("http://", "https://")
+    ):
+        raise ValueError(
+            f"--jwt-jwks-url must be an http:// or https:// URL, got {settings.jwt_jwks_url!r}"
+        )
+    if settings.jwt_on() and not (settings.jwt_issuer and settings.jwt_audience):
+        raise ValueError("JWT bearer tokens need --jwt-issuer and --jwt-audience (both checked)")
+    algorithms = settings.jwt_algorithm_list()
+    refused = [name for name in algorithms if name not in JWT_ALGORITHMS]
+    if refused or not algorithms:
+        raise ValueError(
+            f"--jwt-algorithms may name only {', '.join(sorted(JWT_ALGORITHMS))}, got "
+            f"{settings.jwt_algorithms!r}"
+        )
+    if not settings.jwt_project_claim.strip():
+        raise ValueError("--jwt-project-claim must name a claim")
+    for origin in settings.cors_origins():
+        if origin != "*" and not _ORIGIN.match(origin):
+            raise ValueError(
+                f"--cors-origin must be '*' or scheme://host[:port] (no path), got {origin!r}"
             )
 
 
@@ -548,7 +643,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} (env {_env_name(f.name)}; default {shown})"
         choices = f.metadata.get("choices")
         metavar = f.name.upper() if choices is None else "{" + ",".join(choices) + "}"
-        if str(f.type) == "bool":
+        if f.metadata.get("repeat"):
+            group.add_argument(
+                _flag(f.name), dest=f.name, default=None, metavar=metavar,
+                action="append", help=help_text,
+            )  # fmt: skip
+        elif str(f.type) == "bool":
             group.add_argument(
                 _flag(f.name),
                 dest=f.name,
@@ -584,6 +684,8 @@ def settings_from(
             source = _env_name(f.name)
         if raw is None:
             continue
+        if isinstance(raw, list):  # a repeated flag
+            raw = ",".join(raw)
         if isinstance(raw, str):
             if raw == "" and f.default is None:
                 continue

@@ -15,6 +15,7 @@ status from ``FeedError.status``. Nothing else catches them.
     │   └── InvalidContentType     400  a body sent as a form (x-www-form-urlencoded)
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
+    │   ├── InsufficientScope      403  the token's scope does not allow it
     │   └── MessageIsClaimed       403  delete of a claimed message without claim_id
     ├── NotFound                   404
     │   ├── QueueNotFound
@@ -86,13 +87,35 @@ class InvalidContentType(BadRequest):
 
 
 class Unauthorized(FeedError):
+    """No bearer token, or one that does not hold: RFC 6750's error code
+    (invalid_token; none when no token was sent) goes in WWW-Authenticate."""
+
     status = 401
     title = "Authentication required"
+
+    def __init__(self, description: str, error: str | None = None) -> None:
+        super().__init__(description)
+        self.error = error
+
+    def challenge(self) -> str:
+        return "Bearer" if self.error is None else f'Bearer error="{self.error}"'
 
 
 class Forbidden(FeedError):
     status = 403
     title = "Forbidden"
+
+
+class InsufficientScope(Forbidden):
+    """A verified token whose scopes do not allow the action on that name."""
+
+    def __init__(self, action: str, name: str | None) -> None:
+        what = f"{action} on {name!r}" if name is not None else f"{action} on every name"
+        super().__init__(f"The token's scope does not allow {what}.")
+        self.scope = f"{action}:{name or '*'}"
+
+    def challenge(self) -> str:
+        return f'Bearer error="insufficient_scope", scope="{self.scope}"'
 
 
 class MessageIsClaimed(Forbidden):

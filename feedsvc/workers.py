@@ -16,6 +16,8 @@ flight (up to ``--shutdown-grace`` seconds, then cuts off the rest; see
 have stopped accepting, new connections are refused. A worker still alive
 ``KILL_AFTER_GRACE`` seconds after the grace period is killed, and the exit
 code is then 1. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
+SIGHUP to the parent is passed on to every worker (each reads
+``--auth-token-file`` again).
 
 Each worker tells the parent over a pipe when it serves on the socket
 (its number and pid, one line); once every current worker has, the parent
@@ -100,6 +102,8 @@ def _worker(
         die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # until serve() handles it (the token file read again), not the supervisor's handler
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     log.info("worker %d started (pid %d)", number, os.getpid())
 
     def tell_parent(host: str, port: int) -> None:
@@ -152,6 +156,12 @@ class Supervisor:
     def _stop(self, *_: object) -> None:
         self._stopping = True
 
+    def _pass_on_hangup(self, *_: object) -> None:
+        """SIGHUP (read the token file again) goes to every worker."""
+        for process in self._workers.values():
+            if process.exitcode is None and process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
+
     def _wait_for_listening(self, timeout: float) -> None:
         """Up to timeout: read what workers said; announce once every current worker serves."""
         readable, _, _ = select.select([self._listening_read], [], [], timeout)
@@ -180,6 +190,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._pass_on_hangup)
         log.info(
             "feedsvc supervising %d workers on http://%s:%d",
             self.count,

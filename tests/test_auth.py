@@ -36,7 +36,11 @@ def headers(client: Client, who: str | None, project: str = "spoofed") -> dict[s
 
 async def test_writes_and_reads_need_a_known_token(authed: Client) -> None:
     body = {"messages": [{"body": 1}]}
-    for h in (headers(authed, None), headers(authed, "mallory")):
+    # RFC 6750: no error code when no token came, invalid_token for a bad one
+    challenges = ["Bearer", 'Bearer error="invalid_token"']
+    for h, challenge in zip(
+        (headers(authed, None), headers(authed, "mallory")), challenges, strict=True
+    ):
         for method, path in [
             ("POST", "/v2/queues/q/messages"),
             ("GET", "/v2/queues/q/messages"),
@@ -46,7 +50,7 @@ async def test_writes_and_reads_need_a_known_token(authed: Client) -> None:
         ]:
             response = await authed.request(method, path, json=body, headers=h)
             assert response.status == 401, (method, path)
-            assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert response.headers["WWW-Authenticate"] == challenge
             assert set(await response.json()) == {"title", "description"}
     # probes stay open
     assert (await authed.get("/v2/ping", headers=headers(authed, None))).status == 204

@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
     ("feedsvc.log_counter",),
+    # bearer tokens: their identities and scopes, JWTs and the issuer's keys
+    ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, over the storage interface
@@ -57,6 +59,7 @@ LAYERS: list[tuple[str, ...]] = [
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
 APPKEYS_MAY_IMPORT = {
+    "feedsvc.access",
     "feedsvc.config",
     "feedsvc.clock",
     "feedsvc.storage.base",

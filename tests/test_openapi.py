@@ -20,6 +20,7 @@ import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -699,3 +700,22 @@ async def test_too_many_or_too_large_headers_are_4xx(
         session.get(service.base + "/v2/ping", headers=headers()) as resp,
     ):
         assert resp.status == 204
+
+
+def test_jwt_and_scopes_are_described(tmp_path: Path) -> None:
+    settings = Settings(
+        auth_token_file=tmp_path / "tokens",
+        jwt_jwks_url="https://issuer.test/jwks",
+        jwt_issuer="https://issuer.test/",
+        jwt_audience="feedsvc",
+    )
+    document = openapi_document(settings)
+    schemathesis.openapi.from_dict(document).validate()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["jwt"] == schemes["jwt"] | {"scheme": "bearer", "bearerFormat": "JWT"}
+    assert schemes["bearer"]["scheme"] == "bearer"
+    for method, path, operation in operations(document):
+        if path in UNAUTHENTICATED:
+            continue
+        assert operation["security"] == [{"bearer": []}, {"jwt": []}], (method, path)
+        assert {"401", "403"} <= set(operation["responses"]), (method, path)

@@ -4,3 +4,6 @@ wrk.body = '{"messages":[{"ttl":300,"body":{"event":"x"}}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Client-ID"] = "3381af92-2b9e-11e3-b191-71861300734c"
 wrk.headers["X-Project-ID"] = "bench"
+-- the auth part sends a bearer token (bench/auth.py)
+local authorization = os.getenv("BENCH_AUTHORIZATION")
+if authorization then wrk.headers["Authorization"] = authorization end

@@ -22,10 +22,20 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 
+from feedsvc.api.cors import preflight
+from feedsvc.api.identity import authorize
 from feedsvc.api.metrics import observe_request
 from feedsvc.api.signed_urls import mark_signed
-from feedsvc.appkeys import COUNTED_ERRORS
-from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, Unavailable
+from feedsvc.api.validation import IDENTITY
+from feedsvc.appkeys import AUTHENTICATOR, COUNTED_ERRORS
+from feedsvc.errors import (
+    BadRequest,
+    FeedError,
+    InsufficientScope,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger("feedsvc.api")
 
@@ -63,8 +73,8 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
     web.HTTPException below 400 (a redirect) is None: raised on."""
     if isinstance(exc, FeedError):
         answer = error_response(exc.status, exc.title, exc.description, request_id)
-        if isinstance(exc, Unauthorized):
-            answer.headers["WWW-Authenticate"] = "Bearer"
+        if isinstance(exc, (Unauthorized, InsufficientScope)):
+            answer.headers["WWW-Authenticate"] = exc.challenge()
         if isinstance(exc, RequestTimeout):
             answer.force_close()
         if isinstance(exc, Unavailable):
@@ -114,7 +124,9 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """feedsvc's one middleware, run on every request: its id, its pre-signed
-    URL checked (``signed_urls.mark_signed``), errors answered as JSON, and
+    URL checked (``signed_urls.mark_signed``), its bearer token and scope
+    checked when authentication is on (``identity.authorize``), a CORS
+    preflight answered (``cors.preflight``), errors answered as JSON, and
     the request counted in the metrics (``metrics.observe_request``, with the
     status sent, 500 for whatever left unanswered).
 
@@ -128,7 +140,14 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         try:
             mark_signed(request)
-            response = await handler(request)
+            if request.app[AUTHENTICATOR].on:
+                await authorize(request)
+            else:
+                request[IDENTITY] = None
+            if request.method == "OPTIONS" and (answer := preflight(request)) is not None:
+                response: web.StreamResponse = answer
+            else:
+                response = await handler(request)
         except Exception as exc:
             answer = _error_answer(request, exc, request_id)
             if answer is None:

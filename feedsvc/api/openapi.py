@@ -535,7 +535,8 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "name": "X-Project-ID",
             "in": "header",
             "required": False,
-            "description": "Ignored here: with --auth-token the project is the bearer token's.",
+            "description": "Ignored here: with authentication on the project is the "
+            "bearer token's.",
             "schema": {"type": "string"},
         },
         "IdempotencyKey": {
@@ -993,23 +994,42 @@ def _paths(s: Settings) -> dict[str, Schema]:
     }
 
 
-# Routes that show no stored data: never behind --auth-token.
+# Routes that show no stored data: never behind a bearer token.
 UNAUTHENTICATED = {"/", "/v2", "/v2/", "/v2/ping", "/v2/health", "/v2/openapi.json"}
 
 
-def _require_tokens(document: dict[str, Any]) -> None:
-    """With --auth-token: the data routes need a bearer token (else 401), and the
-    project is the token's, so X-Project-ID is not needed there."""
+def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
+    """With authentication on: the data routes need a bearer token (else
+    401) whose scope allows the route's action on its queue or topic (else
+    403), and the project is the token's, so X-Project-ID is not needed there."""
     components = document["components"]
-    components["securitySchemes"] = {
-        "bearer": {
+    schemes: dict[str, Any] = {}
+    if settings.auth_token or settings.auth_token_file:
+        schemes["bearer"] = {
             "type": "http",
             "scheme": "bearer",
-            "description": "A token given to --auth-token; it names the project.",
+            "description": "A static token (--auth-token, --auth-token-file); it names the "
+            "project and its scopes.",
         }
-    }
+    if settings.jwt_on():
+        schemes["jwt"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": f"An OIDC / OAuth2 access token from {settings.jwt_issuer}: its "
+            f"{settings.jwt_project_claim!r} claim names the project, its scope claim holds "
+            "ACTION:NAME_GLOB items (ACTION read, post, claim, delete, manage or *).",
+        }
+    components["securitySchemes"] = schemes
     components["responses"]["Unauthorized"] = _response(
-        "No known bearer token.",
+        "No bearer token, or one that does not hold (RFC 6750: "
+        'WWW-Authenticate: Bearer error="invalid_token").',
+        _schema("Error"),
+        headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    )
+    components["responses"]["InsufficientScope"] = _response(
+        "The token's scope does not allow this action on this queue or topic "
+        '(WWW-Authenticate: Bearer error="insufficient_scope").',
         _schema("Error"),
         headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     )
@@ -1018,8 +1038,9 @@ def _require_tokens(document: dict[str, Any]) -> None:
         if path in UNAUTHENTICATED:
             continue
         for operation in item.values():
-            operation["security"] = [{"bearer": []}]
+            operation["security"] = [{name: []} for name in schemes]
             operation["responses"]["401"] = _ref("responses", "Unauthorized")
+            operation["responses"].setdefault("403", _ref("responses", "InsufficientScope"))
             operation["parameters"] = [
                 _ref("parameters", "ProjectIdFromToken") if p == project else p
                 for p in operation["parameters"]
@@ -1215,8 +1236,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     add_subscriptions(document, settings)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
     _signed_urls(document)
-    if settings.auth_tokens():
-        _require_tokens(document)
+    if settings.auth_token or settings.auth_token_file or settings.jwt_on():
+        _require_tokens(document, settings)
     return document
 
 

@@ -1,13 +1,16 @@
-"""The URL map: every route the service answers, in one table."""
+"""The URL map: every route the service answers, in one table, and the
+action each one is for the scope check (``ACTIONS``, ``feedsvc.api.identity``)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import AbstractRoute
 
 from feedsvc.api import console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
+from feedsvc.appkeys import ROUTE_ACTIONS
 
 QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
@@ -60,6 +63,72 @@ ROUTES: list[tuple[str, str, Handler]] = [
 ]
 
 
+# The action of each route below a queue or topic, for the scope check.
+# read: list, get, stats, follow; post; claim: claims and deleting a claimed
+# message (identity.WITH_CLAIM_ID); delete; manage: the queue itself, purge,
+# subscriptions, share.
+FEED_ACTIONS: dict[tuple[str, str], str] = {
+    ("POST", "/messages"): "post",
+    ("GET", "/messages"): "read",
+    ("DELETE", "/messages"): "delete",
+    ("GET", "/messages/{message_id}"): "read",
+    ("DELETE", "/messages/{message_id}"): "delete",
+    ("PUT", ""): "manage",
+    ("GET", ""): "read",
+    ("PATCH", ""): "manage",
+    ("DELETE", ""): "manage",
+    ("POST", "/purge"): "manage",
+    ("GET", "/stats"): "read",
+    ("POST", "/subscriptions"): "manage",
+    ("GET", "/subscriptions"): "manage",
+    ("GET", "/subscriptions/{subscription_id}"): "manage",
+    ("PATCH", "/subscriptions/{subscription_id}"): "manage",
+    ("DELETE", "/subscriptions/{subscription_id}"): "manage",
+    ("PUT", "/subscriptions/{subscription_id}/confirm"): "manage",
+}
+
+#: (method, path) -> the action a token's scope must allow; None: open to all
+#: (no stored data shown). A GET's entry covers its HEAD. add_routes refuses
+#: to add a route that is not here.
+ACTIONS: dict[tuple[str, str], str | None] = {
+    ("GET", "/"): None,
+    ("GET", "/v2"): None,
+    ("GET", "/v2/"): None,
+    ("GET", "/v2/ping"): None,
+    ("GET", "/v2/health"): None,
+    ("GET", "/v2/openapi.json"): None,
+    **{(m, QUEUE + path): action for (m, path), action in FEED_ACTIONS.items()},
+    ("GET", "/v2/queues"): "read",  # every name: needs read:*
+    ("POST", QUEUE + "/share"): "manage",
+    ("POST", QUEUE + "/claims"): "claim",
+    ("GET", QUEUE + "/claims/{claim_id}"): "claim",
+    ("PATCH", QUEUE + "/claims/{claim_id}"): "claim",
+    ("DELETE", QUEUE + "/claims/{claim_id}"): "claim",
+    **{(m, TOPIC + path): action for (m, path), action in FEED_ACTIONS.items()},
+    ("GET", "/v2/topics"): "read",
+    ("GET", "/metrics"): None,
+    ("GET", "/console"): None,
+    ("GET", "/console/{asset}"): None,
+    ("GET", "/bench/hello"): None,
+    ("POST", "/bench/post"): None,
+    ("GET", "/bench/page"): None,
+    ("GET", "/bench/ping"): None,
+}
+
+
+def route_actions(app: web.Application) -> dict[AbstractRoute, str | None]:
+    """Each route of app -> its action (ACTIONS); RuntimeError for a route
+    with none, so a route cannot be added without saying who may use it."""
+    table: dict[AbstractRoute, str | None] = {}
+    for route in app.router.routes():
+        method = "GET" if route.method == "HEAD" else route.method
+        canonical = route.resource.canonical if route.resource is not None else ""
+        if (method, canonical) not in ACTIONS:
+            raise RuntimeError(f"{method} {canonical} has no action in routes.ACTIONS")
+        table[route] = ACTIONS[method, canonical]
+    return table
+
+
 def add_routes(app: web.Application, bench_routes: bool = False) -> None:
     for method, path, handler in ROUTES:
         if method == "GET":
@@ -77,3 +146,4 @@ def add_routes(app: web.Application, bench_routes: bool = False) -> None:
         app.router.add_post("/bench/post", h.bench_post)
         app.router.add_get("/bench/page", h.bench_page)
         app.router.add_get("/bench/ping", h.bench_ping)
+    app[ROUTE_ACTIONS] = route_actions(app)

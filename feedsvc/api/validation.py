@@ -16,7 +16,8 @@ import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
-from feedsvc.appkeys import AUTH_TOKENS
+from feedsvc.access import Identity
+from feedsvc.appkeys import AUTHENTICATOR
 from feedsvc.config import Settings
 from feedsvc.delivery import retry
 from feedsvc.errors import (
@@ -104,27 +105,31 @@ def refuse_form_body(request: web.Request) -> None:
 SIGNED_PROJECT = web.RequestKey("signed_project", str)
 
 
+#: Who the request's bearer token speaks for (``feedsvc.api.identity``); None
+#: when authentication is off, or the route is open or pre-signed.
+IDENTITY: web.RequestKey[Identity | None] = web.RequestKey("identity")
+
+
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; a form body is refused first,
     then Client-ID is checked, as Zaqar does.
 
-    With --auth-token the project is the bearer token's (401 without a known
-    token), unless the request's pre-signed URL was verified: then it is the
-    project signed for. The home document, which shows no data, passes
-    authenticate=False (ping and health do not ask for a caller at all).
+    With authentication on (``feedsvc.api.identity``), the project is the
+    bearer token's, whatever X-Project-ID says, unless the request's
+    pre-signed URL was verified: then it is the project signed for. The home
+    document, which shows no data, passes authenticate=False (ping and
+    health do not ask for a caller at all).
     """
     refuse_form_body(request)
     client = client_id(request)
     signed = request[SIGNED_PROJECT]
     if signed:
         return signed, client
-    tokens = request.app[AUTH_TOKENS]
-    if tokens and authenticate:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        project = tokens.get(token.strip()) if scheme.lower() == "bearer" else None
-        if project is None:
-            raise Unauthorized("A valid 'Authorization: Bearer <token>' header is required.")
-        return project, client
+    identity = request[IDENTITY]
+    if identity is not None:
+        return identity.project, client
+    if authenticate and request.app[AUTHENTICATOR].on:  # a route the table leaves open
+        raise Unauthorized("A valid 'Authorization: Bearer <token>' header is required.")
     return project_id(request), client
 
 

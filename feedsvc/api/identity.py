@@ -1,0 +1,56 @@
+"""The one place a request's bearer token and its scope are checked.
+
+Run by ``feedsvc.api.middleware`` on every request once any token source is
+set (``Authenticator.on``), after a pre-signed URL was checked: the route's
+action comes from the table built with the routes (``routes.ACTIONS``), the
+name from the route's ``{queue}`` or ``{topic}``. A route whose action is
+None is open; a request whose pre-signed URL was verified is served for what
+the URL allows; any other needs a bearer token (401) whose scopes allow the
+action on that name (403), before its handler runs, so a refused request
+changes nothing. ``validation.caller`` then takes the project from
+``request[IDENTITY]``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from feedsvc.access import Identity
+from feedsvc.api.validation import IDENTITY, SIGNED_PROJECT
+from feedsvc.appkeys import AUTHENTICATOR, ROUTE_ACTIONS
+from feedsvc.errors import InsufficientScope, Unauthorized
+
+#: A route's action when its request names a claim: deleting a claimed
+#: message (``?claim_id=``) is the consumer's, a claim action.
+WITH_CLAIM_ID = {"delete": "claim"}
+
+
+def bearer_token(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("A valid 'Authorization: Bearer <token>' header is required.")
+    return token
+
+
+def action_of(request: web.Request) -> str | None:
+    """What the request's route does (None: open to all, or no route)."""
+    action = request.app[ROUTE_ACTIONS].get(request.match_info.route)
+    if action is not None and "claim_id" in request.query:
+        action = WITH_CLAIM_ID.get(action, action)
+    return action
+
+
+async def authorize(request: web.Request) -> None:
+    """Sets ``request[IDENTITY]``; Unauthorized or InsufficientScope if the
+    route needs a token the request lacks."""
+    request[IDENTITY] = None
+    action = action_of(request)
+    if action is None or request[SIGNED_PROJECT]:
+        return
+    identity: Identity = await request.app[AUTHENTICATOR].identify(bearer_token(request))
+    info = request.match_info
+    name = info.get("queue") or info.get("topic")
+    if not identity.allows(action, name):
+        raise InsufficientScope(action, name)
+    request[IDENTITY] = identity
