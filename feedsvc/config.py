@@ -97,8 +97,10 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata=metadata)
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The service section of Settings (and of ``serve --help``)."""
+
     _section("service")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
@@ -117,6 +119,12 @@ class Settings:
         "(it holds the real port with --port 0); removed when the service stops",
     )
     loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """The Redis section of Settings (and of ``serve --help``)."""
+
     _section("Redis")
     redis_url: str | None = _opt(
         None,
@@ -183,6 +191,12 @@ class Settings:
     watch_retries: int = _opt(
         50, "watch driver: attempts per write before answering 503", minimum=1
     )
+
+
+@dataclass(frozen=True)
+class MessageSettings:
+    """The messages, claims and their limits section of Settings (and of ``serve --help``)."""
+
     _section("messages, claims and their limits")
     idempotency_window: int = _opt(
         3600,
@@ -222,6 +236,12 @@ class Settings:
         "before answering with a forward 'next' link",
         minimum=1,
     )
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """The access and encryption section of Settings (and of ``serve --help``)."""
+
     _section("access and encryption")
     auth_token: str | None = _opt(
         None,
@@ -296,6 +316,12 @@ class Settings:
         "commas): tried after the current key to open bodies sealed before a "
         "rotation, never used to seal",
     )
+
+
+@dataclass(frozen=True)
+class SubscriptionSettings:
+    """The subscriptions section of Settings (and of ``serve --help``)."""
+
     _section("subscriptions")
     default_subscription_ttl: int = _opt(
         3600, "subscription ttl in seconds when none is given", minimum=60
@@ -344,6 +370,12 @@ class Settings:
         "live worker (new messages wake delivery at once, without a sweep)",
         minimum=0.1,
     )
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The clients, long polls and streams section of Settings (and of ``serve --help``)."""
+
     _section("clients, long polls and streams")
     client_timeout: float = _opt(
         10.0,
@@ -377,6 +409,12 @@ class Settings:
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """The logs and benchmarks section of Settings (and of ``serve --help``)."""
+
     _section("logs and benchmarks")
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(
@@ -398,6 +436,22 @@ class Settings:
     metrics_queue_refresh: float = _opt(
         5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
     )
+
+
+# dataclasses gather a class's fields from its bases last to first: the
+# sections are listed in reverse so that fields (and --help) keep their order
+@dataclass(frozen=True)
+class Settings(
+    LogSettings,
+    ClientSettings,
+    SubscriptionSettings,
+    AccessSettings,
+    MessageSettings,
+    RedisSettings,
+    ServiceSettings,
+):
+    """Every setting, flat (a flag each), declared by section: a subsystem
+    that needs one section only can say so by taking that section's type."""
 
     def __post_init__(self) -> None:
         _check(self)

@@ -55,7 +55,7 @@ async def test_each_caller_gets_its_own_replies(coalescer: Coalescer) -> None:
     p = prefix()
 
     async def call(i: int) -> list[object]:
-        return await coalescer.execute([("INCRBY", f"{p}{i}", i), ("GET", f"{p}{i}")])
+        return await coalescer.submit([("INCRBY", f"{p}{i}", i), ("GET", f"{p}{i}")])
 
     results = await asyncio.gather(*(call(i) for i in range(600)))
     assert results == [[i, str(i).encode()] for i in range(600)]
@@ -71,7 +71,7 @@ async def test_a_large_call_is_written_at_once_with_what_came_before_it(
     Redis starts on it while the loop is still busy (parsing the next big
     body) instead of after the turn. Small calls still wait for the turn."""
     p = prefix()
-    await coalescer.execute([("PING",)])  # connected
+    await coalescer.submit([("PING",)])  # connected
     written = coalescer.batches
     small = coalescer.submit([("SET", p + "k", "before")])
     assert coalescer.batches == written  # a small call waits for the turn
@@ -91,7 +91,7 @@ async def test_a_full_batch_is_written_without_waiting_for_the_turn(
     the turn's later calls make the next batch, written after them, so every
     caller still gets its own replies in order."""
     key = prefix() + "list"
-    await coalescer.execute([("PING",)])  # connected
+    await coalescer.submit([("PING",)])  # connected
     written = coalescer.batches
     first = [coalescer.submit([("RPUSH", key, i)]) for i in range(EARLY_CALLS - 1)]
     assert coalescer.batches == written  # not yet: fewer than EARLY_CALLS pending
@@ -147,7 +147,7 @@ async def test_with_few_calls_in_flight_a_smaller_batch_is_written_early(
     key = prefix() + "list"
     coalescer = Coalescer(client.connection_pool.make_connection, 5.0, cap_window=0.0)
     try:
-        await coalescer.execute([("PING",)])  # connected
+        await coalescer.submit([("PING",)])  # connected
         written = coalescer.batches
         first = [coalescer.submit([("RPUSH", key, i)]) for i in range(MIN_EARLY_CALLS - 1)]
         assert coalescer.batches == written
@@ -167,9 +167,9 @@ async def test_error_replies_stay_with_their_caller(
 ) -> None:
     p = prefix()
     await client.set(p + "string", "x")
-    good = [coalescer.execute([("SET", f"{p}{i}", i), ("GET", f"{p}{i}")]) for i in range(20)]
-    bad = coalescer.execute([("HSET", p + "string", "f", "v"), ("GET", p + "string")])
-    unknown = coalescer.execute([("EVALSHA", "0" * 40, 0)])
+    good = [coalescer.submit([("SET", f"{p}{i}", i), ("GET", f"{p}{i}")]) for i in range(20)]
+    bad = coalescer.submit([("HSET", p + "string", "f", "v"), ("GET", p + "string")])
+    unknown = coalescer.submit([("EVALSHA", "0" * 40, 0)])
     *oks, wrong, noscript = await asyncio.gather(*good, bad, unknown)
     assert oks == [[b"OK", str(i).encode()] for i in range(20)]
     assert isinstance(wrong[0], ResponseError) and wrong[1] == b"x"
@@ -191,13 +191,13 @@ async def test_a_command_that_cannot_be_encoded_fails_only_its_caller(
         with pytest.raises(TypeError):
             await bad
         assert await asyncio.gather(*after) == [[str(i).encode()] for i in range(5)]
-        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        assert await coalescer.submit([("PING",)]) == [b"PONG"]
 
 
 async def test_order_is_kept(client: aioredis.Redis, coalescer: Coalescer) -> None:
     # one connection: batches in the order formed, calls within a batch in call order
     key = prefix() + "list"
-    await asyncio.gather(*(coalescer.execute([("RPUSH", key, i)]) for i in range(300)))
+    await asyncio.gather(*(coalescer.submit([("RPUSH", key, i)]) for i in range(300)))
     assert await client.lrange(key, 0, -1) == [str(i).encode() for i in range(300)]
 
     # a caller that awaits each call sees its calls applied in order, whatever
@@ -207,11 +207,11 @@ async def test_order_is_kept(client: aioredis.Redis, coalescer: Coalescer) -> No
 
     async def sequential() -> None:
         for i in range(100):
-            await wide.execute([("RPUSH", ordered, i)])
+            await wide.submit([("RPUSH", ordered, i)])
 
     async def noise(n: int) -> None:
         for i in range(100):
-            await wide.execute([("SET", f"{ordered}:{n}", i)])
+            await wide.submit([("SET", f"{ordered}:{n}", i)])
 
     await asyncio.gather(sequential(), *(noise(n) for n in range(10)))
     assert await client.lrange(ordered, 0, -1) == [str(i).encode() for i in range(100)]
@@ -219,10 +219,7 @@ async def test_order_is_kept(client: aioredis.Redis, coalescer: Coalescer) -> No
 
 async def test_cancelled_callers_break_nothing(coalescer: Coalescer) -> None:
     p = prefix()
-    tasks = [
-        asyncio.create_task(coalescer.execute([("SET", f"{p}{i}", i), ("GET", f"{p}{i}")]))
-        for i in range(300)
-    ]
+    tasks = [coalescer.submit([("SET", f"{p}{i}", i), ("GET", f"{p}{i}")]) for i in range(300)]
     for i, task in enumerate(tasks):
         if i % 3 == 0:
             task.cancel()
@@ -237,7 +234,7 @@ async def test_cancelled_callers_break_nothing(coalescer: Coalescer) -> None:
         else:
             assert isinstance(result, asyncio.CancelledError | list)
     # the coalescer still works and its replies are still in step
-    assert await coalescer.execute([("PING",), ("GET", f"{p}2")]) == [b"PONG", b"2"]
+    assert await coalescer.submit([("PING",), ("GET", f"{p}2")]) == [b"PONG", b"2"]
 
 
 @pytest.mark.process  # a redis-server of its own
@@ -247,14 +244,14 @@ async def test_connection_failure_fails_the_batch_then_recovers(tmp_path: Path) 
     redis = aioredis.Redis.from_url(server.url, socket_connect_timeout=1, socket_timeout=2)
     try:
         coalescer = Coalescer(redis.connection_pool.make_connection, 2.0)
-        assert await coalescer.execute([("SET", "k", 1)]) == [b"OK"]
+        assert await coalescer.submit([("SET", "k", 1)]) == [b"OK"]
         server.stop()
         outcomes = await asyncio.gather(
-            *(coalescer.execute([("GET", "k")]) for _ in range(20)), return_exceptions=True
+            *(coalescer.submit([("GET", "k")]) for _ in range(20)), return_exceptions=True
         )
         assert all(isinstance(o, RedisConnectionError | OSError) for o in outcomes), outcomes
         server.start()
-        assert await coalescer.execute([("SET", "k", 2), ("GET", "k")]) == [b"OK", b"2"]
+        assert await coalescer.submit([("SET", "k", 2), ("GET", "k")]) == [b"OK", b"2"]
         await coalescer.close()
     finally:
         await redis.aclose()
@@ -319,7 +316,7 @@ async def test_no_room_in_time_is_coalescer_busy(client: aioredis.Redis) -> None
 
         await client.lpush(p + "gate", "go")
         assert await blocking == [[(p + "gate").encode(), b"go"]]
-        assert await coalescer.execute([("EXISTS", p + "refused")]) == [0]
+        assert await coalescer.submit([("EXISTS", p + "refused")]) == [0]
         assert coalescer.calls == 2
     finally:
         await coalescer.close()
@@ -378,7 +375,7 @@ async def connected(server: RedisServer) -> AsyncIterator[tuple[Coalescer, aiore
     redis = aioredis.Redis.from_url(server.url)
     coalescer = Coalescer(redis.connection_pool.make_connection, 60.0, cap_window=math.inf)
     try:
-        assert await coalescer.execute([("PING",)]) == [b"PONG"]
+        assert await coalescer.submit([("PING",)]) == [b"PONG"]
         yield coalescer, redis
     finally:
         thaw(server)
@@ -445,7 +442,7 @@ def on_uvloop(redis_url: str, scenario: Callable[[Coalescer], Awaitable[None]]) 
         redis = aioredis.Redis.from_url(redis_url)
         coalescer = Coalescer(redis.connection_pool.make_connection, 5.0, cap_window=math.inf)
         try:
-            assert await coalescer.execute([("PING",)]) == [b"PONG"]
+            assert await coalescer.submit([("PING",)]) == [b"PONG"]
             await scenario(coalescer)
         finally:
             await coalescer.close()
@@ -521,11 +518,11 @@ async def test_time_spent_connecting_counts_against_the_reply_timeout(
     try:
         freeze(own_server)  # the connection opens, but its handshake gets no answer
         with pytest.raises(RedisTimeoutError):
-            await asyncio.wait_for(coalescer.execute([("SET", "k", 1)]), 10)
+            await asyncio.wait_for(coalescer.submit([("SET", "k", 1)]), 10)
         assert coalescer.calls == 0, "a call was written after its time ran out"
         assert coalescer.in_flight == 0
         thaw(own_server)
-        assert await coalescer.execute([("SET", "k", 2), ("GET", "k")]) == [b"OK", b"2"]
+        assert await coalescer.submit([("SET", "k", 2), ("GET", "k")]) == [b"OK", b"2"]
     finally:
         thaw(own_server)
         await coalescer.close()
@@ -551,9 +548,9 @@ async def test_overdue_replies_fail_in_the_order_the_calls_were_made(
     second = Coalescer(redis.connection_pool.make_connection, 1.0)
     order: list[str] = []
     try:
-        assert await first.execute([("PING",)]) == [b"PONG"]
+        assert await first.submit([("PING",)]) == [b"PONG"]
         await asyncio.sleep(0.6)
-        assert await second.execute([("PING",)]) == [b"PONG"]
+        assert await second.submit([("PING",)]) == [b"PONG"]
         await asyncio.sleep(0.1)
         freeze(own_server)
         earlier = second.submit([("PING",)])
@@ -567,8 +564,8 @@ async def test_overdue_replies_fail_in_the_order_the_calls_were_made(
         assert order == ["earlier", "later"]
         assert (first.in_flight, second.in_flight) == (0, 0)
         thaw(own_server)
-        assert await first.execute([("PING",)]) == [b"PONG"]
-        assert await second.execute([("PING",)]) == [b"PONG"]
+        assert await first.submit([("PING",)]) == [b"PONG"]
+        assert await second.submit([("PING",)]) == [b"PONG"]
     finally:
         thaw(own_server)
         await first.close()

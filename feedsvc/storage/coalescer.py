@@ -132,6 +132,17 @@ class BatchCap:
             self._until = now + self._window
 
 
+def _packed(call: _Call) -> list[bytes] | None:
+    """The call's commands in Redis's protocol; None, and the call failed,
+    if an argument cannot be encoded (that caller's bug alone: the calls
+    batched with it go on)."""
+    try:
+        return [hiredis.pack_command(command) for command in call.commands]
+    except Exception as exc:
+        call.future.set_exception(exc)
+        return None
+
+
 class CoalescerBusy(RedisConnectionError):
     """No room for another call within the time allowed: Redis is not keeping up.
 
@@ -240,10 +251,6 @@ class Coalescer:
     def waiting_for_room(self) -> int:
         return sum(not call.future.done() for call in self._queued)
 
-    async def execute(self, commands: Sequence[Command]) -> list[Any]:
-        """Run commands in the next batch; replies in order, errors as values."""
-        return await self.submit(commands)
-
     def submit(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
         """Queue commands for the next batch; the future gets their replies.
         (Lets a caller put commands on several connections before waiting.)"""
@@ -347,10 +354,8 @@ class Coalescer:
                 call.future.set_exception(RedisTimeoutError("Timeout waiting to write to Redis"))
                 dropped += 1
                 continue
-            try:
-                packed = [hiredis.pack_command(command) for command in call.commands]
-            except Exception as exc:  # an argument Redis cannot take: its caller's bug alone
-                call.future.set_exception(exc)
+            packed = _packed(call)
+            if packed is None:
                 dropped += 1
                 continue
             chunks += packed
