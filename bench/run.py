@@ -20,7 +20,8 @@ three in bench/capacity.py), coalesce, drivers, cluster (a local 3-primary
 Redis Cluster), rtt (needs root: network namespace + tc netem), idle and
 fanout (live followers over SSE; bench/live.py), wake (a long poll woken
 by a post), webhook (a subscription's webhook deliveries;
-bench/webhook.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
+bench/webhook.py), ratelimit (POST and GET with --project-rate against
+without, side by side). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from feedsvc.redis_server import RedisServer, pick_free_port
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
+#: --project-rate of the ratelimit part: above what one machine serves
+RATE_LIMIT_BENCH = 100000
 _Round = TypeVar("_Round")
 
 
@@ -256,6 +259,38 @@ class Suite:
                 ]
         uv, aio = statistics.median(results["uvloop"]), statistics.median(results["asyncio"])
         self.add("POST: uvloop vs asyncio", uvloop_rps=uv, asyncio_rps=aio, ratio=uv / aio)
+
+    def part_ratelimit(self) -> None:
+        """POST and GET with --project-rate against without, two services side
+        by side (which goes first alternates by round). The rate is set above
+        the load, so every request is checked and none refused: the cost of
+        the check, not of refusals."""
+        flags = ("--project-rate", str(RATE_LIMIT_BENCH))
+        c, seconds = self.connections, self.duration
+        with (
+            service(self.redis.url, self.workdir) as off,
+            service(self.redis.url, self.workdir, *flags, log="feedsvc-rate.log") as on,
+        ):
+            for name, script, path in (
+                ("POST 1 message", "post.lua", "/v2/queues/bpost/messages"),
+                ("GET 10-message page", "get.lua", "/v2/queues/bget/messages?limit=10"),
+            ):
+                rounds = []
+                for i in range(self.rounds):
+                    first, second = (off, on) if i % 2 == 0 else (on, off)
+                    runs = {first.url: wrk(first.url + path, script, c, seconds)}
+                    runs[second.url] = wrk(second.url + path, script, c, seconds)
+                    rounds.append((runs[off.url], runs[on.url]))
+                (without, limited), ratio = _median_round(rounds, lambda r: r[1].rps / r[0].rps)
+                self.add(
+                    f"{name}: --project-rate / off",
+                    rps_on=limited.rps,
+                    rps_off=without.rps,
+                    ratio=ratio,
+                    p99_on_ms=limited.p99_ms,
+                    p99_off_ms=without.p99_ms,
+                    errors_on=limited.errors,
+                )
 
     def part_coalesce(self) -> None:
         for flag in ("--coalesce", "--no-coalesce"):
@@ -552,7 +587,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
-    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook",
+    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "ratelimit",
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -325,6 +326,21 @@ class Settings:
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
+    project_rate: float = _opt(
+        0.0,
+        "requests per second each project may make to its /v2 queues and topics, "
+        "across every process and host on the Redis (429 with Retry-After beyond); "
+        "0 = no limit. A project's own rate in its limits hash overrides it",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    project_burst: int = _opt(
+        0,
+        "requests a project may make at once above --project-rate (its bucket's "
+        "size); 0 = one second's worth of the rate",
+        minimum=0,
+        maximum=10_000_000,
+    )
     _section("logs and benchmarks")
     access_log: bool = _opt(False, "log every request (costs throughput)")
     bench_routes: bool = _opt(
@@ -388,6 +404,8 @@ def _check(settings: Settings) -> None:
     ValueError (one line, exit 2 from the CLI) otherwise."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{_flag(f.name)} must be a number, got nan")
         lo = f.metadata.get("minimum")
         hi = f.metadata.get("maximum")
         if lo is not None and value < lo:
@@ -417,6 +435,8 @@ def _check(settings: Settings) -> None:
     smtp_address(settings.smtp_server)
     if settings.delivery_timeout * 2 >= settings.delivery_lease:
         raise ValueError("--delivery-timeout must be below half of --delivery-lease")
+    if settings.project_burst and not settings.project_rate:
+        raise ValueError("--project-burst needs --project-rate")
     if settings.require_confirmation and not settings.signed_url_key:
         raise ValueError(
             "--require-confirmation needs --signed-url-key (confirmation URLs are signed)"

@@ -296,7 +296,7 @@ async def test_signed_urls_are_described(settings: Settings, headers: dict[str, 
     settings = settings.replace(signed_url_key="openapi-" + uuid.uuid4().hex)
     document = openapi_document(settings)
     share = document["paths"]["/v2/queues/{queue}/share"]["post"]
-    assert set(share["responses"]) == {"200", "400", "503"}
+    assert set(share["responses"]) == {"200", "400", "429", "503"}
     for method, path, operation in operations(document):
         signable = path.startswith(
             (
@@ -699,3 +699,14 @@ async def test_too_many_or_too_large_headers_are_4xx(
         session.get(service.base + "/v2/ping", headers=headers()) as resp,
     ):
         assert resp.status == 204
+
+
+def test_every_route_of_a_project_may_answer_429(settings: Settings) -> None:
+    """What counts against --project-rate: every queue and topic route, and nothing else."""
+    document = openapi_document(settings)
+    for method, path, operation in operations(document):
+        counted = path.startswith(("/v2/queues", "/v2/topics"))
+        assert ("429" in operation["responses"]) == counted, (method, path)
+        if counted:
+            refused = resolve(document, operation["responses"]["429"])
+            assert "Retry-After" in refused["headers"], (method, path)

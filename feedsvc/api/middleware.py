@@ -24,8 +24,16 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from feedsvc.api.metrics import observe_request
 from feedsvc.api.signed_urls import mark_signed
-from feedsvc.appkeys import COUNTED_ERRORS
-from feedsvc.errors import BadRequest, FeedError, RequestTimeout, Unauthorized, Unavailable
+from feedsvc.api.validation import rate_limited_project
+from feedsvc.appkeys import COUNTED_ERRORS, RATE_LIMITER
+from feedsvc.errors import (
+    BadRequest,
+    FeedError,
+    RateLimited,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger("feedsvc.api")
 
@@ -36,6 +44,9 @@ REQUEST_ID = web.RequestKey("request_id", str)
 # Cheaper than a uuid4 per request, and still unique across processes.
 _REQUEST_PREFIX = "req-" + os.urandom(6).hex() + "-"
 _request_numbers = itertools.count(1)
+#: The routes that count against a project's rate: all of its data (ping,
+#: health, the home and OpenAPI documents, metrics and the console do not).
+RATE_LIMITED_PATHS = ("/v2/queues", "/v2/topics")
 
 
 def new_request_id() -> str:
@@ -67,6 +78,11 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
             answer.headers["WWW-Authenticate"] = "Bearer"
         if isinstance(exc, RequestTimeout):
             answer.force_close()
+        if isinstance(exc, RateLimited):
+            answer.headers["Retry-After"] = str(exc.retry_after)
+            request.app[COUNTED_ERRORS][RateLimited].count(
+                f"{request.method} {request.path}: {exc} [{request_id}]"
+            )
         if isinstance(exc, Unavailable):
             answer.headers["Retry-After"] = str(exc.retry_after)
             # a flood of one kind (followers refused, contention) is a line per interval
@@ -114,7 +130,8 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """feedsvc's one middleware, run on every request: its id, its pre-signed
-    URL checked (``signed_urls.mark_signed``), errors answered as JSON, and
+    URL checked (``signed_urls.mark_signed``), its project's rate
+    (``feedsvc.rate_limiter``, with --project-rate), errors answered as JSON, and
     the request counted in the metrics (``metrics.observe_request``, with the
     status sent, 500 for whatever left unanswered).
 
@@ -128,6 +145,11 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         try:
             mark_signed(request)
+            limiter = request.app.get(RATE_LIMITER)
+            if limiter is not None and request.path.startswith(RATE_LIMITED_PATHS):
+                project = rate_limited_project(request)
+                if project is not None and not limiter.admit_now(project):
+                    await limiter.admit(project)
             response = await handler(request)
         except Exception as exc:
             answer = _error_answer(request, exc, request_id)

@@ -45,6 +45,7 @@ from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.keys import KINDS, QueueKeys
+from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
@@ -101,6 +102,7 @@ class RedisStore(ClaimUpkeep):
             for kind, build in builders.items()
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
+        self._rate_limits = RedisRateLimits(transport)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -122,6 +124,10 @@ class RedisStore(ClaimUpkeep):
     @property
     def deliveries(self) -> RedisDeliveries:
         return self._deliveries
+
+    @property
+    def rate_limits(self) -> RedisRateLimits:
+        return self._rate_limits
 
     @property
     def counters(self) -> StoreCounters:

@@ -1,0 +1,150 @@
+"""Per-project request rates (--project-rate): a 429 with Retry-After over
+the rate, other projects unaffected, the limit shared by every process on the
+Redis, a project's own limits read from its limits hash, and Redis trouble
+letting requests through. Time is the app's ManualClock: the bucket refills
+when a test moves it, never while it waits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from redis.asyncio import Redis
+
+from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
+from feedsvc.rate_limiter import LEASE_MS
+from feedsvc.storage.keys import project_limits_key, registry_key
+from tests.conftest import make_settings
+
+Client = TestClient[web.Request, web.Application]
+AppFactory = Callable[..., AbstractAsyncContextManager[Client]]
+
+
+@pytest.fixture
+def app_on(redis_url: str, driver: str, clock: ManualClock) -> AppFactory:
+    """An app on the test Redis with the given settings changes, on the test's clock."""
+
+    @asynccontextmanager
+    async def make(**changes: object) -> AsyncIterator[Client]:
+        settings = make_settings(redis_url, driver=driver, **changes)
+        async with TestClient(TestServer(create_app(settings, clock))) as client:
+            yield client
+
+    return make
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def caller(project: str) -> dict[str, str]:
+    return {"Client-ID": str(uuid.uuid4()), "X-Project-ID": project}
+
+
+def new_project() -> str:
+    return "rate-" + uuid.uuid4().hex
+
+
+async def statuses(http: Client, project: str, count: int) -> list[int]:
+    got = []
+    for _ in range(count):
+        async with http.get("/v2/queues", headers=caller(project)) as response:
+            got.append(response.status)
+    return got
+
+
+async def test_over_its_rate_a_project_gets_429_and_others_do_not(
+    app_on: AppFactory, clock: ManualClock, redis: Redis
+) -> None:
+    busy, quiet = new_project(), new_project()
+    async with app_on(project_rate=1, project_burst=3) as http:
+        assert await statuses(http, busy, 3) == [200, 200, 200]
+        async with http.get("/v2/queues", headers=caller(busy)) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "1"
+            body = await response.json()
+            assert body["title"] == "Too many requests"
+            assert "retry after 1 second" in body["description"]
+        assert await statuses(http, quiet, 3) == [200, 200, 200]
+        # a refused write changes nothing
+        post = {"messages": [{"body": "over"}]}
+        async with http.post("/v2/queues/q/messages", json=post, headers=caller(busy)) as response:
+            assert response.status == 429
+        # ping, health and the home document are not counted
+        for path in ("/v2/ping", "/v2/health", "/v2"):
+            async with http.get(path, headers=caller(busy)) as response:
+                assert response.status < 400, path
+        clock.advance(1)  # one request's worth of the rate
+        assert await statuses(http, busy, 2) == [200, 429]
+        async with http.get("/metrics") as response:
+            assert "feedsvc_rate_limited_total 3.0" in await response.text()
+    assert await redis.exists(registry_key(busy)) == 0  # the refused post made no queue
+
+
+async def test_the_limit_holds_across_two_apps_on_one_redis(app_on: AppFactory) -> None:
+    project = new_project()
+    # a burst of 40: each app leases up to 4 at a time; the clock stands still,
+    # so the bucket never refills
+    async with (
+        app_on(project_rate=1, project_burst=40) as one,
+        app_on(project_rate=1, project_burst=40) as two,
+    ):
+        first = await statuses(one, project, 30)
+        second = await statuses(two, project, 30)
+        third = await statuses(one, project, 10)
+    admitted = (first + second + third).count(200)
+    # never more than the bucket holds; at most one lease (4) left unused
+    assert 36 <= admitted <= 40, (first, second, third)
+    assert first == [200] * 30
+    assert 429 in second
+    assert 200 in second
+
+
+async def test_an_override_in_the_limits_hash_takes_effect(
+    app_on: AppFactory, redis: Redis, clock: ManualClock
+) -> None:
+    project, other = new_project(), new_project()
+    async with app_on(project_rate=1000) as http:
+        assert await statuses(http, project, 20) == [200] * 20
+        await redis.hset(project_limits_key(project), mapping={"rate": "0.5", "burst": "2"})
+        # in force from the next lease: what this app holds expires by LEASE_MS
+        clock.advance(LEASE_MS / 1000)
+        assert await statuses(http, project, 3) == [200, 200, 429]
+        async with http.get("/v2/queues", headers=caller(project)) as response:
+            assert response.headers["Retry-After"] == "2"  # 0.5 per second
+        assert await statuses(http, other, 20) == [200] * 20
+        # rate 0: this project has no limit
+        await redis.hset(project_limits_key(project), "rate", "0")
+        clock.advance(2)  # the refusal above stands until then
+        assert await statuses(http, project, 30) == [200] * 30
+        # an override that is no number is ignored: the default applies
+        await redis.hset(project_limits_key(project), mapping={"rate": "fast", "burst": "-1"})
+        clock.advance(2)  # the bucket still owes what rate 0.5 lent: 2 requests, 4 s
+        assert await statuses(http, project, 30) == [200] * 30
+    await redis.delete(project_limits_key(project))
+
+
+async def test_without_the_flag_nothing_is_limited_and_redis_holds_no_bucket(
+    app_on: AppFactory, redis: Redis
+) -> None:
+    project = new_project()
+    await redis.hset(project_limits_key(project), mapping={"rate": "0.01", "burst": "1"})
+    async with app_on() as http:
+        assert await statuses(http, project, 5) == [200] * 5
+    assert await redis.keys(f"fs:rate:*{project}*") == []
+    await redis.delete(project_limits_key(project))
+
+
+def test_settings_bound_the_rate(redis_url: str) -> None:
+    assert Settings(redis_url=redis_url, project_rate=0.5).project_burst == 0
+    with pytest.raises(ValueError, match="--project-burst needs --project-rate"):
+        Settings(redis_url=redis_url, project_burst=3)
