@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,9 +266,9 @@ class Suite:
         """POST and GET with --project-rate against without, two services side
         by side (which goes first alternates by round). The rate is set above
         the load, so every request is checked and none refused: the cost of
-        the check, not of refusals."""
+        the check, not of refusals. Beside req/s (noisy on a shared machine),
+        each service's CPU µs and Redis calls per request."""
         flags = ("--project-rate", str(RATE_LIMIT_BENCH))
-        c, seconds = self.connections, self.duration
         with (
             service(self.redis.url, self.workdir) as off,
             service(self.redis.url, self.workdir, *flags, log="feedsvc-rate.log") as on,
@@ -277,19 +279,31 @@ class Suite:
             ):
                 rounds = []
                 for i in range(self.rounds):
-                    first, second = (off, on) if i % 2 == 0 else (on, off)
-                    runs = {first.url: wrk(first.url + path, script, c, seconds)}
-                    runs[second.url] = wrk(second.url + path, script, c, seconds)
+                    runs = {}
+                    for svc in (off, on) if i % 2 == 0 else (on, off):
+                        calls = _redis_calls(svc)
+                        run, cpu_us = self.wrk_with_cpu(
+                            psutil.Process(svc.pid), svc.url + path, script
+                        )
+                        runs[svc.url] = (
+                            run,
+                            cpu_us,
+                            (_redis_calls(svc) - calls) / max(run.requests, 1),
+                        )
                     rounds.append((runs[off.url], runs[on.url]))
-                (without, limited), ratio = _median_round(rounds, lambda r: r[1].rps / r[0].rps)
+                (without, limited), ratio = _median_round(
+                    rounds, lambda r: r[1][0].rps / r[0][0].rps
+                )
                 self.add(
                     f"{name}: --project-rate / off",
-                    rps_on=limited.rps,
-                    rps_off=without.rps,
+                    rps_on=limited[0].rps,
+                    rps_off=without[0].rps,
                     ratio=ratio,
-                    p99_on_ms=limited.p99_ms,
-                    p99_off_ms=without.p99_ms,
-                    errors_on=limited.errors,
+                    cpu_us_on=statistics.median(r[1][1] for r in rounds),
+                    cpu_us_off=statistics.median(r[0][1] for r in rounds),
+                    redis_calls_on=statistics.median(r[1][2] for r in rounds),
+                    redis_calls_off=statistics.median(r[0][2] for r in rounds),
+                    errors_on=limited[0].errors,
                 )
 
     def part_coalesce(self) -> None:
@@ -426,6 +440,14 @@ class Suite:
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps([{"name": r.name, **r.values} for r in self.rows], indent=1))
         print(f"\nwrote {out}")
+
+
+def _redis_calls(svc: Service) -> float:
+    """The service's Redis operations so far (``feedsvc_redis_calls_total``)."""
+    with urllib.request.urlopen(svc.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(r"^feedsvc_redis_calls_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def _median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tuple[_Round, float]:

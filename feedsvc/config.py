@@ -328,18 +328,13 @@ class Settings:
     )
     project_rate: float = _opt(
         0.0,
-        "requests per second each project may make to its /v2 queues and topics, "
-        "across every process and host on the Redis (429 with Retry-After beyond); "
-        "0 = no limit. A project's own rate in its limits hash overrides it",
+        "requests/s each project may make to its queues and topics, over all processes and "
+        "hosts (429 beyond; its limits hash overrides it); 0 = no limit",
         minimum=0,
         maximum=1_000_000,
     )
     project_burst: int = _opt(
-        0,
-        "requests a project may make at once above --project-rate (its bucket's "
-        "size); 0 = one second's worth of the rate",
-        minimum=0,
-        maximum=10_000_000,
+        0, "requests at once above --project-rate; 0 = one second's worth", minimum=0, maximum=10**7
     )
     _section("logs and benchmarks")
     access_log: bool = _opt(False, "log every request (costs throughput)")

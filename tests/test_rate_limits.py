@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -18,7 +19,8 @@ from redis.asyncio import Redis
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
-from feedsvc.rate_limiter import LEASE_MS
+from feedsvc.rate_limiter import FAIL_OPEN_MS, LEASE_MS
+from feedsvc.redis_server import RedisServer
 from feedsvc.storage.keys import project_limits_key, registry_key
 from tests.conftest import make_settings
 
@@ -148,3 +150,31 @@ def test_settings_bound_the_rate(redis_url: str) -> None:
     assert Settings(redis_url=redis_url, project_rate=0.5).project_burst == 0
     with pytest.raises(ValueError, match="--project-burst needs --project-rate"):
         Settings(redis_url=redis_url, project_burst=3)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("driver", ["lua"])
+async def test_redis_trouble_lets_requests_through_to_their_own_503(
+    tmp_path: Path, clock: ManualClock, driver: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        settings = make_settings(
+            server.url, driver=driver, project_rate=1, project_burst=1, redis_timeout=2
+        )
+        project = new_project()
+        async with TestClient(TestServer(create_app(settings, clock))) as http:
+            assert await statuses(http, project, 2) == [200, 429]
+            server.stop()
+            clock.advance(1)
+            async with http.get("/v2/queues", headers=caller(project)) as response:
+                # not refused by the limiter, and not a 500: the request's own 503
+                assert response.status == 503
+                assert "Retry-After" in response.headers
+            assert "rate limiter met Redis trouble" in caplog.text
+            server.start()
+            clock.advance(FAIL_OPEN_MS / 1000)  # the limiter asks Redis again
+            assert await statuses(http, project, 2) == [200, 429]
+    finally:
+        server.stop()

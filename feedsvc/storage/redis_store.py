@@ -102,7 +102,7 @@ class RedisStore(ClaimUpkeep):
             for kind, build in builders.items()
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
-        self._rate_limits = RedisRateLimits(transport)
+        self.rate_limits = RedisRateLimits(transport)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -124,10 +124,6 @@ class RedisStore(ClaimUpkeep):
     @property
     def deliveries(self) -> RedisDeliveries:
         return self._deliveries
-
-    @property
-    def rate_limits(self) -> RedisRateLimits:
-        return self._rate_limits
 
     @property
     def counters(self) -> StoreCounters:
