@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.rate_limiter import FAIL_OPEN_MS, LEASE_MS
 from feedsvc.redis_server import RedisServer
-from feedsvc.storage.keys import project_limits_key, registry_key
-from tests.conftest import make_settings
+from feedsvc.storage.keys import project_limits_key, rate_bucket_key, registry_key
+from tests.conftest import direct_client, make_settings
 
 Client = TestClient[web.Request, web.Application]
 AppFactory = Callable[..., AbstractAsyncContextManager[Client]]
@@ -42,10 +42,14 @@ def app_on(redis_url: str, driver: str, clock: ManualClock) -> AppFactory:
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
+async def redis(redis_url: str) -> AsyncIterator[Redis | RedisCluster]:
+    client = direct_client(redis_url)
     yield client
     await client.aclose()
+
+
+#: On a Cluster too: the bucket and the limits hash must share a slot.
+ON_A_CLUSTER_TOO = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
 def caller(project: str) -> dict[str, str]:
@@ -64,8 +68,9 @@ async def statuses(http: Client, project: str, count: int) -> list[int]:
     return got
 
 
+@ON_A_CLUSTER_TOO
 async def test_over_its_rate_a_project_gets_429_and_others_do_not(
-    app_on: AppFactory, clock: ManualClock, redis: Redis
+    app_on: AppFactory, clock: ManualClock, redis: Redis | RedisCluster
 ) -> None:
     busy, quiet = new_project(), new_project()
     async with app_on(project_rate=1, project_burst=3) as http:
@@ -111,8 +116,9 @@ async def test_the_limit_holds_across_two_apps_on_one_redis(app_on: AppFactory) 
     assert 200 in second
 
 
+@ON_A_CLUSTER_TOO
 async def test_an_override_in_the_limits_hash_takes_effect(
-    app_on: AppFactory, redis: Redis, clock: ManualClock
+    app_on: AppFactory, redis: Redis | RedisCluster, clock: ManualClock
 ) -> None:
     project, other = new_project(), new_project()
     async with app_on(project_rate=1000) as http:
@@ -136,13 +142,13 @@ async def test_an_override_in_the_limits_hash_takes_effect(
 
 
 async def test_without_the_flag_nothing_is_limited_and_redis_holds_no_bucket(
-    app_on: AppFactory, redis: Redis
+    app_on: AppFactory, redis: Redis | RedisCluster
 ) -> None:
     project = new_project()
     await redis.hset(project_limits_key(project), mapping={"rate": "0.01", "burst": "1"})
     async with app_on() as http:
         assert await statuses(http, project, 5) == [200] * 5
-    assert await redis.keys(f"fs:rate:*{project}*") == []
+    assert await redis.exists(rate_bucket_key(project)) == 0
     await redis.delete(project_limits_key(project))
 
 
@@ -178,3 +184,18 @@ async def test_redis_trouble_lets_requests_through_to_their_own_503(
             assert await statuses(http, project, 2) == [200, 429]
     finally:
         server.stop()
+
+
+async def test_with_tokens_the_rate_is_the_token_projects(app_on: AppFactory) -> None:
+    """A caller cannot escape its rate by naming another project."""
+    tenant = new_project()
+    async with app_on(project_rate=1, project_burst=2, auth_token=f"secret={tenant}") as http:
+        got = []
+        for spoofed in ("a", "b", "c"):
+            headers = {**caller(spoofed), "Authorization": "Bearer secret"}
+            async with http.get("/v2/queues", headers=headers) as response:
+                got.append(response.status)
+        assert got == [200, 200, 429]
+        # no token: 401, not counted against anyone
+        async with http.get("/v2/queues", headers=caller(tenant)) as response:
+            assert response.status == 401
