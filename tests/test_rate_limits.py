@@ -6,8 +6,15 @@ when a test moves it, never while it waits."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
@@ -22,6 +29,7 @@ from feedsvc.config import Settings
 from feedsvc.rate_limiter import FAIL_OPEN_MS, LEASE_MS
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage.keys import project_limits_key, rate_bucket_key, registry_key
+from feedsvc.testing.service import ServiceProcess
 from tests.conftest import direct_client, make_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -199,3 +207,53 @@ async def test_with_tokens_the_rate_is_the_token_projects(app_on: AppFactory) ->
         # no token: 401, not counted against anyone
         async with http.get("/v2/queues", headers=caller(tenant)) as response:
             assert response.status == 401
+
+
+def _get_queues(port: int, project: str) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/queues", headers=caller(project))
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+def _statuses_by_worker(log: Path) -> dict[int, list[int]]:
+    """pid -> the statuses of GET /v2/queues in its access log lines (JSON)."""
+    found: dict[int, list[int]] = {}
+    for line in log.read_text().splitlines():
+        if '"logger": "feedsvc.access"' not in line:
+            continue
+        record = json.loads(line)
+        status = re.search(r'"GET /v2/queues HTTP/1.1" (\d+)', record["message"])
+        if status:
+            found.setdefault(int(record["pid"]), []).append(int(status.group(1)))
+    return found
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_the_limit_holds_across_workers(redis_url: str, tmp_path: Path) -> None:
+    """`--workers 2`: the two processes share the project's bucket. The rate
+    is 0.1/s, so whatever the time taken, the bucket's 20 and a few more."""
+    project, log = new_project(), tmp_path / "feedsvc.log"
+    flags = ("--workers", "2", "--project-rate", "0.1", "--project-burst", "20")
+    flags += ("--access-log", "--log-format", "json")
+    started = time.monotonic()
+    with (
+        ServiceProcess("--redis-url", redis_url, *flags, log_path=log) as svc,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        # new connections, 8 at a time, until both workers have answered some
+        for _ in range(10):
+            list(pool.map(lambda _: _get_queues(svc.port, project), range(40)))
+            if len(_statuses_by_worker(log)) == 2:
+                break
+    elapsed = time.monotonic() - started
+    by_worker = _statuses_by_worker(log)
+    assert len(by_worker) == 2, by_worker
+    admitted = sum(s.count(200) for s in by_worker.values())
+    refused = sum(s.count(429) for s in by_worker.values())
+    # never more than the bucket gave; at most a lease (2) per worker unused
+    assert 20 - 2 * 2 <= admitted <= 20 + math.ceil(0.1 * elapsed), by_worker
+    assert refused > 0
