@@ -237,8 +237,8 @@ def test_the_limit_holds_across_workers(redis_url: str, tmp_path: Path) -> None:
     """`--workers 2`: the two processes share the project's bucket. The rate
     is 0.1/s, so whatever the time taken, the bucket's 20 and a few more."""
     project, log = new_project(), tmp_path / "feedsvc.log"
-    flags = ("--workers", "2", "--project-rate", "0.1", "--project-burst", "20")
-    flags += ("--access-log", "--log-format", "json")
+    flags = ["--workers", "2", "--project-rate", "0.1", "--project-burst", "20"]
+    flags += ["--access-log", "--log-format", "json"]
     started = time.monotonic()
     with (
         ServiceProcess("--redis-url", redis_url, *flags, log_path=log) as svc,
