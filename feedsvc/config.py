@@ -430,6 +430,8 @@ def _check(settings: Settings) -> None:
     smtp_address(settings.smtp_server)
     if settings.delivery_timeout * 2 >= settings.delivery_lease:
         raise ValueError("--delivery-timeout must be below half of --delivery-lease")
+    if 0 < settings.project_rate < 0.001:
+        raise ValueError("--project-rate must be 0 (no limit) or at least 0.001")
     if settings.project_burst and not settings.project_rate:
         raise ValueError("--project-burst needs --project-rate")
     if settings.require_confirmation and not settings.signed_url_key:

@@ -6,6 +6,8 @@
 --         `rate` and `burst` fields override ARGV's defaults
 -- ARGV    now ms (the service's clock), default rate per second, default
 --         burst (0: one second's worth of the rate, at least 1), want
+-- An override out of the settings' bounds (rate 0 or 0.001..1e6, burst
+-- 1..1e7) is ignored, so TAT stays within 1e13 ms of now.
 -- Returns {granted, retry after ms (0 when granted), rate, burst}: rate as a
 -- string (a Lua number returned to Redis is truncated to an integer), and
 -- granted = want, rate "0" when the project is not limited.
@@ -15,7 +17,7 @@ local burst = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local override = redis.call('HMGET', KEYS[2], 'rate', 'burst')
 local o_rate = tonumber(override[1])
-if o_rate and o_rate >= 0 and o_rate <= 1000000 then
+if o_rate and (o_rate == 0 or (o_rate >= 0.001 and o_rate <= 1000000)) then
   rate = o_rate
 end
 local o_burst = tonumber(override[2])
@@ -41,5 +43,5 @@ if granted < 1 then
   return {0, math.ceil(tat + interval - tolerance - now), tostring(rate), burst}
 end
 tat = tat + granted * interval
-redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1)
+redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', string.format('%d', math.ceil(tat - now) + 1))
 return {granted, 0, tostring(rate), burst}

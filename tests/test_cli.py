@@ -96,6 +96,7 @@ def test_help_groups_the_flags_by_section_and_shows_choices() -> None:
         (["--require-confirmation"], {}, "--require-confirmation needs --signed-url-key"),
         (["--delivery-lease", "2", "--delivery-timeout", "1"], {}, "below half"),
         (["--project-rate", "-1"], {}, "--project-rate must be >= 0"),
+        (["--project-rate", "1e-9"], {}, "--project-rate must be 0 (no limit) or at least"),
         (["--project-rate", "2000000"], {}, "--project-rate must be <= 1000000"),
         ([], {"FEEDSVC_PROJECT_RATE": "nan"}, "--project-rate must be a number"),
         (["--project-burst", "5"], {}, "--project-burst needs --project-rate"),

@@ -146,6 +146,10 @@ async def test_an_override_in_the_limits_hash_takes_effect(
         await redis.hset(project_limits_key(project), mapping={"rate": "fast", "burst": "-1"})
         clock.advance(2)  # the bucket still owes what rate 0.5 lent: 2 requests, 4 s
         assert await statuses(http, project, 30) == [200] * 30
+        # ... and so is one out of bounds (TAT would not fit Redis's PX)
+        await redis.hset(project_limits_key(project), mapping={"rate": "1e-9", "burst": "1e9"})
+        clock.advance(LEASE_MS / 1000)
+        assert await statuses(http, project, 30) == [200] * 30
     await redis.delete(project_limits_key(project))
 
 
