@@ -198,6 +198,15 @@ async def test_redis_trouble_lets_requests_through_to_their_own_503(
         server.stop()
 
 
+async def test_the_limiter_loads_its_script_again_after_a_flush(
+    app_on: AppFactory, redis: Redis | RedisCluster
+) -> None:
+    project = new_project()
+    async with app_on(project_rate=1, project_burst=2) as http:
+        await redis.script_flush()
+        assert await statuses(http, project, 3) == [200, 200, 429]
+
+
 async def test_with_tokens_the_rate_is_the_token_projects(app_on: AppFactory) -> None:
     """A caller cannot escape its rate by naming another project."""
     tenant = new_project()
