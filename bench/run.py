@@ -21,7 +21,8 @@ Redis Cluster), rtt (needs root: network namespace + tc netem), idle and
 fanout (live followers over SSE; bench/live.py), wake (a long poll woken
 by a post), webhook (a subscription's webhook deliveries;
 bench/webhook.py), auth (POST and GET with a JWT against none;
-bench/auth.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
+bench/auth.py), ratelimit (POST and GET with --project-rate against
+without, side by side). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,8 @@ from feedsvc.redis_server import RedisServer, pick_free_port
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
+#: --project-rate of the ratelimit part: above what one machine serves
+RATE_LIMIT_BENCH = 100000
 _Round = TypeVar("_Round")
 
 
@@ -258,6 +263,50 @@ class Suite:
         uv, aio = statistics.median(results["uvloop"]), statistics.median(results["asyncio"])
         self.add("POST: uvloop vs asyncio", uvloop_rps=uv, asyncio_rps=aio, ratio=uv / aio)
 
+    def part_ratelimit(self) -> None:
+        """POST and GET with --project-rate against without, two services side
+        by side (which goes first alternates by round). The rate is set above
+        the load, so every request is checked and none refused: the cost of
+        the check, not of refusals. Beside req/s (noisy on a shared machine),
+        each service's CPU µs and Redis calls per request."""
+        flags = ("--project-rate", str(RATE_LIMIT_BENCH))
+        with (
+            service(self.redis.url, self.workdir) as off,
+            service(self.redis.url, self.workdir, *flags, log="feedsvc-rate.log") as on,
+        ):
+            for name, script, path in (
+                ("POST 1 message", "post.lua", "/v2/queues/bpost/messages"),
+                ("GET 10-message page", "get.lua", "/v2/queues/bget/messages?limit=10"),
+            ):
+                rounds = []
+                for i in range(self.rounds):
+                    runs = {}
+                    for svc in (off, on) if i % 2 == 0 else (on, off):
+                        calls = _redis_calls(svc)
+                        run, cpu_us = self.wrk_with_cpu(
+                            psutil.Process(svc.pid), svc.url + path, script
+                        )
+                        runs[svc.url] = (
+                            run,
+                            cpu_us,
+                            (_redis_calls(svc) - calls) / max(run.requests, 1),
+                        )
+                    rounds.append((runs[off.url], runs[on.url]))
+                (without, limited), ratio = _median_round(
+                    rounds, lambda r: r[1][0].rps / r[0][0].rps
+                )
+                self.add(
+                    f"{name}: --project-rate / off",
+                    rps_on=limited[0].rps,
+                    rps_off=without[0].rps,
+                    ratio=ratio,
+                    cpu_us_on=statistics.median(r[1][1] for r in rounds),
+                    cpu_us_off=statistics.median(r[0][1] for r in rounds),
+                    redis_calls_on=statistics.median(r[1][2] for r in rounds),
+                    redis_calls_off=statistics.median(r[0][2] for r in rounds),
+                    errors_on=limited[0].errors,
+                )
+
     def part_coalesce(self) -> None:
         for flag in ("--coalesce", "--no-coalesce"):
             with service(self.redis.url, self.workdir, flag) as svc:
@@ -397,6 +446,14 @@ class Suite:
         out.parent.mkdir(exist_ok=True)
         out.write_text(json.dumps([{"name": r.name, **r.values} for r in self.rows], indent=1))
         print(f"\nwrote {out}")
+
+
+def _redis_calls(svc: Service) -> float:
+    """The service's Redis operations so far (``feedsvc_redis_calls_total``)."""
+    with urllib.request.urlopen(svc.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(r"^feedsvc_redis_calls_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def _median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tuple[_Round, float]:
@@ -558,7 +615,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
-    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth",
+    "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth", "ratelimit",
 ]  # fmt: skip
 
 

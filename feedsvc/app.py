@@ -28,6 +28,7 @@ from feedsvc.appkeys import (
     DRAINING,
     EMBEDDED_REDIS,
     LIVE,
+    RATE_LIMITER,
     SETTINGS,
     STORE,
     TOPIC_LIVE,
@@ -36,9 +37,10 @@ from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
 from feedsvc.drain_signal import DrainSignal
-from feedsvc.errors import TooManyFollowers, TooMuchContention
+from feedsvc.errors import RateLimited, TooManyFollowers, TooMuchContention
 from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
+from feedsvc.rate_limiter import ProjectRateLimiter
 from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
@@ -60,10 +62,18 @@ def _storage_context(
         if deliverer is not None:
             deliverer.start()
             app[DELIVERIES] = deliverer
+        limiter_trouble = LogCounter(
+            log, "let through", "requests unchecked: the rate limiter met Redis trouble", clock
+        )
+        if settings.project_rate:
+            app[RATE_LIMITER] = ProjectRateLimiter(
+                store.rate_limits, settings, clock, limiter_trouble
+            )
         app[STORE] = store
         app[LIVE] = live
         app[TOPIC_LIVE] = topic_live
         yield
+        limiter_trouble.close()
         if deliverer is not None:
             await deliverer.close()
         await topic_live.close()
@@ -81,6 +91,9 @@ def _counted_errors(clock: Clock) -> dict[type[Exception], LogCounter]:
         TooManyFollowers: LogCounter(api_log, "refused", "followers (--max-followers)", clock),
         TooMuchContention: LogCounter(
             api_log, "gave up", "writes after too many WATCH conflicts", clock
+        ),
+        RateLimited: LogCounter(
+            api_log, "refused", "requests over their project's rate (--project-rate)", clock
         ),
     }
 

@@ -23,6 +23,7 @@ from feedsvc.delivery.worker import Deliverer
 from feedsvc.drain_signal import DrainSignal
 from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
+from feedsvc.rate_limiter import ProjectRateLimiter
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -36,6 +37,9 @@ STORE = web.AppKey("store", FeedStore)
 LIVE = web.AppKey("live", LiveFeeds)
 #: The same for topics (over ``FeedStore.topics()``).
 TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
+#: This process's share of the projects' request rates; set with STORE, and
+#: only with --project-rate.
+RATE_LIMITER = web.AppKey("rate_limiter", ProjectRateLimiter)
 #: This process's delivery worker for subscriptions; set with STORE.
 DELIVERIES = web.AppKey("deliveries", Deliverer)
 #: Bearer token -> identity (--auth-token, --auth-token-file, JWTs); ``on`` is

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -409,6 +410,16 @@ class ClientSettings:
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
+    project_rate: float = _opt(
+        0.0,
+        "requests/s each project may make to its queues and topics, over all processes and "
+        "hosts (429 beyond; its limits hash overrides it); 0 = no limit",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    project_burst: int = _opt(
+        0, "requests at once above --project-rate; 0 = one second's worth", minimum=0, maximum=10**7
+    )
 
 
 @dataclass(frozen=True)
@@ -513,6 +524,8 @@ def _check(settings: Settings) -> None:
     ValueError (one line, exit 2 from the CLI) otherwise."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{_flag(f.name)} must be a number, got nan")
         lo = f.metadata.get("minimum")
         hi = f.metadata.get("maximum")
         if lo is not None and value < lo:
@@ -544,6 +557,10 @@ def _check(settings: Settings) -> None:
     smtp_address(settings.smtp_server)
     if settings.delivery_timeout * 2 >= settings.delivery_lease:
         raise ValueError("--delivery-timeout must be below half of --delivery-lease")
+    if 0 < settings.project_rate < 0.001:
+        raise ValueError("--project-rate must be 0 (no limit) or at least 0.001")
+    if settings.project_burst and not settings.project_rate:
+        raise ValueError("--project-burst needs --project-rate")
     if settings.require_confirmation and not settings.signed_url_key:
         raise ValueError(
             "--require-confirmation needs --signed-url-key (confirmation URLs are signed)"

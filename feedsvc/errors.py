@@ -27,6 +27,8 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── Conflict                   409  e.g. json-patch replace of a missing key
     │   └── SubscriptionExists          the queue has a subscription for that subscriber
     ├── UnsupportedMediaType       415
+    ├── RateLimited                429  the project is over its request rate
+    │                                   (--project-rate; sent with Retry-After)
     ├── EncryptionUnavailable      500  an encrypted queue, and no (or another) key
     │   └── UnreadableMessage           one message cannot be decrypted (another
     │                                   key's, or altered): named reads only; a
@@ -174,6 +176,22 @@ class SubscriptionExists(Conflict):
 class UnsupportedMediaType(FeedError):
     status = 415
     title = "Unsupported media type"
+
+
+class RateLimited(FeedError):
+    """The project has used its request rate (``--project-rate``, or its own
+    in the limits hash): nothing was done. retry_after is when the next
+    request will be allowed, in whole seconds rounded up."""
+
+    status = 429
+    title = "Too many requests"
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "This project is over its request rate; retry after "
+            f"{retry_after} second{'s' if retry_after != 1 else ''}."
+        )
+        self.retry_after = retry_after
 
 
 class EncryptionUnavailable(FeedError):

@@ -95,6 +95,12 @@ def test_help_groups_the_flags_by_section_and_shows_choices() -> None:
         ([], {"FEEDSVC_SMTP_SERVER": "mail.example.org"}, "--smtp-server must be host:port"),
         (["--require-confirmation"], {}, "--require-confirmation needs --signed-url-key"),
         (["--delivery-lease", "2", "--delivery-timeout", "1"], {}, "below half"),
+        (["--project-rate", "-1"], {}, "--project-rate must be >= 0"),
+        (["--project-rate", "1e-9"], {}, "--project-rate must be 0 (no limit) or at least"),
+        (["--project-rate", "2000000"], {}, "--project-rate must be <= 1000000"),
+        ([], {"FEEDSVC_PROJECT_RATE": "nan"}, "--project-rate must be a number"),
+        (["--project-burst", "5"], {}, "--project-burst needs --project-rate"),
+        (["--project-rate", "5", "--project-burst", "-1"], {}, "--project-burst must be >= 0"),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(

@@ -28,8 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
-    # live followers' shared reads, over the storage interface
-    ("feedsvc.live",),
+    # live followers' shared reads, and each process's share of the projects'
+    # request rates, over the storage interface
+    ("feedsvc.live", "feedsvc.rate_limiter"),
     # subscriptions' delivery workers (webhooks, mail), over the storage interface
     ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
@@ -64,6 +65,7 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.clock",
     "feedsvc.storage.base",
     "feedsvc.live",
+    "feedsvc.rate_limiter",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
     "feedsvc.log_counter",

@@ -297,7 +297,7 @@ async def test_signed_urls_are_described(settings: Settings, headers: dict[str, 
     settings = settings.replace(signed_url_key="openapi-" + uuid.uuid4().hex)
     document = openapi_document(settings)
     share = document["paths"]["/v2/queues/{queue}/share"]["post"]
-    assert set(share["responses"]) == {"200", "400", "503"}
+    assert set(share["responses"]) == {"200", "400", "429", "503"}
     for method, path, operation in operations(document):
         signable = path.startswith(
             (
@@ -719,3 +719,14 @@ def test_jwt_and_scopes_are_described(tmp_path: Path) -> None:
             continue
         assert operation["security"] == [{"bearer": []}, {"jwt": []}], (method, path)
         assert {"401", "403"} <= set(operation["responses"]), (method, path)
+
+
+def test_every_route_of_a_project_may_answer_429(settings: Settings) -> None:
+    """What counts against --project-rate: every queue and topic route, and nothing else."""
+    document = openapi_document(settings)
+    for method, path, operation in operations(document):
+        counted = path.startswith(("/v2/queues", "/v2/topics"))
+        assert ("429" in operation["responses"]) == counted, (method, path)
+        if counted:
+            refused = resolve(document, operation["responses"]["429"])
+            assert "Retry-After" in refused["headers"], (method, path)

@@ -39,7 +39,7 @@ from feedsvc.appkeys import (
     METRICS_REQUESTS,
     STORE,
 )
-from feedsvc.errors import TooManyFollowers
+from feedsvc.errors import RateLimited, TooManyFollowers
 from feedsvc.storage.base import FeedStore
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -99,7 +99,8 @@ class StoreCollector(Collector):
 
 
 class RefusalCollector(Collector):
-    """Followers refused, each counted (its log is a line per interval:
+    """Followers refused and requests over their project's rate, each counted
+    (their log is a line per interval:
     ``feedsvc.log_counter``). Writes given up on contention are the store's
     ``watch_conflicts_exhausted``."""
 
@@ -113,6 +114,13 @@ class RefusalCollector(Collector):
                 "feedsvc_followers_refused",
                 "event streams and long polls answered 503: --max-followers reached",
                 value=refused.total,
+            )
+        limited = self._app.get(COUNTED_ERRORS, {}).get(RateLimited)
+        if limited is not None:
+            yield CounterMetricFamily(
+                "feedsvc_rate_limited",
+                "requests answered 429: their project was over its rate (--project-rate)",
+                value=limited.total,
             )
 
 

@@ -26,12 +26,13 @@ from feedsvc.api.cors import preflight
 from feedsvc.api.identity import authorize
 from feedsvc.api.metrics import observe_request
 from feedsvc.api.signed_urls import mark_signed
-from feedsvc.api.validation import IDENTITY
-from feedsvc.appkeys import AUTHENTICATOR, COUNTED_ERRORS
+from feedsvc.api.validation import IDENTITY, rate_limited_project
+from feedsvc.appkeys import AUTHENTICATOR, COUNTED_ERRORS, RATE_LIMITER
 from feedsvc.errors import (
     BadRequest,
     FeedError,
     InsufficientScope,
+    RateLimited,
     RequestTimeout,
     Unauthorized,
     Unavailable,
@@ -46,6 +47,9 @@ REQUEST_ID = web.RequestKey("request_id", str)
 # Cheaper than a uuid4 per request, and still unique across processes.
 _REQUEST_PREFIX = "req-" + os.urandom(6).hex() + "-"
 _request_numbers = itertools.count(1)
+#: The routes that count against a project's rate: all of its data (ping,
+#: health, the home and OpenAPI documents, metrics and the console do not).
+RATE_LIMITED_PATHS = ("/v2/queues", "/v2/topics")
 
 
 def new_request_id() -> str:
@@ -77,6 +81,11 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
             answer.headers["WWW-Authenticate"] = exc.challenge()
         if isinstance(exc, RequestTimeout):
             answer.force_close()
+        if isinstance(exc, RateLimited):
+            answer.headers["Retry-After"] = str(exc.retry_after)
+            request.app[COUNTED_ERRORS][RateLimited].count(
+                f"{request.method} {request.path}: {exc} [{request_id}]"
+            )
         if isinstance(exc, Unavailable):
             answer.headers["Retry-After"] = str(exc.retry_after)
             # a flood of one kind (followers refused, contention) is a line per interval
@@ -125,7 +134,8 @@ def _error_answer(request: web.Request, exc: Exception, request_id: str) -> web.
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """feedsvc's one middleware, run on every request: its id, its pre-signed
     URL checked (``signed_urls.mark_signed``), its bearer token and scope
-    checked when authentication is on (``identity.authorize``), a CORS
+    checked when authentication is on (``identity.authorize``), its
+    project's rate (``feedsvc.rate_limiter``, with --project-rate), a CORS
     preflight answered (``cors.preflight``), errors answered as JSON, and
     the request counted in the metrics (``metrics.observe_request``, with the
     status sent, 500 for whatever left unanswered).
@@ -144,6 +154,11 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
                 await authorize(request)
             else:
                 request[IDENTITY] = None
+            limiter = request.app.get(RATE_LIMITER)
+            if limiter is not None and request.path.startswith(RATE_LIMITED_PATHS):
+                project = rate_limited_project(request)
+                if project is not None and not limiter.admit_now(project):
+                    await limiter.admit(project)
             if request.method == "OPTIONS" and (answer := preflight(request)) is not None:
                 response: web.StreamResponse = answer
             else:

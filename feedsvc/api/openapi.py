@@ -496,6 +496,11 @@ def _responses(s: Settings) -> dict[str, Schema]:
         "NotFound": error("No such resource (in this project and queue)."),
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
+        "TooManyRequests": error(
+            "The project is over its request rate (--project-rate, or its own in the "
+            "operator's limits): nothing was done; try again after Retry-After seconds.",
+            headers=RETRY_AFTER,
+        ),
         "Unavailable": error(
             "Redis is unreachable, timed out, or too contended; or, for a write, Redis is "
             "out of memory (title 'Redis is out of memory') or may evict data (title "
@@ -670,9 +675,12 @@ def _errors(*statuses: str) -> dict[str, Schema]:
         "404": "NotFound",
         "409": "Conflict",
         "415": "UnsupportedMediaType",
+        "429": "TooManyRequests",
         "503": "Unavailable",
     }
-    return {status: _ref("responses", names[status]) for status in ("400", *statuses, "503")}
+    # every route of a project counts against its rate (--project-rate)
+    statuses = ("400", *statuses, "429", "503")
+    return {status: _ref("responses", names[status]) for status in statuses}
 
 
 def _operation(

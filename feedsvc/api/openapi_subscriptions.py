@@ -26,6 +26,7 @@ def _errors(*statuses: str) -> dict[str, Schema]:
     names = {"404": "NotFound", "409": "Conflict"}
     out = {"400": _ref("responses", "BadRequest")}
     out.update({s: _ref("responses", names[s]) for s in statuses})
+    out["429"] = _ref("responses", "TooManyRequests")  # --project-rate
     out["503"] = _ref("responses", "Unavailable")
     return out
 

@@ -133,6 +133,26 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     return project_id(request), client
 
 
+def rate_limited_project(request: web.Request) -> str | None:
+    """The project a request counts against (``--project-rate``), as
+    :func:`caller` will find it (after ``identity.authorize``); None when it
+    names none it could be served for (a missing or bad X-Project-ID, no
+    token where one is needed): those are answered 400 or 401 without a
+    Redis call, so they need no rate."""
+    signed = request[SIGNED_PROJECT]
+    if signed:
+        return signed
+    identity = request[IDENTITY]
+    if identity is not None:
+        return identity.project
+    if request.app[AUTHENTICATOR].on:
+        return None
+    project = request.headers.get("X-Project-ID")
+    if not project or len(project) > MAX_PROJECT_LENGTH:
+        return None
+    return project
+
+
 def idempotency_key(request: web.Request) -> str | None:
     """The optional Idempotency-Key header (1..255 printable characters)."""
     key = request.headers.get("Idempotency-Key")

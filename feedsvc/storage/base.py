@@ -7,6 +7,10 @@ into the Lua scripts too)::
     key                  type    contents
     -------------------  ------  ------------------------------------------------
     fs:p:{P}:queues      zset    the project's queue names, score 0 (lex order)
+    fs:limits:{P}        hash    the project's own limits, set by an operator:
+                                 rate (requests/s), burst, max_messages, max_queues
+    fs:rate:{P}          string  the project's request-rate bucket (GCRA: its
+                                 theoretical arrival time, ms); PX until full
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
                                  fields: dttl, ddelay, mcc, dlq, dlqttl, mps,
@@ -451,6 +455,29 @@ class FollowerCounts(Protocol):
 
     async def count(self, project: str, queue: str) -> int:
         """The queue's followers in every process whose report still holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateGrant:
+    """What one call took from a project's request-rate bucket."""
+
+    granted: int  # requests allowed, 0..want
+    retry_after_ms: int  # when none is: until the bucket holds one again
+    rate: float  # the project's rate in force (its override or the default); 0: no limit
+    burst: int
+
+
+class RateLimitStore(Protocol):
+    """Projects' request-rate buckets, shared by every process on the Redis
+    (``storage/rate_limits.py``)."""
+
+    async def take(
+        self, project: str, want: int, now_ms: int, rate: float, burst: int
+    ) -> RateGrant:
+        """Up to want requests of the project's bucket at now_ms. rate (per
+        second) and burst are the defaults; the project's limits hash
+        (``keys.project_limits_key``: fields rate, burst) overrides them.
+        StorageUnavailable on Redis trouble."""
         ...
 
 
@@ -617,6 +644,11 @@ class FeedStore(Protocol):
     @property
     def deliveries(self) -> DeliveryState:
         """The delivery state of every subscription, for the delivery workers."""
+        ...
+
+    @property
+    def rate_limits(self) -> RateLimitStore:
+        """Projects' request-rate buckets (``--project-rate``)."""
         ...
 
 

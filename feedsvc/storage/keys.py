@@ -62,6 +62,17 @@ def registry_key(project: str, kind: Kind = "queue") -> str:
     return f"{NAMESPACE}:p:{{{escape_project(project)}}}:{kind}s"
 
 
+def project_limits_key(project: str) -> str:
+    return f"{NAMESPACE}:limits:{{{escape_project(project)}}}"
+
+
+def rate_bucket_key(project: str) -> str:
+    """A project's request-rate bucket (``lua/rate_limit.lua``): the GCRA's
+    theoretical arrival time, ms. Tagged as :func:`project_limits_key`, so the
+    script that reads the project's overrides touches one cluster slot."""
+    return f"{NAMESPACE}:rate:{{{escape_project(project)}}}"
+
+
 SEQ_SUFFIX = ":seq"
 INDEX_SUFFIX = ":idx"
 EXPIRY_SUFFIX = ":exp"

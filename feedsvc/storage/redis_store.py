@@ -46,6 +46,7 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.follower_counts import RedisFollowerCounts
 from feedsvc.storage.keys import KINDS, QueueKeys
+from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
@@ -103,6 +104,7 @@ class RedisStore(ClaimUpkeep):
             for kind, build in builders.items()
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
+        self.rate_limits = RedisRateLimits(transport)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
