@@ -40,9 +40,10 @@ check: lint types pytest
 # its mark fails here and says so. make test runs them all. It runs on
 # FAST_WORKERS pytest-xdist workers: its tests compute (about 50 CPU-s in
 # one process), and two workers use both cores. Measured on 2 cores, venv
-# built, while other engineers' test runs shared them (so judged by CPU
-# time, user+sys from /usr/bin/time -v): pytest-fast 55 CPU-s, 93 s wall on
-# 2 workers, 171 s wall in one process (FAST_WORKERS=0).
+# built, while other test runs shared them (load 9-10), so judged by CPU
+# time (user+sys, /usr/bin/time): make test-fast 55 CPU-s, 122 s wall, an
+# estimated 45 s on quiet cores (docs/RELIABILITY.md, "the house"); its
+# pytest 93 s wall on 2 workers, 171 s in one process (FAST_WORKERS=0).
 test-fast: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory lint types pytest-fast
 
