@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import redis
 
-from bench.live import raise_open_files_limit
-from bench.service import Service, WrkResult, WrkSuite, process_tree, service, wrk
+from bench.machine import process_tree, raise_open_files_limit
+from bench.service import Service, WrkResult, WrkSuite, service, wrk
 
 BATCH_SIZES = (1, 10, 100, 1000)
 MANY_CLIENTS = 5000

@@ -52,8 +52,8 @@ import numpy as np
 import psutil
 import redis
 
-from bench.service import CpuWindow, Service, SuiteLike, stop_process
-from feedsvc import process_setup
+from bench.machine import CpuWindow, raise_open_files_limit, stop_process, wait_for_idle
+from bench.service import Service, SuiteLike
 from feedsvc.redis_server import pick_free_port
 
 HERE = Path(__file__).resolve().parent
@@ -73,15 +73,6 @@ GRACE_S = 1.0
 
 
 # -- processes -------------------------------------------------------------------
-
-
-def raise_open_files_limit() -> int:
-    """10,000 streams are 10,000 descriptors in the server: children inherit it.
-    The soft limit now in force."""
-    import resource
-
-    process_setup.raise_open_files_limit()
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class Clients:
@@ -235,17 +226,6 @@ def get_json(url: str, method: str = "GET", timeout: float = 10) -> Any:
 
 def rss(pid: int) -> int:
     return int(psutil.Process(pid).memory_info().rss)
-
-
-def wait_for_idle(max_wait: float = 120.0, busy_below: float = 25.0) -> float:
-    """Wait (at most ``max_wait`` s) until the machine is less than
-    ``busy_below`` % busy (100 = every core): someone else's job in the
-    middle of a measurement says nothing about feedsvc. The last reading."""
-    deadline = time.monotonic() + max_wait
-    busy = psutil.cpu_percent(interval=1.0)
-    while busy >= busy_below and time.monotonic() < deadline:
-        busy = psutil.cpu_percent(interval=1.0)
-    return float(busy)
 
 
 def commandstats(client: redis.Redis) -> dict[str, int]:

@@ -48,7 +48,8 @@ from typing import TypeVar
 import psutil
 import redis
 
-from bench.service import Service, WrkResult, service, stop_process, wrk
+from bench.machine import stop_process
+from bench.service import Service, WrkResult, service, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
 from feedsvc.redis_server import RedisServer, pick_free_port
 

@@ -1,6 +1,6 @@
 """What the parts of the speed suite (bench/run.py and the modules it calls)
-share: the feedsvc process they measure, wrk, the CPU each process group
-takes, and the little of the suite a part uses."""
+share: the feedsvc process they measure, wrk, and the little of the suite a
+part uses (the machine and its processes: bench/machine.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ import contextlib
 import json
 import os
 import re
-import resource
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import psutil
-
+from bench.machine import CpuWindow
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceProcess
 
@@ -157,84 +154,3 @@ def wrk(
     if cpu_of is not None:
         result.cores = {k: v / 100 for k, v in percent.items()}
     return result
-
-
-# -- CPU -------------------------------------------------------------------------
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a server the bench started: SIGTERM, then SIGKILL if it is still
-    there after 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def process_tree(pid: int | None) -> list[int]:
-    """pid and its descendants (a ``--workers`` parent and its workers)."""
-    if pid is None:
-        return []
-    try:
-        parent = psutil.Process(pid)
-        return [pid, *(p.pid for p in parent.children(recursive=True))]
-    except psutil.Error:
-        return []
-
-
-def machine_busy() -> float:
-    """Busy CPU seconds of the whole machine so far."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
-
-
-def _reaped_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-class CpuWindow:
-    """CPU seconds of some processes between start() and stop(), as % of a
-    core; ``other`` is the rest of the machine (this process, the kernel,
-    and whatever else ran: on a shared machine, someone else's work).
-
-    ``reaped`` names the children this process starts *and waits for*
-    within the window (wrk): their CPU comes from this process's rusage,
-    since they are gone by the time stop() could look at them."""
-
-    def __init__(self, groups: dict[str, list[int]], reaped: str | None = None) -> None:
-        self.groups = groups
-        self.reaped = reaped
-        self._start: dict[str, float] = {}
-        self._reaped0 = 0.0
-        self._t0 = 0.0
-        self._busy0 = 0.0
-        self.percent: dict[str, float] = {}
-
-    @staticmethod
-    def _seconds(pids: list[int]) -> float:
-        total = 0.0
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                t = psutil.Process(pid).cpu_times()
-                total += t.user + t.system
-        return total
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._busy0 = machine_busy()
-        self._reaped0 = _reaped_seconds()
-        self._start = {k: self._seconds(v) for k, v in self.groups.items()}
-
-    def stop(self) -> dict[str, float]:
-        elapsed = time.monotonic() - self._t0
-        self.percent = {
-            k: 100 * (self._seconds(v) - self._start[k]) / elapsed for k, v in self.groups.items()
-        }
-        if self.reaped is not None:
-            self.percent[self.reaped] = 100 * (_reaped_seconds() - self._reaped0) / elapsed
-        machine = 100 * (machine_busy() - self._busy0) / elapsed
-        self.percent["other"] = machine - sum(self.percent.values())
-        return self.percent

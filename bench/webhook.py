@@ -59,9 +59,9 @@ from bench.live import (
     delta,
     get_json,
     ms,
-    wait_for_idle,
 )
-from bench.service import CpuWindow, Service, SuiteLike
+from bench.machine import CpuWindow, wait_for_idle
+from bench.service import Service, SuiteLike
 
 HERE = Path(__file__).resolve().parent
 FAST_RATES = (50.0, 200.0, float("inf"))

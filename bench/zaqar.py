@@ -34,7 +34,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.service import PRODUCER, WrkResult, WrkSuite, process_tree, service, wrk
+from bench.machine import process_tree
+from bench.service import PRODUCER, WrkResult, WrkSuite, service, wrk
 from feedsvc.redis_server import RedisServer, pick_free_port
 
 DEFAULT_HOME = Path.home() / ".cache" / "feedsvc-bench" / "zaqar"

@@ -1,19 +1,16 @@
 """What ``python -m loadtest compare`` (loadtest/compare.py) and ``python -m
-loadtest follow`` (loadtest/follow.py) share: names, process CPU metering,
-the open-files limit, waiting for an idle machine, stopping a process, the
-final audit of the queues and the description of the machine."""
+loadtest follow`` (loadtest/follow.py) share: names, the final audit of the
+queues and the description of the machine. Process CPU metering, the
+open-files limit, waiting for an idle machine and stopping a process are
+bench/machine.py's, shared with the bench."""
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import http.client
 import json
-import math
 import os
 import platform
-import resource
-import signal
 import subprocess
 import sys
 import time
@@ -36,103 +33,9 @@ QUEUE_PREFIX = "lt"
 PROJECT = "compare"
 
 
-# -- processes and CPU -----------------------------------------------------------
-
-
-class CpuMeter:
-    """Cumulative CPU seconds of named process groups (a root and all its
-    descendants), read each time ``sample()`` is called; a process that
-    exited keeps its last reading, so a group's total never goes down."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.groups: dict[str, list[float]] = {}
-        self.system: list[float] = []  # busy CPU seconds of the whole machine
-        self._last: dict[int, float] = {}
-        self._procs: dict[int, psutil.Process] = {}
-        self._members: dict[str, set[int]] = {}
-
-    def _cpu(self, pid: int) -> float:
-        proc = self._procs.get(pid)
-        try:
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-            t = proc.cpu_times()
-            self._last[pid] = t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-        return self._last.get(pid, 0.0)
-
-    def sample(self, groups: dict[str, list[int]]) -> None:
-        self.times.append(time.time())
-        for name, roots in groups.items():
-            members = self._members.setdefault(name, set())
-            for root in roots:
-                members.add(root)
-                with contextlib.suppress(psutil.Error):
-                    members.update(c.pid for c in psutil.Process(root).children(recursive=True))
-            self.groups.setdefault(name, []).append(sum(self._cpu(p) for p in members))
-        t = psutil.cpu_times()
-        self.system.append(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
-                           - getattr(t, "guest_nice", 0.0))  # fmt: skip
-
-    def members(self) -> set[int]:
-        return set().union(*self._members.values())
-
-    def percent(self, series: list[float], start: float, end: float) -> float:
-        """CPU % (100 = one core) of a cumulative series between two instants."""
-        if len(self.times) < 2 or end <= start:
-            return math.nan
-        return 100 * (self._at(series, end) - self._at(series, start)) / (end - start)
-
-    def _at(self, series: list[float], t: float) -> float:
-        i = bisect.bisect_left(self.times, t)
-        if i <= 0:
-            return series[0]
-        if i >= len(self.times):
-            return series[-1]
-        t0, t1 = self.times[i - 1], self.times[i]
-        v0, v1 = series[i - 1], series[i]
-        return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-
-
-def raise_open_files_limit() -> int:
-    """Lift the soft open-files limit to the hard one (3000 users = 3000 sockets
-    in Locust and as many in feedsvc); children inherit it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def wait_for_idle(max_wait: float, busy_below: float) -> float:
-    """Wait (at most ``max_wait`` s) until the machine is less than
-    ``busy_below`` % busy (100 = every core), so that someone else's job does
-    not land in one driver's run only; returns the last reading."""
-    deadline = time.monotonic() + max_wait
-    busy = psutil.cpu_percent(interval=1.0)
-    told = False
-    while busy >= busy_below and time.monotonic() < deadline:
-        if not told:
-            print(f"   waiting for the machine to be idle (busy {busy:.0f}%)", flush=True)
-            told = True
-        busy = psutil.cpu_percent(interval=1.0)
-    return float(busy)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
-    """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+def say(line: str) -> None:
+    """A line of progress on the console, indented under its cell's heading."""
+    print(f"   {line}", flush=True)
 
 
 def audit(base: str, queues: list[str], acknowledged: dict[str, dict[str, int]]) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from typing import Any
 
 import psutil
 
+from bench.machine import CpuMeter, raise_open_files_limit, stop_process, wait_for_idle
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceProcess
 from loadtest import timings
@@ -58,12 +59,9 @@ from loadtest.common import (
     PROJECT,
     QUEUE_PREFIX,
     SAMPLE_EVERY,
-    CpuMeter,
     audit,
     machine,
-    raise_open_files_limit,
-    stop_process,
-    wait_for_idle,
+    say,
 )
 
 # -- processes and CPU -----------------------------------------------------------
@@ -369,7 +367,7 @@ def run_one(cfg: Config, cell: tuple[int, str, int], driver: str, logs: Path) ->
     producers, shape, workers = cell
     hot = shape == "hot"
     tag = f"{driver}-{producers}-{shape}-w{workers}"
-    idle = wait_for_idle(cfg.idle_wait, cfg.idle_below)
+    idle = wait_for_idle(cfg.idle_wait, cfg.idle_below, say=say)
     serve_args = [*cfg.serve_args, "--workers", str(workers)]
     with tempfile.TemporaryDirectory(prefix=f"loadtest-{tag}-") as tmp:
         work = Path(tmp)

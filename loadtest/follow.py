@@ -50,6 +50,7 @@ from typing import Any
 
 import redis
 
+from bench.machine import CpuMeter, raise_open_files_limit, stop_process, wait_for_idle
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceProcess
 from loadtest import timings
@@ -59,12 +60,9 @@ from loadtest.common import (
     PROJECT,
     QUEUE_PREFIX,
     SAMPLE_EVERY,
-    CpuMeter,
     audit,
     machine,
-    raise_open_files_limit,
-    stop_process,
-    wait_for_idle,
+    say,
 )
 
 MODES = {"poll": "Observer", "long-poll": "LongPoller", "sse": "Streamer"}
@@ -234,7 +232,7 @@ def _per(amount: float, count: float) -> float:
 
 def run_one(cfg: FollowConfig, driver: str, mode: str, logs: Path) -> FollowRow:
     tag = f"{driver}-{mode}"
-    wait_for_idle(cfg.idle_wait, cfg.idle_below)
+    wait_for_idle(cfg.idle_wait, cfg.idle_below, say=say)
     with tempfile.TemporaryDirectory(prefix=f"loadtest-{tag}-") as tmp:
         work = Path(tmp)
         timings_dir = work / "timings"

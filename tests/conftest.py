@@ -6,7 +6,8 @@ never see each other's data and no flushing is needed.
 
 Markers (pyproject.toml) let ``make test-fast`` leave out what needs more
 than the session's one redis-server: ``cluster`` is set here for every test
-on the Redis Cluster, ``process`` and ``slow`` in the test modules. Under a
+on the Redis Cluster, ``process`` and ``slow`` in the test modules; and
+``full_driver``, set here, leaves the watch-naive driver to the full run. Under a
 ``-m`` that excludes ``process``, a test that starts a process anyway fails
 and says so (:class:`ProcessGuard`), so the fast loop stays what it claims.
 """
@@ -43,6 +44,11 @@ from tests.cluster import LocalCluster
 # process tests would have grown as much again).
 DRIVERS = ["lua", "watch", "watch-naive"]
 PROCESS_DRIVERS = ["lua", "watch"]
+# For the same reason the fast loop (make test-fast) leaves watch-naive's
+# runs of the contract suites to the full run: a third of its tests, and the
+# driver no client is meant to run (tests/test_watch_drivers.py, which
+# names it, stays in the fast loop).
+FULL_RUN_DRIVERS = ["watch-naive"]
 
 
 class ProcessGuard:
@@ -157,9 +163,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark what needs the Redis Cluster ``cluster``, so that ``make test-fast``
-    can leave it out; ``process`` and ``slow`` are set in the test modules.
-    Leave out the process tests of the drivers not in PROCESS_DRIVERS."""
+    """Mark what needs the Redis Cluster ``cluster`` and what runs on a driver
+    of FULL_RUN_DRIVERS ``full_driver``, so that ``make test-fast`` can leave
+    them out; ``process`` and ``slow`` are set in the test modules. Leave out
+    the process tests of the drivers not in PROCESS_DRIVERS."""
     skipped = [
         item
         for item in items
@@ -176,6 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         on_cluster = callspec is not None and callspec.params.get("topology") == "cluster"
         if on_cluster or "redis_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        if callspec is not None and callspec.params.get("driver") in FULL_RUN_DRIVERS:
+            item.add_marker(pytest.mark.full_driver)
 
 
 @pytest.fixture

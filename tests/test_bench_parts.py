@@ -1,5 +1,7 @@
 """The tools of bench/capacity.py and bench/zaqar.py: wrk's report read
-right, the CPU of a process tree and of wrk (a reaped child) counted, the
+right, the CPU of a process tree and of wrk (a reaped child) counted
+(bench/machine.py, shared with loadtest/), a process that ignores SIGTERM
+stopped all the same, the
 zaqar part skipped with a reason when Zaqar cannot be installed, and the
 ladder's --bench-routes answering as the requests they stand for. Speed
 itself is never asserted here."""
@@ -21,8 +23,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench import zaqar
+from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
-from bench.service import PRODUCER, CpuWindow, parse_wrk, process_tree
+from bench.service import PRODUCER, parse_wrk
 from feedsvc.app import create_app
 from tests.conftest import make_settings
 
@@ -88,6 +91,40 @@ def test_the_cpu_of_a_reaped_child_and_of_a_process_tree_is_counted() -> None:
             os.kill(pid, 9)
     assert process_tree(parent.pid) == []
     assert process_tree(None) == []
+
+
+@pytest.mark.process
+def test_a_meters_group_keeps_the_cpu_of_a_process_that_exited() -> None:
+    meter = CpuMeter()
+    proc = subprocess.Popen([sys.executable, "-c", BURN + "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        # BURN spends 0.3 s of CPU, then waits for its stdin (read in clock ticks)
+        deadline = time.monotonic() + 60
+        while not meter.groups.get("burn") or meter.groups["burn"][-1] < 0.25:
+            assert time.monotonic() < deadline, meter.groups
+            meter.sample({"burn": [proc.pid]})
+            assert proc.poll() is None
+            time.sleep(0.05)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    meter.sample({"burn": [proc.pid]})
+    assert meter.groups["burn"][-1] == meter.groups["burn"][-2] >= 0.25
+    assert meter.percent(meter.groups["burn"], meter.times[0], meter.times[-1]) > 0
+
+
+@pytest.mark.process
+def test_a_process_that_ignores_sigterm_is_killed() -> None:
+    ignore = "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    ignore += "print(flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    with proc.stdout:
+        proc.stdout.readline()  # SIGTERM is ignored from here on
+        assert stop_process(proc, timeout=0.5) == -9
+        assert stop_process(proc) == -9  # already stopped: nothing more happens
 
 
 class FakeSuite:

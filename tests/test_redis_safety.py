@@ -60,9 +60,14 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.stop()
 
 
-# the single one starts a redis-server of its own: a process (the cluster is
-# marked by conftest.py)
-@pytest.fixture(params=[pytest.param("single", marks=pytest.mark.process), "cluster"])
+# the single one starts a redis-server of its own: a process; the cluster is
+# asked for by name below, which conftest.py cannot see, so it is marked here
+@pytest.fixture(
+    params=[
+        pytest.param("single", marks=pytest.mark.process),
+        pytest.param("cluster", marks=pytest.mark.cluster),
+    ]
+)
 def primaries(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[redis.Redis]]]:
     """The URL feedsvc takes and a client per primary."""
     if request.param == "single":

@@ -38,6 +38,9 @@ CLOSE_BOUND = 20.0
 ANSWER_BOUND = 30.0
 #: A trickling client sends this many bytes, this often.
 STEP, EVERY = 2, 0.3
+#: Every test here waits for a head's clock to run out (or not to) in real
+#: time, 1-5 s each: make test runs them, the fast loop leaves them out.
+pytestmark = pytest.mark.slow
 HEADERS = "Client-ID: 3a1f2f5e-7d4c-4b8e-9a55-0d6c2d1e7f10\r\nX-Project-ID: slow\r\n"
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
