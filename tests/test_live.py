@@ -866,3 +866,23 @@ async def test_a_stream_gets_a_message_whose_claim_expires_meanwhile(
         assert orjson.loads(event["data"])["id"] == mid
     finally:
         stream.close()
+
+
+@pytest.mark.slow
+async def test_a_long_poll_with_delayed_messages_returns_one_whose_claim_expires(
+    realtime: Client, headers: Headers
+) -> None:
+    """include_delayed long polls read alone, not through the tail: their
+    own read says when a claim ends too."""
+    [mid] = await post(realtime, other_client(headers), "work")
+    await claim_one(realtime, headers, ttl=1)
+
+    async def delete_later() -> None:  # a poll still waiting then ends empty
+        await asyncio.sleep(3.5)
+        await realtime.delete(f"{MESSAGES}/{mid}", headers=headers)
+
+    deleting = asyncio.create_task(delete_later())
+    params = {"wait": "7", "include_delayed": "true"}
+    response = await realtime.get(MESSAGES, params=params, headers=headers)
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+    await deleting
