@@ -36,6 +36,15 @@ announced by no post: the tail's read that comes back empty says when the
 first delayed message after its position falls due (``MessagePage.next_due``),
 and the tail asks its wake-ups for a local timer then (``Follow.due``). An
 idle tail whose queue holds no delayed message still costs Redis nothing.
+
+A follower without ``include_claimed`` passes claimed messages, as a list
+does; while it has been given nothing after one, it is *held* there
+(``Follower.held``): a list from its marker returns the message once its
+claim ends, so the follower must get it then. The tail keeps a timer for
+the first claim end it read (``MessagePage.claim_ends``) while anyone is
+held, and after any wake-up that may have freed a message (``Follow.frees``:
+a release, a timer, a lost subscription) reads once from the lowest held
+position for everyone (``Tail._hand_out_again``).
 """
 
 from __future__ import annotations
