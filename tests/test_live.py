@@ -15,6 +15,7 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from feedsvc import live as live_module
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
@@ -886,3 +887,37 @@ async def test_a_long_poll_with_delayed_messages_returns_one_whose_claim_expires
     response = await realtime.get(MESSAGES, params=params, headers=headers)
     assert [m["id"] for m in (await response.json())["messages"]] == [mid]
     await deleting
+
+
+async def test_a_follower_held_further_back_than_one_read_is_let_go(
+    store: FeedStore, project: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tail reads a bounded number of pages from the lowest held position:
+    a follower whose claimed messages lie beyond that is let go (a long poll
+    answers empty), and its client's next poll from its marker gets them."""
+    monkeypatch.setattr(live_module, "PAGES_PER_READ", 1)  # one page of 20
+    live = LiveFeeds(store, scan_limit=1000, tick=15)
+    try:
+        waiter = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", waiter):
+            assert await live.catch_up(project, "q", waiter) == []  # the tail starts
+            later = [NewMessage(b"%d" % n, delay=60) for n in range(30)]
+            await store.post_messages(project, "q", "writer", later)
+            await asyncio.sleep(0.3)  # the tail has read the post: nothing visible yet
+            clock.advance(60)
+            for limit in (20, 5):
+                assert await store.claim_messages(project, "q", 60, 60, limit) is not None
+            last = await store.claim_messages(project, "q", 60, 60, 5)
+            assert last is not None
+            await store.post_messages(project, "q", "reader", [NewMessage(b"mine")])  # a wake-up
+            await asyncio.sleep(0.3)  # the tail has read all 31, claimed or its own
+            assert not waiter.done
+            await store.release_claim(project, "q", last.id)
+            assert await waiter.finished(10)
+            assert waiter.messages == []
+        again = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", again):
+            got = await live.catch_up(project, "q", again)
+            assert [m.id for m in got] == [m.id for m in last.messages]
+    finally:
+        await live.close()
