@@ -451,12 +451,15 @@ class LiveFeeds:
             if held is not None:
                 # Held, it joins only a tail that has begun no read since
                 # its own: a claim that ended meanwhile is then read again
-                # with it among the held (Tail._run).
-                if not tail.idle.is_set():
-                    await tail.idle.wait()
-                    continue
-                if tail.frees != frees or tail.position != before:
-                    continue
+                # with it among the held (Tail._run). Otherwise it reads
+                # again from where it is held.
+                if tail.idle.is_set() and tail.frees == frees and tail.position == before:
+                    self._join(tail, follower, held, claim_ends)
+                    return []
+                await tail.idle.wait()
+                follower.position = held or None
+                held = claim_ends = None
+                continue
             mine = follower.position or 0
             if tail.position == before or (before is None and tail.position <= mine):
                 self._join(tail, follower, held, claim_ends)
