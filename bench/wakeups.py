@@ -12,6 +12,12 @@ service in this process (on the host's clock, claims down to 1 s):
   claim is then released; the 201's arrival minus the time the DELETE was sent.
 - ``claim expired``: a message claimed for 1 s, then a claim wait; the 201's
   arrival minus (the time the first claim was sent + 1 s).
+- ``poll released`` / ``stream released``: a long poll (``wait=5``) or a
+  caught-up stream over a claimed message (they pass it, as a list does),
+  whose claim is then released; the message's arrival minus the time the
+  DELETE was sent.
+- ``poll expired`` / ``stream expired``: a message claimed for 1 s, then a
+  long poll or a stream; its arrival minus (the claim was sent + 1 s).
 - ``idle``: Redis commands (``INFO commandstats``, INFO itself left out)
   of a long poll and of a claim wait of 0.2 s and of 4 s on a queue with
   nothing visible (equal counts: waiting itself costs nothing): with
@@ -114,6 +120,70 @@ async def claim_expired(http: Client) -> float:
     return arrived - sent - 1.0
 
 
+async def claimed(http: Client, q: str, ttl: int) -> tuple[str, float]:
+    """A message claimed for ttl s: the claim's href and when it was sent."""
+    await post(http, q, {"body": "work"})
+    sent = time.monotonic()
+    held = await http.post(f"{q}/claims", json={"ttl": ttl, "grace": 0}, headers=headers())
+    assert held.status == 201
+    return held.headers["Location"], sent
+
+
+async def next_message(stream: Any) -> None:
+    while not (await asyncio.wait_for(stream.content.readline(), 5)).startswith(b"data:"):
+        pass
+
+
+async def poll_released(http: Client) -> float:
+    q = queue()
+    claim, _ = await claimed(http, q, 60)
+    waiting = asyncio.create_task(
+        http.get(f"{q}/messages", params={"wait": "5"}, headers=headers())
+    )
+    await asyncio.sleep(0.3)
+    sent = time.monotonic()
+    await http.delete(claim, headers=headers())
+    response = await waiting
+    arrived = time.monotonic()
+    assert len((await response.json())["messages"]) == 1
+    return arrived - sent
+
+
+async def stream_released(http: Client) -> float:
+    q = queue()
+    claim, _ = await claimed(http, q, 60)
+    stream = await http.get(f"{q}/messages", headers={**headers(), "Accept": "text/event-stream"})
+    try:
+        await stream.content.readline()  # retry: caught up
+        await asyncio.sleep(0.3)
+        sent = time.monotonic()
+        await http.delete(claim, headers=headers())
+        await next_message(stream)
+        return time.monotonic() - sent
+    finally:
+        stream.close()
+
+
+async def poll_expired(http: Client) -> float:
+    q = queue()
+    _, sent = await claimed(http, q, 1)
+    response = await http.get(f"{q}/messages", params={"wait": "5"}, headers=headers())
+    arrived = time.monotonic()
+    assert len((await response.json())["messages"]) == 1
+    return arrived - sent - 1.0
+
+
+async def stream_expired(http: Client) -> float:
+    q = queue()
+    _, sent = await claimed(http, q, 1)
+    stream = await http.get(f"{q}/messages", headers={**headers(), "Accept": "text/event-stream"})
+    try:
+        await next_message(stream)
+        return time.monotonic() - sent - 1.0
+    finally:
+        stream.close()
+
+
 async def commands(redis: Redis) -> int:
     await asyncio.sleep(0.3)  # what a request leaves to do (unsubscribing) is done
     stats = await redis.info("commandstats")
@@ -164,8 +234,12 @@ async def bench(redis_url: str, driver: str, runs: int) -> None:
                 ("stream due", stream_due),
                 ("released", released),
                 ("claim expired", claim_expired),
+                ("poll released", poll_released),
+                ("stream released", stream_released),
+                ("poll expired", poll_expired),
+                ("stream expired", stream_expired),
             ):
-                print(f"{driver:6} {name:14} {await median_ms(runs, partial(measure, http))}")
+                print(f"{driver:6} {name:15} {await median_ms(runs, partial(measure, http))}")
             for pending in (False, True):
                 for claim_wait in (False, True):
                     what = "claim wait" if claim_wait else "long poll"

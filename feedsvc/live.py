@@ -36,6 +36,15 @@ announced by no post: the tail's read that comes back empty says when the
 first delayed message after its position falls due (``MessagePage.next_due``),
 and the tail asks its wake-ups for a local timer then (``Follow.due``). An
 idle tail whose queue holds no delayed message still costs Redis nothing.
+
+A follower without ``include_claimed`` passes claimed messages, as a list
+does; while it has been given nothing after one, it is *held* there
+(``Follower.held``): a list from its marker returns the message once its
+claim ends, so the follower must get it then. The tail keeps a timer for
+the first claim end it read (``MessagePage.claim_ends``) while anyone is
+held, and after any wake-up that may have freed a message (``Follow.frees``:
+a release, a timer, a lost subscription) reads once from the lowest held
+position for everyone (``Tail._hand_out_again``).
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feedsvc.errors import Unavailable
-from feedsvc.storage.base import FeedStore, ListQuery, Message, checkpoint
+from feedsvc.storage.base import FeedStore, Follow, ListQuery, Message, checkpoint
 
 log = logging.getLogger("feedsvc")
 
@@ -68,6 +77,7 @@ class Batch:
     after: int
     upto: int
     ended: bool = False  # the queue was deleted
+    claim_ends: int | None = None  # the pages' (MessagePage.claim_ends)
     # what followers make of it once for all of them (the api's event bytes)
     encoded: dict[Any, bytes] = field(default_factory=dict)
 
@@ -100,7 +110,7 @@ class Follower:
     """One long poll or event stream: a position and filters; once caught up,
     its tail hands it every batch (``offer``), in the tail's own task."""
 
-    __slots__ = ("_done", "filters", "given", "gone", "position")
+    __slots__ = ("_done", "filters", "given", "gone", "held", "position")
 
     def __init__(self, position: int | None, filters: Filters) -> None:
         self.position = position
@@ -109,6 +119,10 @@ class Follower:
         self.given = position is not None
         self.filters = filters
         self.gone = False  # its client went away
+        # Where it passed a claimed message (without include_claimed) and has
+        # been given nothing since: a list from here returns the message once
+        # its claim ends, so this follower must get it then (None: nothing so).
+        self.held: int | None = None
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def offer(self, batch: Batch) -> bool:
@@ -119,17 +133,32 @@ class Follower:
         """Called every ``tick`` seconds while caught up (a stream's heartbeat)."""
 
     def take(self, batch: Batch) -> list[Message]:
-        """The batch's messages this follower has not had and may see; moves on."""
-        after = self.position or 0
+        """The batch's messages this follower has not had and may see; moves on.
+
+        A held follower takes what follows ``held`` (a tail's re-read offers
+        what it passed again: what it was not given stays unseen but for a
+        message whose claim ended). It stays held while a claimed message
+        lies after the last one it was given."""
+        seen = self.position or 0
+        since = seen if self.held is None else self.held
         f = self.filters
-        visible = [
-            m
-            for m in batch.messages
-            if m.seq > after
-            and (f.echo or m.author != f.client_id)
-            and (f.include_claimed or m.claim_id is None)
-        ]
-        self.position = max(after, batch.upto)
+        visible = []
+        claimed = 0  # the last claimed message passed
+        for m in batch.messages:
+            if m.seq <= since or not (f.echo or m.author != f.client_id):
+                continue
+            if m.claim_id is not None and not f.include_claimed:
+                claimed = m.seq
+                continue
+            visible.append(m)
+        last = visible[-1].seq if visible else since
+        if claimed > last:
+            self.held = last
+        elif batch.after <= last and batch.upto >= seen:
+            self.held = None  # all it passed after `last` is in the batch, none claimed
+        elif visible:
+            self.held = last  # a cut re-read: what it passed after upto is unknown
+        self.position = max(seen, batch.upto)
         return visible
 
     @property
@@ -201,6 +230,15 @@ class Tail:
         # when the first delayed message after the position falls due, as the
         # last read found it (None: none is waiting)
         self.next_due: int | None = None
+        # while a follower is held (Follower.held): when the first claim on a
+        # message after the lowest held position ends (None: no follower held)
+        self.claim_ends: int | None = None
+        # the follow's frees when the last read began (-1: the first read is
+        # one, so a follower held when it started is covered)
+        self.frees = -1
+        self.idle = asyncio.Event()  # set while no read is under way
+        self.idle.set()
+        self._follow: Follow | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -217,30 +255,76 @@ class Tail:
             if not await follower.offer(batch):
                 self.followers.discard(follower)
 
+    def hold(self, claim_ends: int | None) -> None:
+        """A follower joins held (``Follower.held``): wake at claim_ends too."""
+        if claim_ends is not None:
+            self.claim_ends = _earliest(self.claim_ends, claim_ends)
+            if self._follow is not None:
+                self._follow.due(claim_ends)
+
+    def _held_from(self) -> int | None:
+        return min((f.held for f in self.followers if f.held is not None), default=None)
+
     async def _run(self) -> None:
         async with self._store.follow(self._project, self._queue) as follow:
+            self._follow = follow
             deleted = self._existed and await self._gone()
             while not deleted:
                 checkpoint()  # a stop swallowed by a read (see checkpoint)
                 token = follow.token()
+                # A claim may have ended (released, expired) since the last
+                # read: read again from the lowest held follower's position.
+                held = self._held_from() if follow.frees != self.frees else None
+                self.frees = follow.frees
+                self.idle.clear()  # a follower that would join held waits
                 try:
-                    batch = await self._read()
+                    batch = await self._read(self.position if held is None else held)
                 except Unavailable as exc:
                     log.debug("tail of %s: %s; reading again later", self._queue, exc)
+                    self.frees = -1  # whatever it was to read again, it reads again
                     await follow.wait(token, RETRY_AFTER_TROUBLE)
                     continue
-                if batch is not None:
+                finally:
+                    self.idle.set()
+                if held is not None:
+                    await self._hand_out_again(held, batch)
+                elif batch is not None:
                     await self.hand_out(batch)
+                    self._note_claims(batch.claim_ends)
                 if follow.ended:
                     break
                 if self.next_due is not None:
                     # nobody announces a message falling due: a local timer
                     # wakes this tail then (no Redis command meanwhile)
                     follow.due(self.next_due)
+                if self.claim_ends is not None:  # nor a claim's end
+                    follow.due(self.claim_ends)
                 if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
                     await follow.wait(token, 3600.0)
             self.ended = True
             await self.hand_out(Batch([], self.position, self.position, ended=True))
+
+    async def _hand_out_again(self, held: int, batch: Batch | None) -> None:
+        """Hand out a read from the lowest held position: held followers
+        take what they passed and may see now, the others what is new.
+        Those held further than the read got (it reads PAGES_PER_READ pages
+        at most) are let go: a stream ends and resumes from its last event
+        id, a long poll answers empty; either reads what it passed itself."""
+        if batch is None:  # nothing at all after held
+            batch = Batch([], held, self.position)
+        await self.hand_out(batch)
+        for follower in list(self.followers):
+            if follower.held is not None and (follower.position or 0) > batch.upto:
+                follower.finish()
+                self.followers.discard(follower)
+        # the read saw every claim after the lowest held position
+        self.claim_ends = batch.claim_ends if self._held_from() is not None else None
+
+    def _note_claims(self, claim_ends: int | None) -> None:
+        if self._held_from() is None:
+            self.claim_ends = None
+        elif claim_ends is not None:
+            self.claim_ends = _earliest(self.claim_ends, claim_ends)
 
     async def _gone(self) -> bool:
         try:
@@ -248,11 +332,13 @@ class Tail:
         except Unavailable:
             return False  # unknown: the announcement or a later read will tell
 
-    async def _read(self) -> Batch | None:
-        """Everything new after the position, unfiltered; None if nothing."""
+    async def _read(self, start: int) -> Batch | None:
+        """Everything after start (the position, or a held follower's),
+        unfiltered; None if nothing."""
         everything = Filters("", echo=True, include_claimed=True)
         messages: list[Message] = []
-        marker = after = self.position
+        marker = after = start
+        claim_ends: int | None = None
         for _ in range(PAGES_PER_READ):
             page = await self._store.list_messages(
                 self._project, self._queue, everything.query(marker, with_authors=True)
@@ -260,6 +346,8 @@ class Tail:
             self.reads += 1
             messages += page.messages
             self.next_due = page.next_due  # the last page read tells
+            if page.claim_ends is not None:
+                claim_ends = _earliest(claim_ends, page.claim_ends)
             if page.next_marker is None:
                 break
             scanned_at_most = page.next_marker - (marker or 0)  # seqs are consecutive
@@ -277,8 +365,12 @@ class Tail:
         if marker == after:
             return None
         assert marker is not None
-        self.position = marker
-        return Batch(messages, after, marker)
+        self.position = max(self.position, marker)
+        return Batch(messages, after, marker, claim_ends=claim_ends)
+
+
+def _earliest(a: int | None, b: int) -> int:
+    return b if a is None or b < a else a
 
 
 class LiveFeeds:
@@ -324,12 +416,16 @@ class LiveFeeds:
     ) -> list[Message]:
         """Its next page of backlog; [] once it has caught up and joined the tail."""
         key = (project, queue)
+        # where it passed a claimed message since its last message (Follower.held)
+        held: int | None = None
+        claim_ends: int | None = None
         while True:
             tail = self._tails.get(key)
             if tail is not None and tail.ended:
                 del self._tails[key]
                 tail = None
             before = tail.position if tail is not None else None
+            frees = tail.frees if tail is not None else None
             page = await self._store.list_messages(
                 project,
                 queue,
@@ -339,6 +435,10 @@ class LiveFeeds:
             if page.messages:
                 follower.position = page.messages[-1].seq
                 return page.messages
+            if page.claim_ends is not None and not follower.filters.include_claimed:
+                if held is None:
+                    held = follower.position or 0
+                claim_ends = _earliest(claim_ends, page.claim_ends)
             if page.next_marker is not None:  # a scan that stopped early
                 follower.position = page.next_marker
                 continue
@@ -356,15 +456,34 @@ class LiveFeeds:
                 position = follower.position or 0
                 tail = Tail(self._store, project, queue, position, existed, self._scan_limit)
                 self._tails[key] = tail
-                tail.followers.add(follower)
-                tail.start()
+                self._join(tail, follower, held, claim_ends)
+                tail.start()  # its first read is from the held position
                 self._start_ticking()
                 return []
+            if held is not None:
+                # Held, it joins only a tail that has begun no read since
+                # its own: a claim that ended meanwhile is then read again
+                # with it among the held (Tail._run). Otherwise it reads
+                # again from where it is held.
+                if tail.idle.is_set() and tail.frees == frees and tail.position == before:
+                    self._join(tail, follower, held, claim_ends)
+                    return []
+                await tail.idle.wait()
+                follower.position = held or None
+                held = claim_ends = None
+                continue
             mine = follower.position or 0
             if tail.position == before or (before is None and tail.position <= mine):
-                tail.followers.add(follower)
+                self._join(tail, follower, held, claim_ends)
                 return []
             # the tail read more meanwhile: read again from our position
+
+    @staticmethod
+    def _join(tail: Tail, follower: Follower, held: int | None, claim_ends: int | None) -> None:
+        follower.held = held
+        tail.followers.add(follower)
+        if held is not None:
+            tail.hold(claim_ends)
 
     def _start_ticking(self) -> None:
         if self._ticker is None or self._ticker.done():

@@ -4,7 +4,8 @@
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
 --       with_authors (1/0; a record carries the author anyway),
 --       check_marker (1/0: the marker is a client's)
--- Returns {next_marker or '', next_due or '', then per message: id, record},
+-- Returns {next_marker or '', next_due or '', claim_ends or '', then per
+-- message: id, record},
 -- the record as stored (record.py; record.list_reply decodes it); {'ahead'}
 -- if check_marker is 1 and the marker is past anything given out: past the
 -- queue's counter, or with no counter past now in microseconds (where a
@@ -16,7 +17,9 @@
 -- this query would show once due was looked at after it: that one is not
 -- passed, so it is seen when it falls due. next_due is then (and on an
 -- empty page at the feed's end) when the first such message falls due (a
--- waiter sleeps until then at most).
+-- waiter sleeps until then at most). claim_ends is when the first live
+-- claim on a message the scan looked at ends (shown with include_claimed,
+-- else passed): a follower that passed one wakes then.
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
 -- index is read without scores (a message's seq is in its record), the
 -- records a page needs with one MGET, their times compared as fixed-width
@@ -38,8 +41,8 @@ if ARGV[10] == '1' and ARGV[2] ~= '' then
   if tonumber(ARGV[2]) > ceiling then return {'ahead'} end
 end
 
-local out, n = {'', ''}, 2
-local next_due = nil
+local out, n = {'', '', ''}, 3
+local next_due, claim_ends = nil, nil
 local count, scanned = 0, 0
 local last, last_id = nil, nil
 local start = '-inf'
@@ -66,10 +69,16 @@ while count < limit and scanned < scan_limit do
       last, last_id = r, id
       if r then
         local expires = sub(r, H_EXPIRES, H_EXPIRES_END)
-        if expires > now
+        local shown = expires > now
             and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
-            and (include_claimed or byte(r, H_CLAIM) == NO_CLAIM
-              or sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END) <= now) then
+        if shown and byte(r, H_CLAIM) ~= NO_CLAIM then
+          local ends = sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)
+          if ends > now then
+            if not claim_ends or ends < claim_ends then claim_ends = ends end
+            shown = include_claimed
+          end
+        end
+        if shown then
           local due = sub(r, H_DUE, H_DUE_END)
           if include_delayed or due <= now then
             out[n + 1] = id
@@ -104,4 +113,5 @@ elseif last_id and (count > 0 or scanned >= scan_limit) then
 elseif next_due then
   out[2] = next_due
 end
+if claim_ends then out[3] = claim_ends end
 return out

@@ -15,9 +15,11 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from feedsvc import live as live_module
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
+from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.live import Filters, LiveFeeds, Waiter
 from feedsvc.storage.base import FeedStore, NewMessage
@@ -709,3 +711,213 @@ async def test_a_tail_reads_once_more_when_a_delayed_message_falls_due(
         assert tail.reads - before == 1
     finally:
         stream.close()
+
+
+# -- a follower that passed a claimed message (DESIGN.md rules 8 and 12) ---------
+#
+# A follower without include_claimed passes a claimed message, as a list
+# does. While it has been given nothing after it, a list from its marker
+# (a long poll's, a stream's last event id) returns the message once its
+# claim ends: the follower must then get it too, once, in order.
+
+
+async def claim_one(http: Client, headers: Headers, ttl: int = 60) -> str:
+    """Claim the queue's first free message; the claim's href."""
+    held = await http.post(
+        "/v2/queues/q/claims",
+        params={"limit": "1"},
+        json={"ttl": ttl, "grace": 0 if ttl < 60 else 60},
+        headers=headers,
+    )
+    assert held.status == 201, await held.text()
+    return str(held.headers["Location"])
+
+
+async def release(http: Client, headers: Headers, claim: str) -> None:
+    released = await http.delete(claim, headers=headers)
+    assert released.status == 204
+
+
+async def test_a_long_poll_returns_a_message_released_meanwhile(
+    http: Client, headers: Headers
+) -> None:
+    [mid] = await post(http, other_client(headers), "work")
+    claim = await claim_one(http, headers)
+    polling = asyncio.create_task(http.get(MESSAGES, params={"wait": "10"}, headers=headers))
+    await asyncio.sleep(0.3)  # caught up, waiting
+    await release(http, headers, claim)
+    response = await polling
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+
+
+async def test_a_stream_gets_a_message_released_meanwhile(http: Client, headers: Headers) -> None:
+    [first] = await post(http, other_client(headers), "seen")
+    listed = await (await http.get(MESSAGES, headers=headers)).json()
+    marker = listed["links"][0]["href"].split("marker=")[1].split("&")[0]
+    await http.delete(f"{MESSAGES}/{first}", headers=headers)  # the marker's message may go
+    [mid] = await post(http, other_client(headers), "work")
+    claim = await claim_one(http, headers)
+    stream = await open_stream(http, headers, marker=marker)
+    try:
+        assert "retry" in await next_event(stream)
+        await asyncio.sleep(0.3)  # caught up, following
+        await release(http, headers, claim)
+        event = await next_event(stream)
+        assert orjson.loads(event["data"])["id"] == mid
+        [later] = await post(http, other_client(headers), "later")
+        assert orjson.loads((await next_event(stream))["data"])["id"] == later  # no repeat
+    finally:
+        stream.close()
+
+
+async def a_claimed_message_read_by_the_tail(
+    http: Client, headers: Headers, clock: ManualClock
+) -> tuple[str, str]:
+    """Make the queue's tail read a message while it is claimed: posted
+    delayed (the tail waits for it), due on the store's clock without the
+    tail knowing, claimed, then read by the tail with a message of the
+    follower's own (which it does not see) that wakes it. The message's id
+    and its claim's href."""
+    later = await post_delayed(http, headers, 60)
+    await asyncio.sleep(0.3)  # the tail has read the post: nothing visible yet
+    clock.advance(60)
+    claim = await claim_one(http, headers)
+    await post(http, headers, "mine")  # echo off: the follower's own, unseen
+    await asyncio.sleep(0.3)  # the tail has read both
+    return later, claim
+
+
+async def test_a_long_poll_gets_a_message_the_tail_read_claimed_once_released(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    polling = asyncio.create_task(http.get(MESSAGES, params={"wait": "10"}, headers=headers))
+    await asyncio.sleep(0.3)  # caught up, waiting
+    later, claim = await a_claimed_message_read_by_the_tail(http, headers, clock)
+    assert not polling.done()
+    await release(http, headers, claim)
+    response = await polling
+    assert [m["id"] for m in (await response.json())["messages"]] == [later]
+
+
+async def test_a_stream_gets_a_message_the_tail_read_claimed_once_released(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    [before] = await post(http, other_client(headers), "before")
+    stream = await open_stream(http, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        assert orjson.loads((await next_event(stream))["data"])["id"] == before
+        await http.delete(f"{MESSAGES}/{before}", headers=headers)  # not the one claimed
+        later, claim = await a_claimed_message_read_by_the_tail(http, headers, clock)
+        [tail] = http.app[LIVE]._tails.values()
+        reads = tail.reads
+        await release(http, headers, claim)
+        assert orjson.loads((await next_event(stream))["data"])["id"] == later
+        await asyncio.sleep(0.3)
+        assert tail.reads - reads == 1  # one read for the release, shared
+        [after] = await post(http, other_client(headers), "after")
+        assert orjson.loads((await next_event(stream))["data"])["id"] == after  # no repeat
+    finally:
+        stream.close()
+
+
+async def test_a_stream_past_a_claimed_message_does_not_get_it_back(
+    http: Client, headers: Headers
+) -> None:
+    """Given a message after the claimed one, the stream's last event id is
+    past it: a list from there does not return it once released, nor does
+    the stream."""
+    await post(http, other_client(headers), "work")
+    claim = await claim_one(http, headers)
+    [after] = await post(http, other_client(headers), "after")
+    stream = await open_stream(http, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        event = await next_event(stream)
+        assert orjson.loads(event["data"])["id"] == after
+        await release(http, headers, claim)
+        listed = await http.get(MESSAGES, params={"marker": event["id"]}, headers=headers)
+        assert (await listed.json())["messages"] == []
+        [later] = await post(http, other_client(headers), "later")
+        assert orjson.loads((await next_event(stream))["data"])["id"] == later
+    finally:
+        stream.close()
+
+
+@pytest.mark.slow
+async def test_a_long_poll_returns_a_message_whose_claim_expires_meanwhile(
+    realtime: Client, headers: Headers
+) -> None:
+    [mid] = await post(realtime, other_client(headers), "work")
+    await claim_one(realtime, headers, ttl=1)
+    response = await realtime.get(MESSAGES, params={"wait": "6"}, headers=headers)
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+
+
+@pytest.mark.slow
+async def test_a_stream_gets_a_message_whose_claim_expires_meanwhile(
+    realtime: Client, headers: Headers
+) -> None:
+    [mid] = await post(realtime, other_client(headers), "work")
+    await claim_one(realtime, headers, ttl=1)
+    stream = await open_stream(realtime, headers)
+    try:
+        assert "retry" in await next_event(stream)
+        event = await next_event(stream, seconds=6)
+        assert orjson.loads(event["data"])["id"] == mid
+    finally:
+        stream.close()
+
+
+@pytest.mark.slow
+async def test_a_long_poll_with_delayed_messages_returns_one_whose_claim_expires(
+    realtime: Client, headers: Headers
+) -> None:
+    """include_delayed long polls read alone, not through the tail: their
+    own read says when a claim ends too."""
+    [mid] = await post(realtime, other_client(headers), "work")
+    await claim_one(realtime, headers, ttl=1)
+
+    async def delete_later() -> None:  # a poll still waiting then ends empty
+        await asyncio.sleep(3.5)
+        await realtime.delete(f"{MESSAGES}/{mid}", headers=headers)
+
+    deleting = asyncio.create_task(delete_later())
+    params = {"wait": "7", "include_delayed": "true"}
+    response = await realtime.get(MESSAGES, params=params, headers=headers)
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+    await deleting
+
+
+async def test_a_follower_held_further_back_than_one_read_is_let_go(
+    store: FeedStore, project: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tail reads a bounded number of pages from the lowest held position:
+    a follower whose claimed messages lie beyond that is let go (a long poll
+    answers empty), and its client's next poll from its marker gets them."""
+    monkeypatch.setattr(live_module, "PAGES_PER_READ", 1)  # one page of 20
+    live = LiveFeeds(store, scan_limit=1000, tick=15)
+    try:
+        waiter = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", waiter):
+            assert await live.catch_up(project, "q", waiter) == []  # the tail starts
+            later = [NewMessage(b"%d" % n, delay=60) for n in range(30)]
+            await store.post_messages(project, "q", "writer", later)
+            await asyncio.sleep(0.3)  # the tail has read the post: nothing visible yet
+            clock.advance(60)
+            for limit in (20, 5):
+                assert await store.claim_messages(project, "q", 60, 60, limit) is not None
+            last = await store.claim_messages(project, "q", 60, 60, 5)
+            assert last is not None
+            await store.post_messages(project, "q", "reader", [NewMessage(b"mine")])  # a wake-up
+            await asyncio.sleep(0.3)  # the tail has read all 31, claimed or its own
+            assert not waiter.done
+            await store.release_claim(project, "q", last.id)
+            assert await waiter.finished(10)
+            assert waiter.messages == []
+        again = Waiter(None, Filters("reader"))
+        async with live.follower(project, "q", again):
+            got = await live.catch_up(project, "q", again)
+            assert [m.id for m in got] == [m.id for m in last.messages]
+    finally:
+        await live.close()

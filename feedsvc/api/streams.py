@@ -116,6 +116,8 @@ async def long_poll(
                 remaining = deadline - loop.time()
                 if page.messages or follow.ended or remaining <= 0 or draining.is_set():
                     return page
+                if page.claim_ends is not None:  # no post announces a claim's end
+                    follow.due(page.claim_ends)
                 await draining.unless_set(follow.wait(token, remaining))
     live = _live(request)
     waiter = Waiter(query.marker, Filters(query.client_id, query.echo, query.include_claimed))

@@ -187,6 +187,10 @@ class MessagePage:
     # query's marker on an empty page) falls due; None: none is waiting. A
     # waiter sleeps until then at most, without asking Redis meanwhile.
     next_due: int | None = None
+    # When (ms) the first live claim on a message the scan looked at ends
+    # (the message shown with include_claimed, else passed over); None: it
+    # met none. A follower that passed such a message is woken then.
+    claim_ends: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +438,13 @@ class Follow(Protocol):
 
     async def wait(self, token: asyncio.Event, seconds: float) -> bool:
         """Until woken (True) or seconds pass (False)."""
+        ...
+
+    @property
+    def frees(self) -> int:
+        """How many wake-ups so far may have freed a claimed message: all
+        but a post's (a release, a timer, a new or lost subscription). A
+        reader that passed claimed messages reads them again when it grows."""
         ...
 
     def due(self, at_ms: int) -> None:

@@ -64,6 +64,8 @@ class QueueFollow:
         self.ended = False  # the queue was deleted
         self._event = asyncio.Event()
         self._due: asyncio.TimerHandle | None = None
+        # wake-ups that may have freed a claimed message: all but a post's
+        self.frees = 0
 
     def token(self) -> asyncio.Event:
         """Take before reading; wait() with it returns at once if woken since."""
@@ -80,7 +82,11 @@ class QueueFollow:
             return False
         return True
 
-    def wake(self) -> None:
+    def wake(self, posted: bool = False) -> None:
+        """Wake the followers; posted: by a post's notification, which
+        freed no claimed message (anything else may have: see ``frees``)."""
+        if not posted:
+            self.frees += 1
         event, self._event = self._event, asyncio.Event()
         event.set()
 
@@ -296,7 +302,7 @@ class Notifier:
             follow.ended = True
         elif note.due:
             follow.due(note.due)
-        follow.wake()
+        follow.wake(posted=note.seq > 0)  # seq 0: a release (record.FREED)
 
     def wake(self, channel: str) -> None:
         follow = self._follows.get(channel)

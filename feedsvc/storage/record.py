@@ -587,10 +587,11 @@ def _message(
 
 
 def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', next due or '', then id, record...}; now
-    is the time the script was given (a claim is shown only while it lasts)."""
+    """list.lua: {next marker or '', next due or '', claim ends or '', then
+    id, record...}; now is the time the script was given (a claim is shown
+    only while it lasts)."""
     messages = []
-    for i in range(2, len(out), 2):
+    for i in range(3, len(out), 2):
         # inline slices of the record: one of these per message of every page
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
@@ -608,7 +609,10 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
             )
         )
     return MessagePage(
-        messages, parse_seq(out[0]) if out[0] else None, int(out[1]) if out[1] else None
+        messages,
+        parse_seq(out[0]) if out[0] else None,
+        int(out[1]) if out[1] else None,
+        int(out[2]) if out[2] else None,
     )
 
 

@@ -529,6 +529,7 @@ async def _scan_page(
     scanned = 0
     last: int | None = None
     next_due: int | None = None  # see MessagePage
+    claim_ends: int | None = None  # see MessagePage
     start = "-inf" if query.marker is None else f"({query.marker}"
     chunk = query.limit + 2
     check = query.check_marker and query.marker is not None
@@ -558,8 +559,11 @@ async def _scan_page(
                 continue
             if not query.echo and row.author.decode() == query.client_id:
                 continue
-            if not query.include_claimed and row.claimed(now):
-                continue
+            if row.claimed(now):
+                if claim_ends is None or row.claim_expires < claim_ends:
+                    claim_ends = row.claim_expires
+                if not query.include_claimed:
+                    continue
             if not query.include_delayed and row.due > now:
                 if row.due < row.expires and (next_due is None or row.due < next_due):
                     next_due = row.due
@@ -572,17 +576,19 @@ async def _scan_page(
             break
         start = f"({last}"
         chunk = min(chunk * 2, 512)
-    return _page(found, last, scanned >= scan_limit, next_due)
+    return _page(found, last, scanned >= scan_limit, next_due, claim_ends)
 
 
-def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
-    """The page list.lua answers (its header explains next_marker and
-    next_due); cut: the scan stopped at the scan limit."""
+def _page(
+    found: list[Message], last: int | None, cut: bool, next_due: int | None, claim_ends: int | None
+) -> MessagePage:
+    """The page list.lua answers (its header explains next_marker, next_due
+    and claim_ends); cut: the scan stopped at the scan limit."""
     if next_due is not None and found:
-        return MessagePage(found, found[-1].seq, next_due)
+        return MessagePage(found, found[-1].seq, next_due, claim_ends)
     if found or cut:
-        return MessagePage(found, last)
-    return MessagePage([], None, next_due)
+        return MessagePage(found, last, None, claim_ends)
+    return MessagePage([], None, next_due, claim_ends)
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
