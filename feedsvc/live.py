@@ -100,7 +100,7 @@ class Follower:
     """One long poll or event stream: a position and filters; once caught up,
     its tail hands it every batch (``offer``), in the tail's own task."""
 
-    __slots__ = ("_done", "filters", "given", "gone", "position")
+    __slots__ = ("_done", "filters", "given", "gone", "missed", "position")
 
     def __init__(self, position: int | None, filters: Filters) -> None:
         self.position = position
@@ -109,6 +109,9 @@ class Follower:
         self.given = position is not None
         self.filters = filters
         self.gone = False  # its client went away
+        # messages after its position gone unseen while it caught up
+        # (MessagePage.missed), until the caller tells its client
+        self.missed = 0
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def offer(self, batch: Batch) -> bool:
@@ -336,6 +339,7 @@ class LiveFeeds:
                 follower.filters.query(follower.position, limit, check_marker=follower.given),
             )
             follower.given = False
+            follower.missed += page.missed
             if page.messages:
                 follower.position = page.messages[-1].seq
                 return page.messages

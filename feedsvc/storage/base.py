@@ -183,6 +183,11 @@ class MessagePage:
     # query's marker on an empty page) falls due; None: none is waiting. A
     # waiter sleeps until then at most, without asking Redis meanwhile.
     next_due: int | None = None
+    # How many messages between the query's marker and next_marker are gone
+    # (expired, deleted, popped) unseen: seqs are consecutive per queue, so
+    # this is exact. 0 without a marker or a next_marker (an empty page at
+    # the end passes nothing: the next page that moves on counts them).
+    missed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,6 +526,11 @@ class FeedStore(Protocol):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         """Live counts; a queue that does not exist has none."""
+        ...
+
+    async def tail_marker(self, project: str, queue: str) -> int:
+        """The marker after which only messages posted from now on come: the
+        queue's counter; 0 (the head) if it has none, nothing was posted."""
         ...
 
     @property

@@ -72,6 +72,7 @@ from feedsvc.storage.redis_store import (
     idempotency_token,
     marker_ceiling,
     marker_not_given_out,
+    read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
@@ -170,6 +171,8 @@ def _post_plan(
         default_delay = int(ddelay or 0)
         seq = int(last) if last is not None else now * 1000
         writes = gc_commands(keys, dead, now)
+        if last is None:  # where the counter starts (see list.lua's missed)
+            writes.append(("HSET", keys.meta, r.SEQ_BASE, seq))
         if not exists:
             writes.append(("HSET", keys.meta, r.CREATED, now))
         outcomes: list[Outcome] = []
@@ -354,6 +357,9 @@ class WatchStore(RedisStore):
                     await self._transport.call([("DEL", *dropped)])
             raise
 
+    async def tail_marker(self, project: str, queue: str) -> int:
+        return await read_tail_marker(self._transport, self._keys(project, queue))
+
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
@@ -527,6 +533,7 @@ async def _scan_page(
     bodies as stored."""
     found: list[Message] = []
     scanned = 0
+    alive = alive_at_message = 0  # live entries met, and up to the last message found
     last: int | None = None
     next_due: int | None = None  # see MessagePage
     start = "-inf" if query.marker is None else f"({query.marker}"
@@ -556,6 +563,7 @@ async def _scan_page(
             last = r.parse_seq(score)
             if row is None or not row.alive(now):
                 continue
+            alive += 1
             if not query.echo and row.author.decode() == query.client_id:
                 continue
             if not query.include_claimed and row.claimed(now):
@@ -565,6 +573,7 @@ async def _scan_page(
                     next_due = row.due
                 continue
             found.append(row.message(now))
+            alive_at_message = alive
             next_due = None  # only those after the page's last message count (list.lua)
             if len(found) == query.limit:
                 break
@@ -572,12 +581,26 @@ async def _scan_page(
             break
         start = f"({last}"
         chunk = min(chunk * 2, 512)
-    return _page(found, last, scanned >= scan_limit, next_due)
+    page = _page(found, last, scanned >= scan_limit, next_due)
+    if page.next_marker is not None and query.marker is not None:
+        met = alive_at_message if page.next_due is not None else alive
+        if page.next_marker - query.marker > met:
+            page.missed = await _missed(transport, keys, query.marker, page.next_marker, met)
+    return page
+
+
+async def _missed(transport: Transport, keys: QueueKeys, marker: int, upto: int, met: int) -> int:
+    """How many messages after marker up to upto are gone, met of them
+    being alive (list.lua's missed): seqs are consecutive from the
+    counter's start, read only when something is gone."""
+    [base] = await transport.call_checked([("HGET", keys.meta, r.SEQ_BASE)])
+    start = marker if base is None else max(marker, r.parse_seq(base))
+    return max(0, upto - start - met)
 
 
 def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
-    """The page list.lua answers (its header explains next_marker and
-    next_due); cut: the scan stopped at the scan limit."""
+    """The page list.lua answers (its header explains next_marker, next_due
+    and missed); cut: the scan stopped at the scan limit."""
     if next_due is not None and found:
         return MessagePage(found, found[-1].seq, next_due)
     if found or cut:
