@@ -8,15 +8,19 @@ ManualClock expires messages."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp import ClientResponse, web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
+from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 
 Client = TestClient[web.Request, web.Application]
@@ -301,3 +305,36 @@ async def test_a_bad_from_is_400(http: Client, headers: Headers, query: str) -> 
             assert response.status == 400, await response.text()
             doc = await response.json()
             assert "from" in doc["description"] and doc["title"]
+
+
+@pytest.fixture
+async def scanning_two(settings: Settings, clock: ManualClock) -> AsyncIterator[Client]:
+    """A service whose list scans at most two entries per request."""
+    app = create_app(dataclasses.replace(settings, scan_limit=2), clock)
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+async def test_a_gap_passed_while_catching_up_is_told_before_the_next_live_message(
+    scanning_two: Client, headers: Headers
+) -> None:
+    """The catch-up passes the gap on pages with nothing to show (the scan
+    limit cuts them short, the rest are the reader's own): the stream says
+    it before the first message it is handed live."""
+    http, reader = scanning_two, other_client(headers)
+    ids = await post(http, headers, *({"body": n} for n in range(4)))
+    doc, _ = await page(http, reader, limit="1")
+    for gone in ids[1:]:
+        assert (await http.delete(f"{MESSAGES}/{gone}", headers=headers)).status == 204
+    await post(http, reader, *({"body": "own"} for _ in range(3)))
+    stream = await open_stream(http, {**reader, "Last-Event-ID": marker_of(doc)})
+    try:
+        await post(http, headers, {"body": "live"})
+        gap = await next_event(stream)
+        assert gap["event"] == "gap"
+        assert orjson.loads(gap["data"])["missed"] == 3
+        event = await next_event(stream)
+        assert orjson.loads(event["data"])["body"] == "live"
+        assert orjson.loads(gap["data"])["first"] == event["id"]
+    finally:
+        stream.close()

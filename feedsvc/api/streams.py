@@ -198,8 +198,8 @@ class Stream(Follower):
         if self.done:
             return False
         visible = self.take(batch)
-        if visible:
-            await self._send(self._events(visible, batch))
+        if visible:  # a gap its catch-up passed without a message to show it before
+            await self._send(_gap(self, visible[0]) + self._events(visible, batch))
         if batch.ended:
             await self._send(END)
             self.finish()
