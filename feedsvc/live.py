@@ -84,6 +84,7 @@ class Filters:
         limit: int = PAGE,
         with_authors: bool = False,
         check_marker: bool = False,
+        passing: bool = False,
     ) -> ListQuery:
         return ListQuery(
             self.client_id,
@@ -93,6 +94,7 @@ class Filters:
             include_claimed=self.include_claimed,
             with_authors=with_authors,
             check_marker=check_marker,
+            passing=passing,
         )
 
 
@@ -336,7 +338,9 @@ class LiveFeeds:
             page = await self._store.list_messages(
                 project,
                 queue,
-                follower.filters.query(follower.position, limit, check_marker=follower.given),
+                follower.filters.query(
+                    follower.position, limit, check_marker=follower.given, passing=True
+                ),
             )
             follower.given = False
             follower.missed += page.missed
@@ -347,6 +351,8 @@ class LiveFeeds:
                 follower.position = page.next_marker
                 continue
             # Caught up. What the tail had read before this read is invisible to us.
+            if page.passed is not None and page.passed > (follower.position or 0):
+                follower.position = page.passed  # past what is gone (counted in missed)
             if before is not None and before > (follower.position or 0):
                 follower.position = before
             tail = self._tails.get(key)

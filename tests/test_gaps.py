@@ -338,3 +338,53 @@ async def test_a_gap_passed_while_catching_up_is_told_before_the_next_live_messa
         assert orjson.loads(gap["data"])["first"] == event["id"]
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("others", [0, 1], ids=["alone", "beside-a-stream"])
+async def test_a_stream_resumed_after_a_gap_at_the_end_says_it_before_the_next_post(
+    http: Client, headers: Headers, clock: ManualClock, others: int
+) -> None:
+    """Everything after the marker expired and nothing is posted yet: the
+    resume joins the live tail (a new one, or the one another stream of the
+    queue runs) and says the gap before the first message posted later."""
+    reader = other_client(headers)
+    await post(http, headers, {"body": 0, "ttl": 600}, *({"body": n, "ttl": 60} for n in (1, 2)))
+    doc, _ = await page(http, reader, limit="1")
+    clock.advance(61)
+    watchers = [await open_stream(http, other_client(headers)) for _ in range(others)]
+    try:
+        for watcher in watchers:  # caught up: the queue's tail runs
+            assert orjson.loads((await next_event(watcher))["data"])["body"] == 0
+        stream = await open_stream(http, {**reader, "Last-Event-ID": marker_of(doc)})
+        try:
+            await post(http, headers, {"body": "later"})
+            gap = await next_event(stream)
+            assert (gap["event"], orjson.loads(gap["data"])["missed"]) == ("gap", 2)
+            event = await next_event(stream)
+            assert orjson.loads(event["data"])["body"] == "later"
+            assert orjson.loads(gap["data"])["first"] == event["id"]
+        finally:
+            stream.close()
+    finally:
+        for watcher in watchers:
+            watcher.close()
+
+
+async def test_a_long_poll_resumed_after_a_gap_at_the_end_says_it_with_the_next_post(
+    http: Client, headers: Headers
+) -> None:
+    reader = other_client(headers)
+    ids = await post(http, headers, *({"body": n} for n in range(3)))
+    doc, _ = await page(http, reader, limit="1")
+    for gone in ids[1:]:
+        assert (await http.delete(f"{MESSAGES}/{gone}", headers=headers)).status == 204
+
+    async def post_soon() -> list[str]:
+        await asyncio.sleep(0.2)
+        return await post(http, headers, {"body": "later"})
+
+    poster = asyncio.create_task(post_soon())
+    later, response = await page(http, reader, marker=marker_of(doc), wait="10")
+    await poster
+    assert [m["body"] for m in later["messages"]] == ["later"]
+    assert gap_of(response) == {"missed": "2", "first": str(int(marker_of(doc)) + 3)}

@@ -170,6 +170,9 @@ class ListQuery:
     # counter (or, with no counter, past where a first post would start it);
     # off for the service's own positions, which never are
     check_marker: bool = False
+    # a follower catching up: an empty page at the end says how far it may
+    # pass (MessagePage.passed)
+    passing: bool = False
 
 
 @dataclass(slots=True)  # one per list request: not frozen (see Message)
@@ -188,6 +191,11 @@ class MessagePage:
     # this is exact. 0 without a marker or a next_marker (an empty page at
     # the end passes nothing: the next page that moves on counts them).
     missed: int = 0
+    # Asked with ListQuery.passing, on an empty page at the end after a
+    # marker: the marker up to which every entry after the query's is gone
+    # (up to the counter if none is live; missed counts them), so that a
+    # follower may move there.
+    passed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

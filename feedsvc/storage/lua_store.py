@@ -216,6 +216,7 @@ class LuaStore(RedisStore):
             self._settings.scan_limit,
             _flag(query.with_authors),
             _flag(query.check_marker),
+            _flag(query.passing),
         ]
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)

@@ -589,11 +589,11 @@ def _message(
 
 
 def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', next due or '', missed, then id,
-    record...}; now is the time the script was given (a claim is shown only
-    while it lasts)."""
+    """list.lua: {next marker or '', next due or '', missed, passed or '',
+    then id, record...}; now is the time the script was given (a claim is
+    shown only while it lasts)."""
     messages = []
-    for i in range(3, len(out), 2):
+    for i in range(4, len(out), 2):
         # inline slices of the record: one of these per message of every page
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
@@ -615,6 +615,7 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
         parse_seq(out[0]) if out[0] else None,
         int(out[1]) if out[1] else None,
         int(out[2]),
+        parse_seq(out[3]) if out[3] else None,
     )
 
 

@@ -534,19 +534,27 @@ async def _scan_page(
     found: list[Message] = []
     scanned = 0
     alive = alive_at_message = 0  # live entries met, and up to the last message found
+    first_alive: int | None = None  # the seq of the first live entry met
     last: int | None = None
     next_due: int | None = None  # see MessagePage
     start = "-inf" if query.marker is None else f"({query.marker}"
     chunk = query.limit + 2
     check = query.check_marker and query.marker is not None
+    # the counter, read before the index (in the first read's round trip):
+    # every seq up to it not found in the index is gone (see passed below)
+    read_counter = check or query.passing
+    top: int | None = None
     while len(found) < query.limit and scanned < scan_limit:
         want = min(chunk, scan_limit - scanned)
         commands: list[Command] = [
             ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
         ]
-        if check:  # in the first read's round trip
-            commands.append(("GET", keys.seq))
-        [raw, *counter] = await transport.call_checked(commands)
+        if read_counter:
+            commands.insert(0, ("GET", keys.seq))
+        [*counter, raw] = await transport.call_checked(commands)
+        if read_counter:
+            top = None if counter[0] is None else r.parse_seq(counter[0])
+            read_counter = False
         if check:
             assert query.marker is not None
             if query.marker > marker_ceiling(counter[0], now):
@@ -564,6 +572,7 @@ async def _scan_page(
             if row is None or not row.alive(now):
                 continue
             alive += 1
+            first_alive = last if first_alive is None else first_alive
             if not query.echo and row.author.decode() == query.client_id:
                 continue
             if not query.include_claimed and row.claimed(now):
@@ -585,17 +594,25 @@ async def _scan_page(
     if page.next_marker is not None and query.marker is not None:
         met = alive_at_message if page.next_due is not None else alive
         if page.next_marker - query.marker > met:
-            page.missed = await _missed(transport, keys, query.marker, page.next_marker, met)
+            start_at = await _counted_from(transport, keys, query.marker)
+            page.missed = max(0, page.next_marker - start_at - met)
+    elif query.passing and query.marker is not None and not found and scanned < scan_limit:
+        # how far this empty page lets a follower pass (list.lua's passed)
+        start_at = await _counted_from(transport, keys, query.marker)
+        if first_alive is not None:
+            page.passed = max(start_at, first_alive - 1)
+        else:  # nothing live after the marker: every seq up to the counter is gone
+            page.passed = max(start_at, top or 0)
+        page.missed = page.passed - start_at
     return page
 
 
-async def _missed(transport: Transport, keys: QueueKeys, marker: int, upto: int, met: int) -> int:
-    """How many messages after marker up to upto are gone, met of them
-    being alive (list.lua's missed): seqs are consecutive from the
-    counter's start, read only when something is gone."""
+async def _counted_from(transport: Transport, keys: QueueKeys, marker: int) -> int:
+    """Where counting what is gone after marker starts: seqs are consecutive
+    from the counter's start (list.lua's missed), later than an old marker
+    of a queue deleted and made again."""
     [base] = await transport.call_checked([("HGET", keys.meta, r.SEQ_BASE)])
-    start = marker if base is None else max(marker, r.parse_seq(base))
-    return max(0, upto - start - met)
+    return marker if base is None else max(marker, r.parse_seq(base))
 
 
 def _page(found: list[Message], last: int | None, cut: bool, next_due: int | None) -> MessagePage:
