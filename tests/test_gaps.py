@@ -388,3 +388,17 @@ async def test_a_long_poll_resumed_after_a_gap_at_the_end_says_it_with_the_next_
     await poster
     assert [m["body"] for m in later["messages"]] == ["later"]
     assert gap_of(response) == {"missed": "2", "first": str(int(marker_of(doc)) + 3)}
+
+
+async def test_a_topic_starts_at_its_own_tail(http: Client, headers: Headers) -> None:
+    """from=tail reads the topic's counter, not a queue's of the same name."""
+    topic = "/v2/topics/g/messages"
+    await post(http, headers, *({"body": n} for n in range(3)))  # the queue g
+    response = await http.post(topic, json={"messages": [{"body": "old"}]}, headers=headers)
+    assert response.status == 201
+    reader = other_client(headers)
+    tail = await (await http.get(topic, params={"from": "tail"}, headers=reader)).json()
+    response = await http.post(topic, json={"messages": [{"body": "new"}]}, headers=headers)
+    assert response.status == 201
+    after = await http.get(topic, params={"marker": marker_of(tail)}, headers=reader)
+    assert [m["body"] for m in (await after.json())["messages"]] == ["new"]
