@@ -94,6 +94,7 @@ class Filters:
         limit: int = PAGE,
         with_authors: bool = False,
         check_marker: bool = False,
+        passing: bool = False,
     ) -> ListQuery:
         return ListQuery(
             self.client_id,
@@ -103,6 +104,7 @@ class Filters:
             include_claimed=self.include_claimed,
             with_authors=with_authors,
             check_marker=check_marker,
+            passing=passing,
         )
 
 
@@ -110,7 +112,7 @@ class Follower:
     """One long poll or event stream: a position and filters; once caught up,
     its tail hands it every batch (``offer``), in the tail's own task."""
 
-    __slots__ = ("_done", "filters", "given", "gone", "held", "position")
+    __slots__ = ("_done", "filters", "given", "gone", "held", "missed", "position")
 
     def __init__(self, position: int | None, filters: Filters) -> None:
         self.position = position
@@ -123,6 +125,9 @@ class Follower:
         # been given nothing since: a list from here returns the message once
         # its claim ends, so this follower must get it then (None: nothing so).
         self.held: int | None = None
+        # messages after its position gone unseen while it caught up
+        # (MessagePage.missed), until the caller tells its client
+        self.missed = 0
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def offer(self, batch: Batch) -> bool:
@@ -429,9 +434,12 @@ class LiveFeeds:
             page = await self._store.list_messages(
                 project,
                 queue,
-                follower.filters.query(follower.position, limit, check_marker=follower.given),
+                follower.filters.query(
+                    follower.position, limit, check_marker=follower.given, passing=True
+                ),
             )
             follower.given = False
+            follower.missed += page.missed
             if page.messages:
                 follower.position = page.messages[-1].seq
                 return page.messages
@@ -443,6 +451,8 @@ class LiveFeeds:
                 follower.position = page.next_marker
                 continue
             # Caught up. What the tail had read before this read is invisible to us.
+            if page.passed is not None and page.passed > (follower.position or 0):
+                follower.position = page.passed  # past what is gone (counted in missed)
             if before is not None and before > (follower.position or 0):
                 follower.position = before
             tail = self._tails.get(key)

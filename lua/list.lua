@@ -3,9 +3,10 @@
 -- ARGV: now_ms, marker ('' = from the head), limit, client_id, echo (1/0),
 --       include_claimed (1/0), include_delayed (1/0), scan_limit,
 --       with_authors (1/0; a record carries the author anyway),
---       check_marker (1/0: the marker is a client's)
--- Returns {next_marker or '', next_due or '', claim_ends or '', then per
--- message: id, record},
+--       check_marker (1/0: the marker is a client's), passing (1/0: a
+--       follower catching up asks how far an empty page lets it pass)
+-- Returns {next_marker or '', next_due or '', claim_ends or '', missed,
+-- passed or '', then per message: id, record},
 -- the record as stored (record.py; record.list_reply decodes it); {'ahead'}
 -- if check_marker is 1 and the marker is past anything given out: past the
 -- queue's counter, or with no counter past now in microseconds (where a
@@ -20,6 +21,16 @@
 -- waiter sleeps until then at most). claim_ends is when the first live
 -- claim on a message the scan looked at ends (shown with include_claimed,
 -- else passed): a follower that passed one wakes then.
+-- missed: how many messages after the
+-- marker, up to next_marker, are gone (expired, deleted, popped): seqs are
+-- consecutive per queue (post.lua), so it is the seqs in that range less the
+-- live entries met there, live ones filtered out (echo, claimed, delayed)
+-- included; 0 without a marker or a next_marker. Counted from the queue
+-- counter's start (F_SEQ_BASE) when the marker is older than the queue.
+-- passed (asked with passing, on an empty page at the feed's end after a
+-- marker): the seq up to which every entry after the marker is gone, up to
+-- the counter if none is live (at least the marker, or the counter's start
+-- if that is later), missed then counting those.
 -- Cheap on purpose (docs/BENCHMARKS.md, "The list script's Redis cost"): the
 -- index is read without scores (a message's seq is in its record), the
 -- records a page needs with one MGET, their times compared as fixed-width
@@ -41,10 +52,12 @@ if ARGV[10] == '1' and ARGV[2] ~= '' then
   if tonumber(ARGV[2]) > ceiling then return {'ahead'} end
 end
 
-local out, n = {'', '', ''}, 3
+local out, n = {'', '', '', '0', ''}, 5
 local next_due, claim_ends = nil, nil
 local count, scanned = 0, 0
 local last, last_id = nil, nil
+local alive, alive_at_message = 0, 0  -- live entries met, and up to the page's last message
+local first_alive = nil  -- the seq of the first live entry met
 local start = '-inf'
 if ARGV[2] ~= '' then start = '(' .. ARGV[2] end
 local chunk = limit + 2
@@ -69,6 +82,10 @@ while count < limit and scanned < scan_limit do
       last, last_id = r, id
       if r then
         local expires = sub(r, H_EXPIRES, H_EXPIRES_END)
+        if expires > now then
+          alive = alive + 1
+          if not first_alive then first_alive = tonumber(sub(r, H_SEQ, H_SEQ_END)) end
+        end
         local shown = expires > now
             and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
         if shown and byte(r, H_CLAIM) ~= NO_CLAIM then
@@ -85,6 +102,7 @@ while count < limit and scanned < scan_limit do
             out[n + 2] = r
             n = n + 2
             count = count + 1
+            alive_at_message = alive
             next_due = nil  -- only those after the page's last message count
           elseif due < expires and (not next_due or due < next_due) then
             next_due = due  -- fixed width: compared as text, like now
@@ -105,13 +123,37 @@ while count < limit and scanned < scan_limit do
   start = '(' .. int(last)
   chunk = math.min(chunk * 2, 512)
 end
+local upto, met = nil, alive
 if next_due and count > 0 then
-  out[1] = int(tonumber(sub(out[n], H_SEQ, H_SEQ_END)))
+  upto, met = tonumber(sub(out[n], H_SEQ, H_SEQ_END)), alive_at_message
+  out[1] = int(upto)
   out[2] = next_due
 elseif last_id and (count > 0 or scanned >= scan_limit) then
+  upto = last
   out[1] = int(last)
 elseif next_due then
   out[2] = next_due
 end
 if claim_ends then out[3] = claim_ends end
+if upto and ARGV[2] ~= '' then
+  local from = tonumber(ARGV[2])
+  if upto - from > met then
+    -- something is gone: the counter's start (read only then) bounds the range
+    local base = tonumber(redis.call('HGET', KEYS[K_META], F_SEQ_BASE))
+    if base and base > from then from = base end
+    out[4] = int(math.max(0, upto - from - met))
+  end
+elseif ARGV[11] == '1' and ARGV[2] ~= '' and count == 0 and scanned < scan_limit then
+  local from = tonumber(ARGV[2])
+  local base = tonumber(redis.call('HGET', KEYS[K_META], F_SEQ_BASE))
+  if base and base > from then from = base end
+  local passed = from
+  if first_alive then
+    passed = math.max(from, first_alive - 1)
+  else
+    passed = math.max(from, tonumber(redis.call('GET', KEYS[K_SEQ])) or from)
+  end
+  out[4] = int(passed - from)
+  out[5] = int(passed)
+end
 return out

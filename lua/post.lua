@@ -54,6 +54,8 @@ local default_delay = tonumber(q[2] or ARGV[3])
 if redis.call('EXISTS', KEYS[K_SEQ]) == 0 then
   -- microseconds: a re-created queue starts above every old marker
   redis.call('SET', KEYS[K_SEQ], ARGV[1] .. '000')
+  -- where it started: list.lua counts missed messages from here at most
+  redis.call('HSET', KEYS[K_META], F_SEQ_BASE, ARGV[1] .. '000')
 end
 local seqs = {}
 local indexed, first_due = 0, 0

@@ -302,19 +302,33 @@ def test_page_loads_offline_and_lists_queues_with_stats(
     screenshot(browser, tmp_path / "console-queues.png")
 
 
-def test_newest_messages_follow_next_links(
+def test_newest_messages_are_read_from_the_tail(
     service: ServiceProcess, browser: WebDriver, project: str
 ) -> None:
+    """The console finds the newest messages from the queue's tail (from=tail)
+    in a few requests, not by walking the queue from its head (issue 31,
+    item 7), and its live tail starts after them."""
     headers = client_headers(project)
-    for start in range(0, 75, 25):
-        post(service.url, headers, "long", *({"n": n} for n in range(start, start + 25)))
+    for start in range(0, 600, 200):
+        post(service.url, headers, "long", *({"n": n} for n in range(start, start + 200)))
     open_console(browser, service.url, project, "long")
-    wait_for(browser, lambda d: "of 75" in text_of(d, "#messages-note"))
+    wait_for(browser, lambda d: text_of(d, "#messages-note") == "the newest 50")
     shown = [
         json.loads(e.text)["n"]
         for e in browser.find_elements(By.CSS_SELECTOR, "#messages li .body")
     ]
-    assert shown == list(range(25, 75))  # the newest 50, oldest first
+    assert shown == list(range(550, 600))  # the newest 50, oldest first
+    asked = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+        ".filter(n => n.includes('/queues/long/messages'))"
+    )
+    assert any("from=tail" in name for name in asked), asked
+    assert len(asked) <= 6, asked  # from=tail, 3 pages of 20 and the empty end; not 30
+    wait_for(browser, lambda d: text_of(d, "#tail-state").startswith("live"))
+    post(service.url, headers, "long", {"n": 600})
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#tail li")) == 1)
+    [live] = browser.find_elements(By.CSS_SELECTOR, "#tail li .body")
+    assert json.loads(live.text) == {"n": 600}
 
 
 def test_posting_through_the_form_stores_the_message(

@@ -89,9 +89,9 @@ def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     """One decoder per script reply: list.lua's layout (see its header)."""
     me = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
     free = record.Header(7, 60, 1000, 61000, 0, 0, 0, "", me)
-    out = [b"7", b"", b"", b"ab" * 12, free.record(b'{"x":\n1}')]
+    out = [b"7", b"", b"", b"2", b"", b"ab" * 12, free.record(b'{"x":\n1}')]
     page = record.list_reply(out, now=2000, with_authors=True)
-    assert page.next_marker == 7
+    assert (page.next_marker, page.missed, page.passed) == (7, 2, None)
     [message] = page.messages
     assert (message.id, message.seq, message.body) == ("ab" * 12, 7, b'{"x":\n1}')
     assert (message.ttl, message.created_ms, message.claim_id, message.claim_count) == (
@@ -104,7 +104,17 @@ def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     # without authors (every list request: the store filters echo itself);
     # a claim is shown while it lasts, by the time the script was given
     held = record.Header(9, 60, 1000, 61000, 0, 5000, 1, "ef" * 12, me)
-    two = [b"9", b"", b"5000", b"ab" * 12, free.record(b"1"), b"cd" * 12, held.record(b"2")]
+    two = [
+        b"9",
+        b"",
+        b"5000",
+        b"0",
+        b"",
+        b"ab" * 12,
+        free.record(b"1"),
+        b"cd" * 12,
+        held.record(b"2"),
+    ]
     page = record.list_reply(two, now=2000, with_authors=False)
     assert page.claim_ends == 5000
     first, second = page.messages
@@ -117,10 +127,15 @@ def test_list_reply_decoder_reads_what_list_lua_returns() -> None:
     )
     [_, lapsed] = record.list_reply(two, now=5000, with_authors=False).messages
     assert (lapsed.claim_id, lapsed.claim_count) == (None, 1)
-    assert record.list_reply([b"", b"", b""], now=2000, with_authors=False).next_marker is None
+    empty = [b"", b"", b"", b"0", b""]
+    assert record.list_reply(empty, now=2000, with_authors=False).next_marker is None
     # an empty page at the feed's end says when a delayed message falls due
-    waiting = record.list_reply([b"", b"0000000009000", b""], now=2000, with_authors=False)
+    due = [b"", b"0000000009000", b"", b"0", b""]
+    waiting = record.list_reply(due, now=2000, with_authors=False)
     assert (waiting.messages, waiting.next_marker, waiting.next_due) == ([], None, 9000)
+    # and, asked by a follower, how far it may pass
+    passing = record.list_reply([b"", b"", b"", b"3", b"12"], now=2000, with_authors=False)
+    assert (passing.next_marker, passing.missed, passing.passed) == (None, 3, 12)
 
 
 def test_header_round_trips_every_field() -> None:

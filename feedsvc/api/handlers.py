@@ -422,6 +422,7 @@ async def get_messages(request: web.Request) -> web.Response:
     query = request.query
     store = feed_store(request)
     ids = v.id_list(query, "ids", settings.max_messages_per_page)
+    tail = v.from_tail(query)
     now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
@@ -434,7 +435,10 @@ async def get_messages(request: web.Request) -> web.Response:
         )
 
     list_query = list_query_of(request, client)
-    page = await store.list_messages(project, queue, list_query)
+    if tail:  # nothing yet: a next link to poll from (docs/live-following.md)
+        page = MessagePage([], await store.tail_marker(project, queue))
+    else:
+        page = await store.list_messages(project, queue, list_query)
     return page_response(feed_path(request, queue), page, list_query, now)
 
 
@@ -479,7 +483,20 @@ def page_response(feed: str, page: MessagePage, list_query: ListQuery, now: int)
         "messages": [message_json(prefix, m, now) for m in page.messages],
         "links": links,
     }
-    return json_response(payload)
+    response = json_response(payload)
+    if page.missed:
+        response.headers[GAP_HEADER] = gap_header(page)
+    return response
+
+
+#: Says that messages after the request's marker are gone unseen (docs/live-following.md).
+GAP_HEADER = "X-Gap"
+
+
+def gap_header(page: MessagePage) -> str:
+    """``missed=N``, and ``; first=<marker>``, the first message's, if the page has one."""
+    first = f"; first={page.messages[0].seq}" if page.messages else ""
+    return f"missed={page.missed}{first}"
 
 
 async def get_message(request: web.Request) -> web.Response:

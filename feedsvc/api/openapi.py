@@ -600,6 +600,14 @@ def _parameters(s: Settings) -> dict[str, Schema]:
             "Written as JSON writes a number, unsigned (`2`, `2.5`, `25e-1`); other "
             "spellings (`1_0`, `+1`, other scripts' digits) are 400.",
         ),
+        "From": _query(
+            "from",
+            {"type": "string", "enum": ["tail"]},
+            "`tail`: start after the queue's last message, so that a stream or a long "
+            "poll gives only messages posted from now on; a plain list answers an empty "
+            "page whose next link carries the queue's last marker, to poll from. No other "
+            "value, and not with marker (400); Last-Event-ID wins over it.",
+        ),
         "LastEventId": {
             "name": "Last-Event-ID",
             "in": "header",
@@ -648,7 +656,11 @@ def _message_list_or_stream(s: Settings) -> Schema:
             "sends `event: end` with `data: {}` and closes if the queue is deleted, and "
             f"closes after about {s.stream_lifetime:g} s (+-10 %), at once when the "
             "service begins to stop, or when the client reads too slowly; reconnecting "
-            "with the last id as Last-Event-ID loses and repeats nothing. Redis "
+            "with the last id as Last-Event-ID loses and repeats nothing. If messages "
+            "after the position it resumed from are gone unseen (expired, deleted), an "
+            '`event: gap` with `data: {"missed": N, "first": "<marker>"}` comes just '
+            "before the event whose id is that marker (messages filtered out are no "
+            "gap). Redis "
             "trouble or too many followers before the stream starts are a JSON 503.",
             "example": "retry: 2000\n\nid: 1784124000000000001\nevent: message\n"
             'data: {"id":"...","href":"...","ttl":3600,"age":0,"body":"hi"}\n\n',
@@ -658,6 +670,14 @@ def _message_list_or_stream(s: Settings) -> Schema:
         "required": False,
         "description": "no-cache on an event stream.",
         "schema": {"type": "string"},
+    }
+    response["headers"]["X-Gap"] = {
+        "required": False,
+        "description": "A list page or long poll after a marker: `missed=N; first=<marker>`, "
+        "N messages between the marker and the page's next marker are gone unseen "
+        "(expired, deleted; messages filtered out are no gap), and the marker of the "
+        "page's first message, if it has one. Absent when nothing was missed.",
+        "schema": {"type": "string", "pattern": "^missed=[0-9]+(; first=[0-9]+)?$"},
     }
     return response
 
@@ -886,7 +906,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                         "503": _ref("responses", "UnavailableOrTooManyFollowers"),
                     },
                     parameters=[
-                        *_common("Queue", "MessageMarker", "MessageLimit", "Wait"),
+                        *_common("Queue", "MessageMarker", "MessageLimit", "Wait", "From"),
                         _flag("echo", "Include this client's own messages."),
                         _flag("include_claimed", "Include claimed messages."),
                         _flag("include_delayed", "Include messages whose delay has not passed."),

@@ -18,6 +18,7 @@ id, losing nothing (the messages are in Redis).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -51,15 +52,22 @@ async def get_messages(request: web.Request) -> web.StreamResponse:
         list_query = h.list_query_of(request, client)
         v.wait_seconds(request.query)
         v.id_list(request.query, "ids", request.app[SETTINGS].max_messages_per_page)
-        return await stream_messages(request, project, queue, list_query)
+        tail = v.from_tail(request.query)
+        return await stream_messages(request, project, queue, list_query, tail)
     seconds = v.wait_seconds(request.query)
     if not seconds or "ids" in request.query:
         return await h.get_messages(request)
     project, client = v.caller(request)
     queue = v.queue_name(request)
     list_query = h.list_query_of(request, client)
+    tail = v.from_tail(request.query)
     _room_for_a_follower(request)
+    if tail:
+        marker = await h.feed_store(request).tail_marker(project, queue)
+        list_query = dataclasses.replace(list_query, marker=marker)
     page = await long_poll(request, project, queue, list_query, seconds)
+    if tail and page.next_marker is None:  # nothing came: poll on from the tail
+        page = MessagePage([], list_query.marker)
     feed = h.feed_path(request, queue)
     return h.page_response(feed, page, list_query, request.app[CLOCK].now_ms())
 
@@ -130,8 +138,8 @@ async def long_poll(
                 return MessagePage([], None)
         if len(messages) > query.limit:
             messages = messages[: query.limit]
-            return MessagePage(messages, messages[-1].seq)
-        return MessagePage(messages, waiter.position)
+            return MessagePage(messages, messages[-1].seq, missed=waiter.missed)
+        return MessagePage(messages, waiter.position, missed=waiter.missed)
 
 
 @asynccontextmanager
@@ -144,6 +152,17 @@ def _event(prefix: str, message: Message, now: int) -> bytes:
     """One SSE event; prefix is the feed's path and ``/messages/`` (see message_json)."""
     data = orjson.dumps(message_json(prefix, message, now))
     return b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data)
+
+
+def _gap(follower: Follower, first: Message) -> bytes:
+    """An ``event: gap`` if messages were gone unseen before first (then
+    forgotten: told once); else nothing. No id: a client resumes from its
+    last message."""
+    if not follower.missed:
+        return b""
+    data = orjson.dumps({"missed": follower.missed, "first": str(first.seq)})
+    follower.missed = 0
+    return b"event: gap\ndata: %s\n\n" % data
 
 
 HEARTBEAT = b": heartbeat\n\n"
@@ -181,8 +200,8 @@ class Stream(Follower):
         if self.done:
             return False
         visible = self.take(batch)
-        if visible:
-            await self._send(self._events(visible, batch))
+        if visible:  # a gap its catch-up passed without a message to show it before
+            await self._send(_gap(self, visible[0]) + self._events(visible, batch))
         if batch.ended:
             await self._send(END)
             self.finish()
@@ -231,16 +250,20 @@ class Stream(Follower):
 
 
 async def stream_messages(
-    request: web.Request, project: str, queue: str, query: ListQuery
+    request: web.Request, project: str, queue: str, query: ListQuery, tail: bool = False
 ) -> web.StreamResponse:
-    """The stream of a queue after Last-Event-ID, else after query's marker;
-    query's echo and include_claimed filter it (its limit does not apply)."""
+    """The stream of a queue after Last-Event-ID, else after query's marker,
+    else (tail: from=tail) after its last message; query's echo and
+    include_claimed filter it (its limit does not apply)."""
     settings = request.app[SETTINGS]
     draining = request.app[DRAINING]
     live = _live(request)
     prefix = f"{h.feed_path(request, queue)}/messages/"  # what the events' hrefs name
     resumed = last_event_id(request)
     position = query.marker if resumed is None else resumed
+    if tail and resumed is None:
+        # an EventSource reconnects to the same URL with Last-Event-ID: that wins
+        position = await h.feed_store(request).tail_marker(project, queue)
     filters = Filters(query.client_id, query.echo, query.include_claimed)
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()
@@ -275,7 +298,8 @@ async def stream_messages(
             await response.write(b"retry: %d\n\n" % settings.stream_retry)
             while backlog:
                 now = request.app[CLOCK].now_ms()
-                await response.write(b"".join(_event(prefix, m, now) for m in backlog))
+                events = b"".join(_event(prefix, m, now) for m in backlog)
+                await response.write(_gap(stream, backlog[0]) + events)
                 if loop.time() >= ends_at or draining.is_set():
                     return response
                 backlog = await live.catch_up(project, queue, stream, PAGE)

@@ -243,6 +243,20 @@ def message_marker(query: Mapping[str, str]) -> int | None:
     return int(raw)
 
 
+def from_tail(query: Mapping[str, str]) -> bool:
+    """Whether ``from=tail`` asks to start after the queue's last message
+    (new messages only); from takes no other value, and no marker with it:
+    both say where to start."""
+    raw = query.get("from")
+    if raw is None or raw == "":
+        return False
+    if raw != "tail":
+        raise BadRequest("The value of from must be tail (new messages only).")
+    if query.get("marker"):
+        raise BadRequest("Give from=tail or a marker, not both: each says where to start.")
+    return True
+
+
 # -- content negotiation -----------------------------------------------------------
 
 # One media range of an Accept header and its parameters (RFC 9110 12.5.1);

@@ -20,7 +20,7 @@
 
 (() => {
   const PAGE_LIMIT = 20; // the service's default maximum page size
-  const MAX_PAGES = 500; // pages followed for the newest messages (10,000 messages)
+  const MAX_PAGES = 10; // pages followed from the newest messages to the tail (a bound: ~4 needed)
   const MAX_QUEUE_PAGES = 50; // pages of queues listed (1,000 queues)
   const SHOWN_MESSAGES = 50; // newest messages kept in the list
   const SHOWN_EVENTS = 200; // newest tail events kept on the page
@@ -261,37 +261,46 @@
 
   // -- the newest messages ------------------------------------------------------
 
-  // Pages run oldest to newest, so the newest messages are at the end: follow
-  // the `next` links to the end, keeping the last SHOWN_MESSAGES. Returns the
-  // marker after the last message seen, where the live tail starts.
+  // Pages run oldest to newest. `from=tail` answers at once with a link
+  // carrying the queue's last marker; markers count a queue's messages one by
+  // one (docs/live-following.md), so the newest SHOWN_MESSAGES were posted
+  // after that marker less SHOWN_MESSAGES: list from there to the end (a few
+  // pages, not the whole queue). Returns the marker after the last message
+  // seen, where the live tail starts.
   async function loadMessages() {
     const queue = state.queue;
     const list = $("messages");
     const note = $("messages-note");
     note.textContent = "loading…";
     const kept = [];
-    let seen = 0;
     let marker = null;
     let limit = PAGE_LIMIT;
-    let href = `${queuePath(queue)}/messages?echo=true&include_claimed=true&limit=${limit}`;
+    const filters = "echo=true&include_claimed=true";
+    let href = null;
     let pages = 0;
     try {
-      while (href && pages < MAX_PAGES) {
-        let page;
+      for (;;) {
         try {
-          page = await api(href);
+          const tail = await api(`${queuePath(queue)}/messages?from=tail&${filters}${limit ? `&limit=${limit}` : ""}`);
+          const last = BigInt(markerOf(nextHref(tail)));
+          const from = last > BigInt(SHOWN_MESSAGES) ? last - BigInt(SHOWN_MESSAGES) : 0n;
+          href = `${queuePath(queue)}/messages?marker=${from}&${filters}${limit ? `&limit=${limit}` : ""}`;
+          marker = String(from); // where the live tail starts if nothing is listed
+          break;
         } catch (error) {
           // a service configured with a smaller --max-messages-per-page
-          if (error instanceof ApiError && error.status === 400 && pages === 0 && limit) {
+          if (error instanceof ApiError && error.status === 400 && limit) {
             limit = 0;
-            href = `${queuePath(queue)}/messages?echo=true&include_claimed=true`;
             continue;
           }
           throw error;
         }
+      }
+      if (queue !== state.queue) return null; // another queue was chosen meanwhile
+      while (href && pages < MAX_PAGES) {
+        const page = await api(href);
         pages += 1;
         if (queue !== state.queue) return null; // another queue was chosen meanwhile
-        seen += page.messages.length;
         kept.push(...page.messages);
         kept.splice(0, Math.max(0, kept.length - SHOWN_MESSAGES));
         href = page.messages.length ? nextHref(page) : null;
@@ -305,10 +314,10 @@
     list.replaceChildren(...kept.map((m) => messageItem(m)));
     list.scrollTop = list.scrollHeight;
     if (href) {
-      note.textContent = `more than ${seen} messages: these are the last ${kept.length} of the first ${seen}`;
+      note.textContent = `the newest ${kept.length}, and more keep coming (the live tail shows them)`;
     } else {
-      note.textContent = seen
-        ? `the newest ${kept.length} of ${seen}`
+      note.textContent = kept.length
+        ? `the newest ${kept.length}`
         : "no messages (the live tail shows new ones as they come)";
     }
     return { marker };

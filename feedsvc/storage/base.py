@@ -174,6 +174,9 @@ class ListQuery:
     # counter (or, with no counter, past where a first post would start it);
     # off for the service's own positions, which never are
     check_marker: bool = False
+    # a follower catching up: an empty page at the end says how far it may
+    # pass (MessagePage.passed)
+    passing: bool = False
 
 
 @dataclass(slots=True)  # one per list request: not frozen (see Message)
@@ -191,6 +194,16 @@ class MessagePage:
     # (the message shown with include_claimed, else passed over); None: it
     # met none. A follower that passed such a message is woken then.
     claim_ends: int | None = None
+    # How many messages between the query's marker and next_marker are gone
+    # (expired, deleted, popped) unseen: seqs are consecutive per queue, so
+    # this is exact. 0 without a marker or a next_marker (an empty page at
+    # the end passes nothing: the next page that moves on counts them).
+    missed: int = 0
+    # Asked with ListQuery.passing, on an empty page at the end after a
+    # marker: the marker up to which every entry after the query's is gone
+    # (up to the counter if none is live; missed counts them), so that a
+    # follower may move there.
+    passed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +572,11 @@ class FeedStore(Protocol):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         """Live counts; a queue that does not exist has none."""
+        ...
+
+    async def tail_marker(self, project: str, queue: str) -> int:
+        """The marker after which only messages posted from now on come: the
+        queue's counter; 0 (the head) if it has none, nothing was posted."""
         ...
 
     @property

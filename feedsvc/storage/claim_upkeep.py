@@ -183,6 +183,8 @@ class ClaimUpkeep(FeedSpace):
             if not writes:
                 return None, None
             writes.append(("SET", target.seq, seq))
+            if last is None:  # where the counter started (see list.lua's missed)
+                writes.append(("HSET", target.meta, r.SEQ_BASE, now * 1000))
             if not exists:
                 writes.append(("HSET", target.meta, r.CREATED, now, r.METADATA, "{}"))
             return writes, None

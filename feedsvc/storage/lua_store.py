@@ -35,7 +35,12 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.redis_store import RedisStore, idempotency_token, marker_not_given_out
+from feedsvc.storage.redis_store import (
+    RedisStore,
+    idempotency_token,
+    marker_not_given_out,
+    read_tail_marker,
+)
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC, MustSeal
 
@@ -194,6 +199,9 @@ class LuaStore(RedisStore):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids
 
+    async def tail_marker(self, project: str, queue: str) -> int:
+        return await read_tail_marker(self._transport, self._keys(project, queue))
+
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
@@ -208,6 +216,7 @@ class LuaStore(RedisStore):
             self._settings.scan_limit,
             _flag(query.with_authors),
             _flag(query.check_marker),
+            _flag(query.passing),
         ]
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)

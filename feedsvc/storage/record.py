@@ -82,6 +82,7 @@ HELD: Final = "ids"  # the claimed message ids, space separated
 
 # -- the queue hash ----------------------------------------------------------
 METADATA: Final = "m"  # user metadata, a JSON object (CREATED as above)
+SEQ_BASE: Final = "sb"  # where the seq counter started: no message has a seq at or below it
 # and the reserved settings the scripts honour, as plain fields
 DEFAULT_TTL: Final = RESERVED_FIELDS["_default_message_ttl"]
 DEFAULT_DELAY: Final = RESERVED_FIELDS["_default_message_delay"]
@@ -110,6 +111,7 @@ LUA_NAMES: Final = {
     "F_GRACE": GRACE,
     "F_HELD": HELD,
     "F_METADATA": METADATA,
+    "F_SEQ_BASE": SEQ_BASE,
     "F_DEFAULT_TTL": DEFAULT_TTL,
     "F_DEFAULT_DELAY": DEFAULT_DELAY,
     "F_MAX_POST_SIZE": MAX_POST_SIZE,
@@ -587,11 +589,11 @@ def _message(
 
 
 def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
-    """list.lua: {next marker or '', next due or '', claim ends or '', then
-    id, record...}; now is the time the script was given (a claim is shown
-    only while it lasts)."""
+    """list.lua: {next marker or '', next due or '', claim ends or '', missed,
+    passed or '', then id, record...}; now is the time the script was given
+    (a claim is shown only while it lasts)."""
     messages = []
-    for i in range(3, len(out), 2):
+    for i in range(5, len(out), 2):
         # inline slices of the record: one of these per message of every page
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
@@ -613,6 +615,8 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
         parse_seq(out[0]) if out[0] else None,
         int(out[1]) if out[1] else None,
         int(out[2]) if out[2] else None,
+        int(out[3]),
+        parse_seq(out[4]) if out[4] else None,
     )
 
 

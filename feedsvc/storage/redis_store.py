@@ -73,6 +73,12 @@ def marker_ceiling(counter: Any, now: int) -> int:
     return int(counter) if counter is not None else now * 1000
 
 
+async def read_tail_marker(transport: Transport, keys: QueueKeys) -> int:
+    """FeedStore.tail_marker: the feed's counter, 0 if it has none."""
+    [counter] = await transport.call_checked([("GET", keys.seq)], idempotent=True)
+    return 0 if counter is None else r.parse_seq(counter)
+
+
 def marker_not_given_out(feed: str, marker: int) -> MarkerNotGivenOut:
     return MarkerNotGivenOut(
         f"The marker {marker} is past the last message of {feed}: this service did not "

@@ -72,6 +72,7 @@ from feedsvc.storage.redis_store import (
     idempotency_token,
     marker_ceiling,
     marker_not_given_out,
+    read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
@@ -170,6 +171,8 @@ def _post_plan(
         default_delay = int(ddelay or 0)
         seq = int(last) if last is not None else now * 1000
         writes = gc_commands(keys, dead, now)
+        if last is None:  # where the counter starts (see list.lua's missed)
+            writes.append(("HSET", keys.meta, r.SEQ_BASE, seq))
         if not exists:
             writes.append(("HSET", keys.meta, r.CREATED, now))
         outcomes: list[Outcome] = []
@@ -354,6 +357,9 @@ class WatchStore(RedisStore):
                     await self._transport.call([("DEL", *dropped)])
             raise
 
+    async def tail_marker(self, project: str, queue: str) -> int:
+        return await read_tail_marker(self._transport, self._keys(project, queue))
+
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
@@ -527,20 +533,29 @@ async def _scan_page(
     bodies as stored."""
     found: list[Message] = []
     scanned = 0
+    alive = alive_at_message = 0  # live entries met, and up to the last message found
+    first_alive: int | None = None  # the seq of the first live entry met
     last: int | None = None
     next_due: int | None = None  # see MessagePage
     claim_ends: int | None = None  # see MessagePage
     start = "-inf" if query.marker is None else f"({query.marker}"
     chunk = query.limit + 2
     check = query.check_marker and query.marker is not None
+    # the counter, read before the index (in the first read's round trip):
+    # every seq up to it not found in the index is gone (see passed below)
+    read_counter = check or query.passing
+    top: int | None = None
     while len(found) < query.limit and scanned < scan_limit:
         want = min(chunk, scan_limit - scanned)
         commands: list[Command] = [
             ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
         ]
-        if check:  # in the first read's round trip
-            commands.append(("GET", keys.seq))
-        [raw, *counter] = await transport.call_checked(commands)
+        if read_counter:
+            commands.insert(0, ("GET", keys.seq))
+        [*counter, raw] = await transport.call_checked(commands)
+        if read_counter:
+            top = None if counter[0] is None else r.parse_seq(counter[0])
+            read_counter = False
         if check:
             assert query.marker is not None
             if query.marker > marker_ceiling(counter[0], now):
@@ -557,6 +572,8 @@ async def _scan_page(
             last = r.parse_seq(score)
             if row is None or not row.alive(now):
                 continue
+            alive += 1
+            first_alive = last if first_alive is None else first_alive
             if not query.echo and row.author.decode() == query.client_id:
                 continue
             if row.claimed(now):
@@ -569,6 +586,7 @@ async def _scan_page(
                     next_due = row.due
                 continue
             found.append(row.message(now))
+            alive_at_message = alive
             next_due = None  # only those after the page's last message count (list.lua)
             if len(found) == query.limit:
                 break
@@ -576,14 +594,36 @@ async def _scan_page(
             break
         start = f"({last}"
         chunk = min(chunk * 2, 512)
-    return _page(found, last, scanned >= scan_limit, next_due, claim_ends)
+    page = _page(found, last, scanned >= scan_limit, next_due, claim_ends)
+    if page.next_marker is not None and query.marker is not None:
+        met = alive_at_message if page.next_due is not None else alive
+        if page.next_marker - query.marker > met:
+            start_at = await _counted_from(transport, keys, query.marker)
+            page.missed = max(0, page.next_marker - start_at - met)
+    elif query.passing and query.marker is not None and not found and scanned < scan_limit:
+        # how far this empty page lets a follower pass (list.lua's passed)
+        start_at = await _counted_from(transport, keys, query.marker)
+        if first_alive is not None:
+            page.passed = max(start_at, first_alive - 1)
+        else:  # nothing live after the marker: every seq up to the counter is gone
+            page.passed = max(start_at, top or 0)
+        page.missed = page.passed - start_at
+    return page
+
+
+async def _counted_from(transport: Transport, keys: QueueKeys, marker: int) -> int:
+    """Where counting what is gone after marker starts: seqs are consecutive
+    from the counter's start (list.lua's missed), later than an old marker
+    of a queue deleted and made again."""
+    [base] = await transport.call_checked([("HGET", keys.meta, r.SEQ_BASE)])
+    return marker if base is None else max(marker, r.parse_seq(base))
 
 
 def _page(
     found: list[Message], last: int | None, cut: bool, next_due: int | None, claim_ends: int | None
 ) -> MessagePage:
-    """The page list.lua answers (its header explains next_marker, next_due
-    and claim_ends); cut: the scan stopped at the scan limit."""
+    """The page list.lua answers (its header explains next_marker, next_due,
+    claim_ends and missed); cut: the scan stopped at the scan limit."""
     if next_due is not None and found:
         return MessagePage(found, found[-1].seq, next_due, claim_ends)
     if found or cut:
