@@ -116,13 +116,17 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
     if message.claim_id is not None:
         href += "?claim_id=" + message.claim_id
     age = (now - message.created_ms) // 1000
-    return {
+    shown = {
         "id": message.id,
         "href": href,
         "ttl": message.ttl,
         "age": age if age > 0 else 0,
         "body": orjson.Fragment(message.body),
     }
+    if message.claim_id is not None:
+        # how often it was claimed, this claim included (a feedsvc extension)
+        shown["claim_count"] = message.claim_count
+    return shown
 
 
 def _with_defaults(

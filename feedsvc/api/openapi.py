@@ -106,6 +106,11 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             "ttl": _int(1),
             "age": _int(0),
             "body": any_json,
+            "claim_count": {
+                **_int(1),
+                "description": "Only while a live claim holds it: how often it was claimed, "
+                "this claim included (a feedsvc extension; Zaqar clients ignore it).",
+            },
         },
         ["id", "href", "ttl", "age", "body"],
     )
