@@ -386,6 +386,81 @@ async def test_claimed_messages_carry_their_claim_count(http: Client, headers: H
     assert set(one) == MESSAGE_KEYS
 
 
+def release_path(queue: str, message_id: str, claim_id: str | None) -> str:
+    query = "" if claim_id is None else f"?claim_id={claim_id}"
+    return f"{messages_path(queue)}/{message_id}/release{query}"
+
+
+async def test_release_one_message(http: Client, headers: Headers) -> None:
+    ids = await post_bodies(http, headers, "rm", ["a", "b", "c"])
+    claim_id, _ = await claim(http, headers, "rm", limit=2)
+    url = release_path("rm", ids[0], claim_id)
+    await no_content(await http.post(url, json={"delay": 0}, headers=headers))
+    # the rest of the claim is untouched; a is claimable again, counted
+    assert ids_of((await get_claim(http, headers, "rm", claim_id))["messages"]) == [ids[1]]
+    again_id, again = await claim(http, headers, "rm", limit=1)
+    assert [(m["id"], m["claim_count"]) for m in again] == [(ids[0], 2)]
+    # released once: its claim holds it no more
+    doc = await error(await http.post(url, json={"delay": 0}, headers=headers), 400)
+    assert doc["title"] == "Unable to release"
+    assert claim_id in doc["description"]
+    # a delay hides it; no body means no delay
+    url = release_path("rm", ids[0], again_id)
+    await no_content(await http.post(url, json={"delay": 900}, headers=headers))
+    assert ids_of(await listed_messages(http, other_client(headers), "rm")) == [ids[2]]
+    await no_content(await http.post(release_path("rm", ids[1], claim_id), headers=headers))
+    assert ids_of((await claim(http, headers, "rm"))[1]) == [ids[1], ids[2]]
+
+
+@pytest.mark.parametrize(
+    ("query", "body", "status"),
+    [
+        (None, {"delay": 0}, 400),  # no claim_id
+        ("", {"delay": 0}, 400),
+        ("claim", {"delay": -1}, 400),
+        ("claim", {"delay": 901}, 400),
+        ("claim", {"delay": "5"}, 400),
+        ("claim", {"delay": 1.5}, 400),
+        ("claim", {"delay": True}, 400),
+        ("claim", {"delay": None}, 400),
+        ("claim", [5], 400),
+        ("claim", b"{", 400),
+        ("other", {"delay": 0}, 400),  # another live claim's
+        (UNKNOWN_ID, {"delay": 0}, 400),
+        ("not-a-claim", {"delay": 0}, 400),
+    ],
+    ids=repr,
+)
+async def test_bad_release_changes_nothing(
+    http: Client, headers: Headers, query: str | None, body: Any, status: int
+) -> None:
+    ids = await post_bodies(http, headers, "br", ["a", "b"])
+    claim_id, _ = await claim(http, headers, "br", limit=1)
+    other, _ = await claim(http, headers, "br", limit=1)
+    given = {"claim": claim_id, "other": other}.get(query, query) if query else query
+    url = release_path("br", ids[0], given)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = await http.post(url, data=data, headers={**headers, "Content-Type": "application/json"})
+    await error(resp, status)
+    assert ids_of((await get_claim(http, headers, "br", claim_id))["messages"]) == ids[:1]
+    assert await stats(http, headers, "br") == (2, 0, 2)
+
+
+async def test_release_of_a_missing_message_is_404(http: Client, headers: Headers) -> None:
+    [mid] = await post_bodies(http, headers, "rg", ["a"])
+    claim_id, _ = await claim(http, headers, "rg")
+    for path in (
+        release_path("rg", UNKNOWN_ID, claim_id),
+        release_path("rg", "not-a-message", claim_id),
+        release_path("ghost", mid, claim_id),
+    ):
+        await error(await http.post(path, headers=headers), 404)
+    await error(
+        await http.post(release_path("rg", mid, claim_id), headers=other_project(headers)), 404
+    )
+    assert await stats(http, headers, "rg") == (1, 0, 1)
+
+
 async def test_claimed_messages_are_hidden_from_listings(http: Client, headers: Headers) -> None:
     ids = await post_bodies(http, headers, "h", list(range(5)))
     reader = other_client(headers)

@@ -24,6 +24,7 @@ from feedsvc.config import Settings
 from feedsvc.drain_signal import DrainSignal
 from feedsvc.errors import (
     BadRequest,
+    ClaimDoesNotHold,
     ClaimNotFound,
     FeedError,
     MessageNotFound,
@@ -509,6 +510,25 @@ async def delete_message(request: web.Request) -> web.Response:
     claim_id = request.query.get("claim_id") or None
     if v.is_id(message_id):
         await feed_store(request).delete_message(project, queue, message_id, claim_id)
+    return web.Response(status=204)
+
+
+async def release_message(request: web.Request) -> web.Response:
+    """Take one message out of its claim, claimable again after a delay (a
+    feedsvc extension: a consumer that failed on one message gives it back
+    without waiting for the claim to expire, nor giving back the others)."""
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    message_id = request.match_info["message_id"]
+    claim_id = request.query.get("claim_id")
+    if not claim_id:
+        raise BadRequest("Give the claim_id of the claim that holds the message.")
+    delay = v.release_delay(await read_body(request), _settings(request))
+    if not v.is_id(message_id):
+        raise MessageNotFound(message_id)
+    if not v.is_id(claim_id):
+        raise ClaimDoesNotHold(f"Claim {claim_id} does not hold message {message_id}.")
+    await feed_store(request).release_message(project, queue, message_id, claim_id, delay)
     return web.Response(status=204)
 
 

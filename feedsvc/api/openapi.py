@@ -312,6 +312,15 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                 "grace": _int(s.min_claim_grace, s.max_claim_grace, s.default_claim_grace),
             },
         },
+        "ReleaseOptions": {
+            "type": "object",
+            "properties": {
+                "delay": {
+                    **_int(0, s.max_message_delay, 0),
+                    "description": "Seconds before the message can be claimed again (0: at once).",
+                },
+            },
+        },
         "ClaimedMessages": _obj(
             {
                 "messages": {
@@ -940,6 +949,35 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 ],
             ),
         },
+        queue + "/messages/{message_id}/release": {
+            "post": {
+                **_operation(
+                    "releaseMessage",
+                    "Take one message out of its claim, claimable again after a delay",
+                    {"204": no_content, **_errors("404")},
+                    parameters=[
+                        *_common("Queue", "MessageId"),
+                        {
+                            **_query(
+                                "claim_id",
+                                {"type": "string"},
+                                "The claim that holds the message. A claim that does not "
+                                "hold it now (expired, released, another claim's) is 400 "
+                                "and changes nothing.",
+                            ),
+                            "required": True,
+                        },
+                    ],
+                    body={
+                        "required": False,
+                        "content": {JSON: {"schema": _schema("ReleaseOptions")}},
+                    },
+                ),
+                "description": "A feedsvc extension. The rest of the claim is untouched; "
+                "the message keeps its claim count (it counts towards _max_claim_count "
+                "and dead-lettering) and the life the claim gave it. No body: delay 0.",
+            },
+        },
         queue + "/claims": {
             "post": _operation(
                 "claimMessages",
@@ -1191,7 +1229,9 @@ def _topics(document: dict[str, Any]) -> None:
     listed["required"] = ["topics" if r == "queues" else r for r in listed["required"]]
     for path, item in list(document["paths"].items()):
         if path == "/v2/queues" or (
-            path.startswith("/v2/queues/{queue}") and "/claims" not in path
+            path.startswith("/v2/queues/{queue}")
+            and "/claims" not in path
+            and not path.endswith("/release")  # a claim's too
         ):
             topical = path.replace("/v2/queues/{queue}", "/v2/topics/{topic}")
             document["paths"][topical.replace("/v2/queues", "/v2/topics")] = _as_topic(item)
