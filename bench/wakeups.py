@@ -10,6 +10,9 @@ service in this process (on the host's clock, claims down to 1 s):
   and a message delayed 1 s; the delayed message's event minus (post + 1 s).
 - ``released``: a claim wait (``wait=5``) over a claimed message, whose
   claim is then released; the 201's arrival minus the time the DELETE was sent.
+- ``one released`` (``1s``): as ``released``, but one message is released
+  (``POST .../messages/{id}/release``) with delay 0 (1 s); the 201's arrival
+  minus (the time the release was sent + the delay).
 - ``claim expired``: a message claimed for 1 s, then a claim wait; the 201's
   arrival minus (the time the first claim was sent + 1 s).
 - ``poll released`` / ``stream released``: a long poll (``wait=5``) or a
@@ -106,6 +109,28 @@ async def released(http: Client) -> float:
     arrived = time.monotonic()
     assert response.status == 201
     return arrived - sent
+
+
+async def one_released(http: Client, delay: int) -> float:
+    q = queue()
+    await post(http, q, {"body": "work"})
+    held = await http.post(f"{q}/claims", json=CLAIM, headers=headers())
+    [message] = (await held.json())["messages"]
+    claim_id = held.headers["Location"].rsplit("/", 1)[1]
+    waiting = asyncio.create_task(
+        http.post(f"{q}/claims", params={"wait": "5"}, json=CLAIM, headers=headers())
+    )
+    await asyncio.sleep(0.3)
+    sent = time.monotonic()
+    release = f"{q}/messages/{message['id']}/release"
+    answer = await http.post(
+        release, params={"claim_id": claim_id}, json={"delay": delay}, headers=headers()
+    )
+    assert answer.status == 204
+    response = await waiting
+    arrived = time.monotonic()
+    assert response.status == 201
+    return arrived - sent - delay
 
 
 async def claim_expired(http: Client) -> float:
@@ -233,13 +258,15 @@ async def bench(redis_url: str, driver: str, runs: int) -> None:
                 ("due", due),
                 ("stream due", stream_due),
                 ("released", released),
+                ("one released", partial(one_released, delay=0)),
+                ("one released 1s", partial(one_released, delay=1)),
                 ("claim expired", claim_expired),
                 ("poll released", poll_released),
                 ("stream released", stream_released),
                 ("poll expired", poll_expired),
                 ("stream expired", stream_expired),
             ):
-                print(f"{driver:6} {name:15} {await median_ms(runs, partial(measure, http))}")
+                print(f"{driver:6} {name:16} {await median_ms(runs, partial(measure, http))}")
             for pending in (False, True):
                 for claim_wait in (False, True):
                     what = "claim wait" if claim_wait else "long poll"

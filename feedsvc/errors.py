@@ -9,6 +9,8 @@ status from ``FeedError.status``. Nothing else catches them.
     FeedError
     ├── BadRequest                 400  malformed or out-of-range input
     │   ├── InvalidClaim           400  claim_id wrong or expired on delete
+    │   ├── ClaimDoesNotHold       400  release of a message its claim does not hold
+    │   │                               (gone, expired, another claim's, or never)
     │   ├── PostTooLarge           400  a message post over the service's or the
     │   │                               queue's size limit (Zaqar's status)
     │   ├── MarkerNotGivenOut      400  a marker or event id past the queue's last
@@ -67,6 +69,14 @@ class BadRequest(FeedError):
 
 class InvalidClaim(BadRequest):
     title = "Unable to delete"
+
+
+class ClaimDoesNotHold(BadRequest):
+    """A release of one message names a claim that does not hold it now.
+    400 as a delete with a wrong claim_id (:class:`InvalidClaim`), so a
+    client handles one status for both."""
+
+    title = "Unable to release"
 
 
 class PostTooLarge(BadRequest):

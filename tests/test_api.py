@@ -252,6 +252,7 @@ V2_ROUTES = [
     ("DELETE", f"/v2/queues/q1/messages?ids={UNKNOWN_ID}"),
     ("GET", f"/v2/queues/q1/messages/{UNKNOWN_ID}"),
     ("DELETE", f"/v2/queues/q1/messages/{UNKNOWN_ID}"),
+    ("POST", f"/v2/queues/q1/messages/{UNKNOWN_ID}/release?claim_id={UNKNOWN_ID}"),
 ]
 
 

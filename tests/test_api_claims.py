@@ -44,6 +44,8 @@ from tests.test_api import (
 
 JSON_PATCH = "application/openstack-messaging-v2.0-json-patch"
 MESSAGE_KEYS = {"id", "href", "ttl", "age", "body"}
+# a claimed message also says how often it was claimed (a feedsvc extension)
+CLAIMED_KEYS = MESSAGE_KEYS | {"claim_count"}
 MAX_CLAIM_TTL = 43200
 MAX_CLAIM_LIMIT = 20
 
@@ -82,7 +84,7 @@ async def claim(
     messages: list[dict[str, Any]] = doc["messages"]
     assert messages
     for m in messages:
-        assert set(m) == MESSAGE_KEYS, m
+        assert set(m) == CLAIMED_KEYS, m
         assert m["href"] == f"{messages_path(queue)}/{m['id']}?claim_id={claim_id}", m
     return claim_id, messages
 
@@ -275,7 +277,7 @@ async def test_get_claim(http: Client, headers: Headers) -> None:
     assert ids_of(doc["messages"]) == ids[:2]
     assert bodies_of(doc["messages"]) == ["a", "b"]
     assert [m["href"] for m in doc["messages"]] == [m["href"] for m in messages]
-    assert all(set(m) == MESSAGE_KEYS for m in doc["messages"])
+    assert all(set(m) == CLAIMED_KEYS for m in doc["messages"])
     # Unknown, malformed, another queue's or another project's: 404.
     assert (await http.put("/v2/queues/h", headers=headers)).status == 201
     for who, path in (
@@ -358,6 +360,105 @@ async def test_release_claim(http: Client, headers: Headers) -> None:
     await no_content(await http.delete(url, headers=other_project(headers)))
     assert await stats(http, headers, "r") == (3, 0, 3)
     assert ids_of((await get_claim(http, headers, "r", again_id))["messages"]) == ids
+
+
+async def test_claimed_messages_carry_their_claim_count(http: Client, headers: Headers) -> None:
+    ids = await post_bodies(http, headers, "n", ["a", "b", "c"])
+    first, claimed = await claim(http, headers, "n", limit=1)
+    assert [m["claim_count"] for m in claimed] == [1]
+    await no_content(await http.delete(f"{claims_path('n')}/{first}", headers=headers))
+    # released, then claimed again with the next one: this claim included
+    second, claimed = await claim(http, headers, "n", limit=2)
+    assert [(m["id"], m["claim_count"]) for m in claimed] == [(ids[0], 2), (ids[1], 1)]
+    doc = await get_claim(http, headers, "n", second)
+    assert [m["claim_count"] for m in doc["messages"]] == [2, 1]
+    one = await ok_json(await http.get(f"{messages_path('n')}/{ids[0]}", headers=headers))
+    assert one["claim_count"] == 2
+    doc = await ok_json(
+        await http.get(f"{messages_path('n')}?ids={','.join(ids)}", headers=headers)
+    )
+    assert [m.get("claim_count") for m in doc["messages"]] == [2, 1, None]
+    listed = await listed_messages(http, other_client(headers), "n", "&include_claimed=true")
+    assert [m.get("claim_count") for m in listed] == [2, 1, None]
+    # a message no live claim holds shows no count (as Zaqar shows it)
+    await no_content(await http.delete(f"{claims_path('n')}/{second}", headers=headers))
+    one = await ok_json(await http.get(f"{messages_path('n')}/{ids[0]}", headers=headers))
+    assert set(one) == MESSAGE_KEYS
+
+
+def release_path(queue: str, message_id: str, claim_id: str | None) -> str:
+    query = "" if claim_id is None else f"?claim_id={claim_id}"
+    return f"{messages_path(queue)}/{message_id}/release{query}"
+
+
+async def test_release_one_message(http: Client, headers: Headers) -> None:
+    ids = await post_bodies(http, headers, "rm", ["a", "b", "c"])
+    claim_id, _ = await claim(http, headers, "rm", limit=2)
+    url = release_path("rm", ids[0], claim_id)
+    await no_content(await http.post(url, json={"delay": 0}, headers=headers))
+    # the rest of the claim is untouched; a is claimable again, counted
+    assert ids_of((await get_claim(http, headers, "rm", claim_id))["messages"]) == [ids[1]]
+    again_id, again = await claim(http, headers, "rm", limit=1)
+    assert [(m["id"], m["claim_count"]) for m in again] == [(ids[0], 2)]
+    # released once: its claim holds it no more
+    doc = await error(await http.post(url, json={"delay": 0}, headers=headers), 400)
+    assert doc["title"] == "Unable to release"
+    assert claim_id in doc["description"]
+    # a delay hides it; no body means no delay
+    url = release_path("rm", ids[0], again_id)
+    await no_content(await http.post(url, json={"delay": 900}, headers=headers))
+    assert ids_of(await listed_messages(http, other_client(headers), "rm")) == [ids[2]]
+    await no_content(await http.post(release_path("rm", ids[1], claim_id), headers=headers))
+    assert ids_of((await claim(http, headers, "rm"))[1]) == [ids[1], ids[2]]
+
+
+@pytest.mark.parametrize(
+    ("query", "body", "status"),
+    [
+        (None, {"delay": 0}, 400),  # no claim_id
+        ("", {"delay": 0}, 400),
+        ("claim", {"delay": -1}, 400),
+        ("claim", {"delay": 901}, 400),
+        ("claim", {"delay": "5"}, 400),
+        ("claim", {"delay": 1.5}, 400),
+        ("claim", {"delay": True}, 400),
+        ("claim", {"delay": None}, 400),
+        ("claim", [5], 400),
+        ("claim", b"{", 400),
+        ("other", {"delay": 0}, 400),  # another live claim's
+        (UNKNOWN_ID, {"delay": 0}, 400),
+        ("not-a-claim", {"delay": 0}, 400),
+    ],
+    ids=repr,
+)
+async def test_bad_release_changes_nothing(
+    http: Client, headers: Headers, query: str | None, body: Any, status: int
+) -> None:
+    ids = await post_bodies(http, headers, "br", ["a", "b"])
+    claim_id, _ = await claim(http, headers, "br", limit=1)
+    other, _ = await claim(http, headers, "br", limit=1)
+    given = {"claim": claim_id, "other": other}.get(query, query) if query else query
+    url = release_path("br", ids[0], given)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = await http.post(url, data=data, headers={**headers, "Content-Type": "application/json"})
+    await error(resp, status)
+    assert ids_of((await get_claim(http, headers, "br", claim_id))["messages"]) == ids[:1]
+    assert await stats(http, headers, "br") == (2, 0, 2)
+
+
+async def test_release_of_a_missing_message_is_404(http: Client, headers: Headers) -> None:
+    [mid] = await post_bodies(http, headers, "rg", ["a"])
+    claim_id, _ = await claim(http, headers, "rg")
+    for path in (
+        release_path("rg", UNKNOWN_ID, claim_id),
+        release_path("rg", "not-a-message", claim_id),
+        release_path("ghost", mid, claim_id),
+    ):
+        await error(await http.post(path, headers=headers), 404)
+    await error(
+        await http.post(release_path("rg", mid, claim_id), headers=other_project(headers)), 404
+    )
+    assert await stats(http, headers, "rg") == (1, 0, 1)
 
 
 async def test_claimed_messages_are_hidden_from_listings(http: Client, headers: Headers) -> None:

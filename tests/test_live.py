@@ -646,6 +646,44 @@ async def test_a_waiting_claim_takes_a_message_released_meanwhile(
     assert [m["id"] for m in (await response.json())["messages"]] == [mid]
 
 
+async def test_a_waiting_claim_takes_one_message_released_meanwhile(
+    http: Client, headers: Headers
+) -> None:
+    [mid] = await post(http, other_client(headers), "work")
+    held = await http.post("/v2/queues/q/claims", json={"ttl": 60, "grace": 60}, headers=headers)
+    assert held.status == 201
+    claim_id = held.headers["Location"].rsplit("/", 1)[1]
+    waiting = asyncio.create_task(claim_waiting(http, headers, "10"))
+    await asyncio.sleep(0.2)
+    url = f"{MESSAGES}/{mid}/release?claim_id={claim_id}"
+    released = await http.post(url, json={"delay": 0}, headers=headers)
+    assert released.status == 204
+    response = await waiting
+    assert response.status == 201, await response.text()
+    assert [m["id"] for m in (await response.json())["messages"]] == [mid]
+
+
+@pytest.mark.slow
+async def test_a_waiting_claim_takes_a_message_released_with_a_delay(
+    realtime: Client, headers: Headers
+) -> None:
+    """The waiter slept until the claim's expiry (60 s); the release tells it
+    when the message falls due."""
+    [mid] = await post(realtime, other_client(headers), "work")
+    held = await realtime.post(
+        "/v2/queues/q/claims", json={"ttl": 60, "grace": 60}, headers=headers
+    )
+    claim_id = held.headers["Location"].rsplit("/", 1)[1]
+    waiting = asyncio.create_task(claim_waiting(realtime, headers, "6"))
+    await asyncio.sleep(0.2)
+    url = f"{MESSAGES}/{mid}/release?claim_id={claim_id}"
+    released = await realtime.post(url, json={"delay": 1}, headers=headers)
+    assert released.status == 204
+    response = await waiting
+    assert response.status == 201, await response.text()
+    assert [(m["id"], m["claim_count"]) for m in (await response.json())["messages"]] == [(mid, 2)]
+
+
 @pytest.mark.slow
 async def test_a_waiting_claim_takes_a_message_whose_claim_expires_meanwhile(
     realtime: Client, headers: Headers

@@ -11,7 +11,14 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
-from feedsvc.errors import ClaimNotFound, InvalidClaim, MessageIsClaimed, QueueNotFound
+from feedsvc.errors import (
+    ClaimDoesNotHold,
+    ClaimNotFound,
+    InvalidClaim,
+    MessageIsClaimed,
+    MessageNotFound,
+    QueueNotFound,
+)
 from feedsvc.storage.base import Claim, FeedStore, ListQuery, NewMessage, Unclaimable
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.record import Parked, hold_commands, read_commands, rows
@@ -373,3 +380,117 @@ async def test_a_page_does_not_pass_a_delayed_message_after_its_last_one(
     clock.advance(10)
     page = await store.list_messages(project, "q", ListQuery(READER, marker=page.next_marker))
     assert [m.id for m in page.messages] == [latest] and page.next_due is None
+
+
+# -- releasing one message of a claim (a feedsvc extension) ----------------------------
+
+
+async def test_release_one_message_with_a_delay(
+    store: FeedStore, project: str, clock: ManualClock, redis_url: str
+) -> None:
+    a, b = await post(store, project, 2)
+    claim = await store.claim_messages(project, "q", 300, 60, 2)
+    assert claim is not None and [m.claim_count for m in claim.messages] == [1, 1]
+    [before] = await store.get_messages(project, "q", [a])
+    key = QueueKeys.of(project, "q").record(a)
+    life = await pttl(redis_url, key)
+    now = clock.now_ms()
+    await store.release_message(project, "q", a, claim.id, 30)
+    # its life is what the claim promised (claim expiry + grace), not shorter
+    assert await pttl(redis_url, key) > life - 10_000
+    [released] = await store.get_messages(project, "q", [a])
+    assert released.ttl == before.ttl == 360
+    # the rest of the claim is untouched
+    held = await store.get_claim(project, "q", claim.id)
+    assert [m.id for m in held.messages] == [b]
+    assert (await store.queue_stats(project, "q")).claimed == 1
+    # a is hidden until its delay has passed (a waiter sleeps until then),
+    # then claimable, its claim count kept
+    assert await store.try_claim(project, "q", 300, 60, 5) == Unclaimable(now + 30_000)
+    page = await store.list_messages(project, "q", ListQuery(READER))
+    assert [m.id for m in page.messages] == []
+    page = await store.list_messages(project, "q", ListQuery(READER, include_delayed=True))
+    assert [m.id for m in page.messages] == [a]
+    [shown] = page.messages
+    assert shown.claim_id is None and shown.claim_count == 1
+    clock.advance(29.9)
+    assert await claim_ids(store, project, 5) == []
+    clock.advance(0.2)
+    again = await store.claim_messages(project, "q", 300, 60, 5)
+    assert again is not None
+    assert [(m.id, m.claim_count) for m in again.messages] == [(a, 2)]
+
+
+async def test_release_one_message_at_once(store: FeedStore, project: str) -> None:
+    a, b = await post(store, project, 2)
+    claim = await store.claim_messages(project, "q", 300, 60, 2)
+    assert claim is not None
+    await store.release_message(project, "q", b, claim.id, 0)
+    assert await claim_ids(store, project, 5) == [b]
+    assert [m.id for m in (await store.get_claim(project, "q", claim.id)).messages] == [a]
+
+
+async def test_release_by_a_claim_that_does_not_hold_the_message_changes_nothing(
+    store: FeedStore, project: str, clock: ManualClock
+) -> None:
+    a, b, c = await post(store, project, 3)
+    first = await store.claim_messages(project, "q", 300, 60, 1)
+    second = await store.claim_messages(project, "q", 60, 60, 1)
+    assert first is not None and second is not None
+    for message_id, claim_id in (
+        (a, second.id),  # another claim's
+        (c, first.id),  # held by no claim
+        (a, "0" * 24),  # no such claim
+    ):
+        with pytest.raises(ClaimDoesNotHold):
+            await store.release_message(project, "q", message_id, claim_id, 0)
+    with pytest.raises(MessageNotFound):  # another project's is no message here
+        await store.release_message(project + "-other", "q", a, first.id, 0)
+    with pytest.raises(MessageNotFound):
+        await store.release_message(project, "q", "0" * 24, first.id, 0)
+    # released once: the second time the claim holds it no more
+    await store.release_message(project, "q", a, first.id, 0)
+    with pytest.raises(ClaimDoesNotHold):
+        await store.release_message(project, "q", a, first.id, 0)
+    # an expired claim holds nothing
+    clock.advance(61)
+    with pytest.raises(ClaimDoesNotHold):
+        await store.release_message(project, "q", b, second.id, 0)
+    assert sorted(await claim_ids(store, project, 5)) == sorted([a, b, c])
+
+
+async def test_releases_count_towards_dead_lettering(store: FeedStore, project: str) -> None:
+    await store.create_queue(project, "q", {"_max_claim_count": 2, "_dead_letter_queue": "dlq"})
+    [message_id] = await post(store, project, 1)
+    for count in (1, 2):
+        claim = await store.claim_messages(project, "q", 300, 60, 5)
+        assert claim is not None
+        assert [(m.id, m.claim_count) for m in claim.messages] == [(message_id, count)]
+        await store.release_message(project, "q", message_id, claim.id, 0)
+    # the claim after the limit moves it, as after claims that expired
+    assert await store.claim_messages(project, "q", 300, 60, 5) is None
+    dead = await store.list_messages(project, "dlq", ListQuery(READER))
+    assert [m.id for m in dead.messages] == [message_id]
+
+
+async def test_a_parked_message_cannot_be_released(
+    store: FeedStore, project: str, redis_url: str, clock: ManualClock
+) -> None:
+    """A message parked for the dead-letter queue carries the claim's id
+    but is not the consumer's: releasing it would keep it from moving."""
+    [a, b] = await post(store, project, 2)
+    claim = await store.claim_messages(project, "q", 300, 60, 1)
+    assert claim is not None
+    keys = QueueKeys.of(project, "q")
+    client = direct_client(redis_url)
+    try:
+        replies = [await client.execute_command(*c) for c in read_commands(keys, [b])]
+        [row] = rows([b], replies)
+        assert row is not None
+        for command in hold_commands(keys, row, claim.id, clock.now_ms() + 300_000):
+            await client.execute_command(*command)
+    finally:
+        await client.aclose()
+    with pytest.raises(ClaimDoesNotHold):
+        await store.release_message(project, "q", b, claim.id, 0)
+    await store.release_message(project, "q", a, claim.id, 0)

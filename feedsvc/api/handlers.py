@@ -24,6 +24,7 @@ from feedsvc.config import Settings
 from feedsvc.drain_signal import DrainSignal
 from feedsvc.errors import (
     BadRequest,
+    ClaimDoesNotHold,
     ClaimNotFound,
     FeedError,
     MessageNotFound,
@@ -116,13 +117,17 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
     if message.claim_id is not None:
         href += "?claim_id=" + message.claim_id
     age = (now - message.created_ms) // 1000
-    return {
+    shown = {
         "id": message.id,
         "href": href,
         "ttl": message.ttl,
         "age": age if age > 0 else 0,
         "body": orjson.Fragment(message.body),
     }
+    if message.claim_id is not None:
+        # how often it was claimed, this claim included (a feedsvc extension)
+        shown["claim_count"] = message.claim_count
+    return shown
 
 
 def _with_defaults(
@@ -522,6 +527,25 @@ async def delete_message(request: web.Request) -> web.Response:
     claim_id = request.query.get("claim_id") or None
     if v.is_id(message_id):
         await feed_store(request).delete_message(project, queue, message_id, claim_id)
+    return web.Response(status=204)
+
+
+async def release_message(request: web.Request) -> web.Response:
+    """Take one message out of its claim, claimable again after a delay (a
+    feedsvc extension: a consumer that failed on one message gives it back
+    without waiting for the claim to expire, nor giving back the others)."""
+    project, _ = v.caller(request)
+    queue = v.queue_name(request)
+    message_id = request.match_info["message_id"]
+    claim_id = request.query.get("claim_id")
+    if not claim_id:
+        raise BadRequest("Give the claim_id of the claim that holds the message.")
+    delay = v.release_delay(await read_body(request), _settings(request))
+    if not v.is_id(message_id):
+        raise MessageNotFound(message_id)
+    if not v.is_id(claim_id):
+        raise ClaimDoesNotHold(f"Claim {claim_id} does not hold message {message_id}.")
+    await feed_store(request).release_message(project, queue, message_id, claim_id, delay)
     return web.Response(status=204)
 
 

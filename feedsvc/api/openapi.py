@@ -106,6 +106,11 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             "ttl": _int(1),
             "age": _int(0),
             "body": any_json,
+            "claim_count": {
+                **_int(1),
+                "description": "Only while a live claim holds it: how often it was claimed, "
+                "this claim included (a feedsvc extension; Zaqar clients ignore it).",
+            },
         },
         ["id", "href", "ttl", "age", "body"],
     )
@@ -305,6 +310,15 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             "properties": {
                 "ttl": _int(s.min_claim_ttl, s.max_claim_ttl, s.default_claim_ttl),
                 "grace": _int(s.min_claim_grace, s.max_claim_grace, s.default_claim_grace),
+            },
+        },
+        "ReleaseOptions": {
+            "type": "object",
+            "properties": {
+                "delay": {
+                    **_int(0, s.max_message_delay, 0),
+                    "description": "Seconds before the message can be claimed again (0: at once).",
+                },
             },
         },
         "ClaimedMessages": _obj(
@@ -964,6 +978,35 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 ],
             ),
         },
+        queue + "/messages/{message_id}/release": {
+            "post": {
+                **_operation(
+                    "releaseMessage",
+                    "Take one message out of its claim, claimable again after a delay",
+                    {"204": no_content, **_errors("404")},
+                    parameters=[
+                        *_common("Queue", "MessageId"),
+                        {
+                            **_query(
+                                "claim_id",
+                                {"type": "string"},
+                                "The claim that holds the message. A claim that does not "
+                                "hold it now (expired, released, another claim's) is 400 "
+                                "and changes nothing.",
+                            ),
+                            "required": True,
+                        },
+                    ],
+                    body={
+                        "required": False,
+                        "content": {JSON: {"schema": _schema("ReleaseOptions")}},
+                    },
+                ),
+                "description": "A feedsvc extension. The rest of the claim is untouched; "
+                "the message keeps its claim count (it counts towards _max_claim_count "
+                "and dead-lettering) and the life the claim gave it. No body: delay 0.",
+            },
+        },
         queue + "/claims": {
             "post": _operation(
                 "claimMessages",
@@ -1235,7 +1278,9 @@ def _topics(document: dict[str, Any]) -> None:
     listed["required"] = ["topics" if r == "queues" else r for r in listed["required"]]
     for path, item in list(document["paths"].items()):
         if path == "/v2/queues" or (
-            path.startswith("/v2/queues/{queue}") and "/claims" not in path
+            path.startswith("/v2/queues/{queue}")
+            and "/claims" not in path
+            and not path.endswith("/release")  # a claim's too
         ):
             topical = path.replace("/v2/queues/{queue}", "/v2/topics/{topic}")
             document["paths"][topical.replace("/v2/queues", "/v2/topics")] = _as_topic(item)

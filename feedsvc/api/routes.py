@@ -58,6 +58,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
+    ("POST", QUEUE + "/messages/{message_id}/release", h.release_message),
     *[(method, TOPIC + path, handler) for method, path, handler in FEED],
     ("GET", "/v2/topics", h.list_queues),
 ]

@@ -649,6 +649,16 @@ def claim_options(raw: bytes, settings: Settings) -> tuple[int, int]:
     )
 
 
+def release_delay(raw: bytes, settings: Settings) -> int:
+    """The delay of a release of one message, ``{"delay": S}``: 0 (claimable
+    again at once) when the body or the field is missing."""
+    document = json_document(raw) if raw.strip() else {}
+    if not isinstance(document, dict):
+        raise BadRequest("A release body must be a JSON object.")
+    delay = _int_field(document, "delay", 0, settings.max_message_delay, "release")
+    return 0 if delay is None else delay
+
+
 PURGE_TYPES = ("messages", "subscriptions")
 
 

@@ -665,6 +665,16 @@ class FeedStore(Protocol):
         does); no error if the claim is gone."""
         ...
 
+    async def release_message(
+        self, project: str, queue: str, message_id: str, claim_id: str, delay: int
+    ) -> None:
+        """Take one message out of its live claim: claimable again after
+        delay seconds, its claim count and life kept, the claim's other
+        messages untouched; the queue's waiters are told. MessageNotFound if
+        the message is gone, ClaimDoesNotHold if that claim does not hold it
+        (now); nothing changes then."""
+        ...
+
     @property
     def subscriptions(self) -> SubscriptionStore:
         """The subscriptions of this store's feeds (queues; topics on ``topics()``)."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import ClaimNotFound, Unavailable
+from feedsvc.errors import ClaimDoesNotHold, ClaimNotFound, MessageNotFound, Unavailable
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim, Unclaimable
 from feedsvc.storage.coalescer import Command
@@ -139,6 +139,46 @@ class ClaimUpkeep(FeedSpace):
             return plan
 
         await self._claim_transaction(keys, claim_id, plan_for)
+
+    async def release_message(
+        self, project: str, queue: str, message_id: str, claim_id: str, delay: int
+    ) -> None:
+        # One message and its claim in one transaction, as release_claim: a
+        # consumer's failure path, rare beside claims and posts.
+        keys = self._keys(project, queue)
+        now = self._clock.now_ms()
+        due = now + delay * 1000 if delay > 0 else 0
+        claim_key = keys.claim(claim_id)
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
+            expires, ids = replies[0]
+            [row] = r.rows([message_id], replies[1:])
+            if row is None or not row.alive(now):
+                return None, "gone"
+            held = r.text(ids).split() if ids else []
+            # a message parked for the dead-letter queue carries the claim id
+            # but is not listed in the claim: it is not the consumer's
+            alive = expires is not None and int(expires) > now
+            if not (alive and row.claim == claim_id and row.claimed(now) and message_id in held):
+                return None, "notheld"
+            rest = " ".join(i for i in held if i != message_id)
+            writes = r.requeue_commands(keys, row, due)
+            writes.append(("HSET", claim_key, r.HELD, rest))
+            # free now: wake the queue's waiters; later: they set a timer
+            writes.append(("SPUBLISH", keys.feed, r.notification(0, due)))
+            return writes, "ok"
+
+        watch = [claim_key, *r.message_keys(keys, message_id)]
+        reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
+        reads += r.read_commands(keys, [message_id])
+        outcome = await self._transport.optimistic(watch, reads, plan)
+        if outcome == "gone":
+            raise MessageNotFound(message_id)
+        if outcome == "notheld":
+            raise ClaimDoesNotHold(
+                f"Claim {claim_id} does not hold message {message_id} (any more): "
+                "it expired, was released, or is another claim's."
+            )
 
     async def _dead_letter(
         self, project: str, queue: str, dlq: str, claim_id: str, parked: Sequence[r.Parked]

@@ -388,6 +388,16 @@ def release_commands(keys: QueueKeys, row: Row) -> list[Command]:
     ]
 
 
+def requeue_commands(keys: QueueKeys, row: Row, due: int) -> list[Command]:
+    """Free one message from its claim, hidden until due (ms; 0: free at
+    once), its life and claim count kept (a release of one message)."""
+    header = dataclasses.replace(row.header(), claim="", claim_expires=0, due=due)
+    return [
+        *rewrite_commands(keys, row, header),
+        ("ZREM", keys.claimed, row.id),
+    ]
+
+
 def claim_record(ttl: int, grace: int, now: int, expires: int, ids: Sequence[str]) -> list[Any]:
     """HSET arguments of a claim hash."""
     return [TTL, ttl, GRACE, grace, CREATED, now, CLAIM_EXPIRES, expires, HELD, " ".join(ids)]
