@@ -266,6 +266,26 @@ async def test_dead_lettering_after_max_claims(store: FeedStore, project: str) -
     assert names == ["dlq", "q"]
 
 
+async def test_a_dead_letter_wakes_the_dead_letter_queues_followers(
+    store: FeedStore, project: str
+) -> None:
+    """A message moved to the dead-letter queue becomes visible there as a
+    post would: its followers are woken (DESIGN.md rule 12), not left to
+    their timeout."""
+    await store.create_queue(project, "q", {"_max_claim_count": 1, "_dead_letter_queue": "dlq"})
+    await post(store, project, 1)
+    claim = await store.claim_messages(project, "q", 300, 60, 5)
+    assert claim is not None
+    await store.release_claim(project, "q", claim.id)
+    async with store.follow(project, "dlq") as follow:
+        await asyncio.sleep(0.2)  # subscribed
+        token = follow.token()
+        assert await store.claim_messages(project, "q", 300, 60, 5) is None  # moves it
+        assert await follow.wait(token, 10.0)
+    dead = await store.list_messages(project, "dlq", ListQuery(READER))
+    assert len(dead.messages) == 1
+
+
 async def test_dead_lettering_survives_a_stop_between_its_steps(
     store: FeedStore, project: str, redis_url: str
 ) -> None:

@@ -227,6 +227,8 @@ class ClaimUpkeep(FeedSpace):
                 writes.append(("HSET", target.meta, r.SEQ_BASE, now * 1000))
             if not exists:
                 writes.append(("HSET", target.meta, r.CREATED, now, r.METADATA, "{}"))
+            # visible there as a post's messages are: wake its followers alike
+            writes.append(("SPUBLISH", target.feed, r.notification(seq, 0)))
             return writes, None
 
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
