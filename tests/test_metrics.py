@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from feedsvc.api.middleware import request_middleware
+from feedsvc.api.middleware import new_request_id, request_middleware
 from feedsvc.app import create_app
 from feedsvc.cli import configure_logging
 from feedsvc.testing import ServiceProcess
@@ -164,3 +164,21 @@ def test_json_logs_carry_the_request_id(redis_url: str, tmp_path: Path) -> None:
     access = [r for r in records if request_id in r["message"]]
     assert len(access) == 1 and access[0]["logger"] == "feedsvc.access"
     assert '"GET /v2/queues/logs/messages HTTP/1.1" 200' in access[0]["message"]
+
+
+@pytest.mark.process  # forks, as the --workers supervisor does
+def test_a_forked_worker_hands_out_request_ids_of_its_own() -> None:
+    """Workers are forked after the middleware module is imported; each must
+    number its requests under a prefix of its own (two workers both logged
+    req-02dc07251486-1 for different requests before)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then gone
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    parent = new_request_id()
+    assert child.rpartition("-")[0] != parent.rpartition("-")[0], (child, parent)

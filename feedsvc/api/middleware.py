@@ -44,16 +44,31 @@ REQUEST_ID_HEADER = "X-Openstack-Request-Id"
 #: The request's id, for a handler that sends its head itself (an event stream):
 #: the middleware sets the header only on the response a handler returns.
 REQUEST_ID = web.RequestKey("request_id", str)
+
+
 # Cheaper than a uuid4 per request, and still unique across processes.
-_REQUEST_PREFIX = "req-" + os.urandom(6).hex() + "-"
-_request_numbers = itertools.count(1)
+class _RequestIds:
+    """Request ids: a random prefix per process, then a count."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self.prefix = "req-" + os.urandom(6).hex() + "-"
+        self.numbers = itertools.count(1)
+
+
+_ids = _RequestIds()
+# a --workers worker is forked after this module was imported: it takes a
+# prefix of its own, or two workers would hand out the same ids
+os.register_at_fork(after_in_child=_ids.renew)
 #: The routes that count against a project's rate: all of its data (ping,
 #: health, the home and OpenAPI documents, metrics and the console do not).
 RATE_LIMITED_PATHS = ("/v2/queues", "/v2/topics")
 
 
 def new_request_id() -> str:
-    return _REQUEST_PREFIX + str(next(_request_numbers))
+    return _ids.prefix + str(next(_ids.numbers))
 
 
 def http_error_message(exc: BaseException) -> str:
