@@ -22,6 +22,7 @@ from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from tests.test_live import next_event as stream_event
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -166,22 +167,10 @@ async def open_stream(http: Client, headers: Headers, **params: str) -> ClientRe
 
 
 async def next_event(response: ClientResponse, seconds: float = 10) -> dict[str, str]:
-    """The next event's fields (comments and the retry field skipped)."""
-    fields: dict[str, str] = {}
-    async with asyncio.timeout(seconds):
-        while True:
-            line = (await response.content.readline()).decode()
-            if line == "":
-                raise EOFError("the stream ended")
-            line = line.rstrip("\n")
-            if line == "":
-                if fields and "retry" not in fields:
-                    return fields
-                fields = {}
-                continue
-            if not line.startswith(":"):
-                name, _, value = line.partition(":")
-                fields[name] = value.removeprefix(" ")
+    """The next event's fields, the retry field's own block skipped."""
+    while "retry" in (fields := await stream_event(response, seconds)):
+        pass
+    return fields
 
 
 async def test_a_stream_resumed_after_a_gap_sends_a_gap_event_first(
