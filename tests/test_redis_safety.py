@@ -26,7 +26,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -39,8 +39,9 @@ from feedsvc.embedded import EmbeddedRedis
 from feedsvc.errors import RedisMayEvict, RedisOutOfMemory, Unavailable
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage import memory_policy
-from feedsvc.storage.base import NewMessage, Parent
+from feedsvc.storage.base import NewMessage, Parent, StoreCounters
 from feedsvc.storage.drivers import eviction_problems, make_store
+from feedsvc.storage.transport import trouble
 from feedsvc.testing.cluster import LocalCluster
 from feedsvc.testing.sentinel import LocalSentinel
 from tests.conftest import PROCESS_DRIVERS, make_settings
@@ -582,3 +583,34 @@ async def test_a_read_only_replica_is_a_503_for_writes(
             )
             assert resp.status == 503, await resp.text()
             assert int(resp.headers["Retry-After"]) >= 1
+
+
+@pytest.mark.process  # its own redis-server (own_redis)
+async def test_a_transaction_refused_for_memory_at_exec_is_out_of_memory(
+    own_redis: RedisServer,
+) -> None:
+    """Redis 7 refuses a whole MULTI at EXEC when memory ran out after its
+    commands were queued: EXECABORT naming OOM (seen as a 500 from the watch
+    driver at a filling Redis). That is Redis out of memory, a 503, like an
+    OOM reply to a command."""
+    client = redis.Redis(port=own_redis.port)
+    other = redis.Redis(port=own_redis.port)
+    try:
+        conn = client.connection_pool.get_connection()
+        try:
+            conn.send_command("MULTI")  # type: ignore[no-untyped-call]
+            assert conn.read_response() == b"OK"
+            conn.send_command("SET", "exec-oom", "v")  # type: ignore[no-untyped-call]
+            assert conn.read_response() == b"QUEUED"
+            other.config_set("maxmemory", 1)
+            conn.send_command("EXEC")  # type: ignore[no-untyped-call]
+            with pytest.raises(redis.exceptions.ResponseError) as raised:
+                conn.read_response()
+        finally:
+            client.connection_pool.release(conn)
+    finally:
+        other.config_set("maxmemory", 0)
+        client.close()
+        other.close()
+    translated = await trouble(raised.value, cast(Any, None), StoreCounters(), cast(Any, None))
+    assert isinstance(translated, RedisOutOfMemory), (raised.value, translated)

@@ -96,10 +96,13 @@ _TROUBLE = (rexc.RedisError, rexc.RedisClusterException, OSError, RuntimeError)
 
 def _out_of_memory(exc: BaseException) -> bool:
     """Redis's OOM reply: redis-py makes it an OutOfMemoryError and strips the
-    "OOM" from its text, so the prefix test below would miss it."""
-    return isinstance(exc, rexc.OutOfMemoryError) or (
-        isinstance(exc, rexc.ResponseError) and str(exc).startswith("OOM")
-    )
+    "OOM" from its text, so the prefix test below would miss it; and a MULTI
+    that Redis 7 refuses at EXEC for memory (EXECABORT, its reason OOM)."""
+    if isinstance(exc, rexc.OutOfMemoryError):
+        return True
+    if isinstance(exc, rexc.ExecAbortError):
+        return "because of: OOM" in str(exc)
+    return isinstance(exc, rexc.ResponseError) and str(exc).startswith("OOM")
 
 
 def _reads_only(commands: Sequence[Command], idempotent: bool | None) -> bool:
