@@ -24,6 +24,10 @@ CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
 DRIVER_NAMES = ("lua", "watch", "watch-naive")
+#: the largest quota (messages or queues) a flag, the admin API or a queue's
+#: _max_messages may set: far above what one Redis holds, and a count Lua's
+#: doubles keep exact
+MAX_QUOTA = 10**9
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 
@@ -244,6 +248,30 @@ class Settings:
         "commas): tried after the current key to open bodies sealed before a "
         "rotation, never used to seal",
     )
+    _section("quotas and the admin API")
+    project_max_messages: int = _opt(
+        0,
+        "live messages a project may hold across its queues and topics (0: no limit); "
+        "a post over it is 403. The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    project_max_queues: int = _opt(
+        0,
+        "queues and topics a project may have (0: no limit); creating one more is 403. "
+        "The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    admin_token: str | None = _opt(
+        None,
+        "bearer token of the admin API (/v2/admin/...), at least 16 characters; unset = "
+        "no admin API (404). Prefer --admin-token-file or the environment variable: a "
+        "flag shows in ps",
+    )
+    admin_token_file: Path | None = _opt(
+        None, "file whose first line is the admin token (instead of --admin-token)"
+    )
     _section("subscriptions")
     default_subscription_ttl: int = _opt(
         3600, "subscription ttl in seconds when none is given", minimum=60
@@ -379,6 +407,22 @@ class Settings:
             tokens[token] = project
         return tokens
 
+    def admin_secret(self) -> str | None:
+        """The admin API's token (None: no admin API), from the flag or the file."""
+        if self.admin_token_file is not None:
+            try:
+                lines = self.admin_token_file.read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(f"--admin-token-file: cannot read it: {exc}") from None
+            token = lines[0].strip() if lines else ""
+        else:
+            token = self.admin_token or ""
+        if not token:
+            return None
+        if len(token) < 16:
+            raise ValueError("the admin token must be at least 16 characters long")
+        return token
+
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
@@ -407,6 +451,9 @@ def _check(settings: Settings) -> None:
         if any(len(key) < 16 for key in settings.old_encryption_keys()):
             raise ValueError("--message-encryption-old-keys: each key has at least 16 characters")
     settings.auth_tokens()  # fails early on a malformed list
+    if settings.admin_token is not None and settings.admin_token_file is not None:
+        raise ValueError("give --admin-token or --admin-token-file, not both")
+    settings.admin_secret()  # fails early on a short or unreadable token
     settings.worker_count()
     if settings.redis_url is not None and not settings.redis_url.startswith(URL_SCHEMES):
         raise ValueError(

@@ -136,6 +136,7 @@ CLUSTER_SUITES = {
     "test_topics",
     "test_api_subscriptions",
     "test_delivery",
+    "test_quotas",
 }
 
 

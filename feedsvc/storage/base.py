@@ -9,7 +9,7 @@ into the Lua scripts too)::
     fs:p:{P}:queues      zset    the project's queue names, score 0 (lex order)
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
-                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps,
+                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps, mm,
                                  enc ("1": bodies are posted sealed)
     Q:seq                string  last sequence number given to a message; starts
                                  at the creation time in microseconds, so a
@@ -73,6 +73,8 @@ RESERVED_FIELDS = {
     "_default_message_ttl": "dttl",
     "_default_message_delay": "ddelay",
     "_max_messages_post_size": "mps",
+    # live messages the queue may hold (a quota: a post over it is 403)
+    "_max_messages": "mm",
     "_max_claim_count": "mcc",
     "_dead_letter_queue": "dlq",
     "_dead_letter_queue_messages_ttl": "dlqttl",

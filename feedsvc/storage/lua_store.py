@@ -35,6 +35,7 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import RedisStore, idempotency_token, marker_not_given_out
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC, MustSeal
@@ -110,6 +111,7 @@ class LuaStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
+        await self._quotas.admit(project, self._kind, queue, 0)
         script = load_script("create_queue")
         fixed = keys.fixed()
         args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
@@ -143,6 +145,7 @@ class LuaStore(RedisStore):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
         script = load_script("post")
         ids = [new_id() for _ in messages]
@@ -158,6 +161,7 @@ class LuaStore(RedisStore):
         ]
         args.append(settings.idempotency_window * 1000)
         args.append(_flag(sealed))
+        args.append(held.member if held is not None and held.in_script else "")
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             # Until the script sets the exact expiry, a body that never gets
@@ -170,6 +174,8 @@ class LuaStore(RedisStore):
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
             ]
+        if held is not None and held.in_script:
+            all_keys.append(held.key)
         commands.append(("ZADD", self._registry(project), 0, queue))
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
         replies = await self._transport.call(commands)
@@ -190,6 +196,8 @@ class LuaStore(RedisStore):
             raise MustSeal
         if seqs and seqs[0] == b"toolarge":
             raise self._too_large(queue, seqs[1])
+        if seqs and seqs[0] == b"full":
+            raise self._full(queue, seqs[1])
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids

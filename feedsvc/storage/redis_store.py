@@ -22,7 +22,7 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueNotFound
+from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueFull, QueueNotFound
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -44,7 +44,8 @@ from feedsvc.storage.base import (
 from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
-from feedsvc.storage.keys import KINDS, QueueKeys
+from feedsvc.storage.keys import KINDS, Kind, QueueKeys, registry_key
+from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
@@ -101,6 +102,7 @@ class RedisStore(ClaimUpkeep):
             for kind, build in builders.items()
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
+        self._quotas = ProjectQuotas(transport, settings, clock)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -118,6 +120,11 @@ class RedisStore(ClaimUpkeep):
         """The subscriptions of this store's kind of feed (queues, or topics on
         the topic view)."""
         return self._subscriptions[self._kind]
+
+    @property
+    def quotas(self) -> ProjectQuotas:
+        """The project quotas and limits (both kinds of feed count together)."""
+        return self._quotas
 
     @property
     def deliveries(self) -> RedisDeliveries:
@@ -149,13 +156,14 @@ class RedisStore(ClaimUpkeep):
         """How many index entries a claim or pop may look at to find free messages."""
         return self._settings.scan_limit * 10
 
-    async def _registry_add(self, project: str, queue: str) -> Command:
+    async def _registry_add(self, project: str, queue: str, kind: Kind | None = None) -> Command:
         """List the queue in its project's registry, as the first read of a
         transaction on the queue's slot: on one server the ZADD rides along
         with those reads; on a cluster the registry lives in another slot, so
         it is sent by itself first and a PING keeps its place among the reads.
         """
-        add: Command = ("ZADD", self._registry(project), 0, queue)
+        registry = self._registry(project) if kind is None else registry_key(project, kind)
+        add: Command = ("ZADD", registry, 0, queue)
         if not self._transport.cluster:
             return add
         await self._transport.call_checked([add])
@@ -281,19 +289,34 @@ class RedisStore(ClaimUpkeep):
         """
         keys = self._keys(project, queue)
         sealed = await self._seals(keys)
-        for _ in range(2):
-            batch = [
-                dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
-                for m in messages
-            ]
-            try:
-                return await self._post(
-                    keys, project, queue, client_id, batch, request_size, idempotency_key, sealed
-                )
-            except MustSeal:
-                self._learn_sealing(keys, True)
-                sealed = True
-        raise AssertionError("a post of sealed bodies cannot need sealing")
+        held = await self._quotas.admit(project, self._kind, queue, len(messages))
+        posted = False
+        try:
+            for _ in range(2):
+                batch = [
+                    dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
+                    for m in messages
+                ]
+                try:
+                    ids = await self._post(
+                        keys,
+                        project,
+                        queue,
+                        client_id,
+                        batch,
+                        request_size,
+                        idempotency_key,
+                        sealed,
+                        held,
+                    )
+                    posted = True
+                    return ids
+                except MustSeal:
+                    self._learn_sealing(keys, True)
+                    sealed = True
+            raise AssertionError("a post of sealed bodies cannot need sealing")
+        finally:
+            await self._quotas.release(held, posted)
 
     async def _post(
         self,
@@ -305,14 +328,24 @@ class RedisStore(ClaimUpkeep):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
         """The driver's post (keys: the queue's, which the caller has made);
-        MustSeal if the queue is encrypted and not sealed."""
+        MustSeal if the queue is encrypted and not sealed. held: the room the
+        post holds under its project's quota, which the post lets go of as
+        it indexes when ``held.in_script``."""
         raise NotImplementedError
 
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
         """A post over the queue's own _max_messages_post_size (limit, as read)."""
         return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
+
+    def _full(self, queue: str, limit: bytes) -> QueueFull:
+        """A post that would take the queue over its own _max_messages (limit, as read)."""
+        return QueueFull(
+            f"{self._noun} {queue} holds at most {int(limit)} live messages "
+            "(its _max_messages); delete or consume some, or wait for them to expire."
+        )
 
     async def _seals(self, keys: QueueKeys) -> bool:
         now = self._clock.now_ms()

@@ -48,6 +48,7 @@ from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
     PostTooLarge,
+    QueueFull,
     StorageUnavailable,
     TooMuchContention,
     Unavailable,
@@ -65,8 +66,9 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.keys import Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
@@ -101,6 +103,12 @@ class Posting:
     request_size: int
     token: str | None  # idempotency token
     sealed: bool
+    #: the room it holds under its project's quota, let go of in the
+    #: indexing transaction when ``held.in_script``
+    held: Reservation | None = None
+    #: what the feed is: the combiner that indexes it is the queue store's,
+    #: shared by the topic view, so the posting says where to list the feed
+    kind: Kind = "queue"
 
     @classmethod
     def make(
@@ -113,10 +121,14 @@ class Posting:
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
+        kind: Kind = "queue",
     ) -> Posting:
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
         ids = [new_id() for _ in messages]
-        return cls(project, queue, keys, client_id, messages, ids, request_size, token, sealed)
+        return cls(
+            project, queue, keys, client_id, messages, ids, request_size, token, sealed, held, kind
+        )
 
 
 def _replayed(seen: Any, now: int) -> list[str] | None:
@@ -148,19 +160,20 @@ def _post_plan(
     settings: Settings,
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
+    full: Callable[[str, bytes], QueueFull],
 ) -> Plan[list[Outcome]]:
     """The indexing transaction of postings to one queue (see WatchStore._index),
     each checked on its own: a refused one does not stop the others."""
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
-        seen = dict(zip(tokens, replies[5 : 5 + len(tokens)], strict=True))
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live = replies[:6]
+        seen = dict(zip(tokens, replies[6 : 6 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
             forget = [
                 field
-                for field, value in r.pairs(replies[5 + len(tokens)])
+                for field, value in r.pairs(replies[6 + len(tokens)])
                 if int(r.text(value).split()[0]) <= now
             ]
         if not inside and replies[-1] != sum(len(p.ids) for p in postings):
@@ -188,7 +201,10 @@ def _post_plan(
                         continue
                 if mps is not None and posting.request_size > int(mps):
                     raise too_large(posting.queue, mps)
-            except (MustSeal, PostTooLarge) as refused:
+                # live counts only live messages (the read is ZCOUNT from now)
+                if most is not None and live + len(posting.ids) > int(most):
+                    raise full(posting.queue, most)
+            except (MustSeal, PostTooLarge, QueueFull) as refused:
                 outcomes.append(refused)
                 unused += posting.ids
                 continue
@@ -209,6 +225,7 @@ def _post_plan(
                 writes.append(("HSET", keys.idempotency, token, f"{until} {' '.join(posting.ids)}"))
                 this_batch[token] = posting.ids
             outcomes.append(posting.ids)
+            live += len(posting.ids)
         indexed = any(o is p.ids for o, p in zip(outcomes, postings, strict=True))
         if not indexed and not (unused and not inside):
             return None, outcomes  # nothing to index, nothing to take back
@@ -216,6 +233,11 @@ def _post_plan(
             writes.append(("SET", keys.seq, seq))
             # in the transaction: followers hear of it exactly when it is visible
             writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
+        # the room the postings held under their project's quota: what was
+        # indexed now counts as live, what was refused not at all
+        writes += [
+            ("ZREM", p.held.key, p.held.member) for p in postings if p.held and p.held.in_script
+        ]
         if forget:
             writes.append(("HDEL", keys.idempotency, *forget))
         if unused and not inside:
@@ -250,6 +272,7 @@ class WatchStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
+        await self._quotas.admit(project, self._kind, queue, 0)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
@@ -302,9 +325,19 @@ class WatchStore(RedisStore):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
         posting = Posting.make(
-            keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
+            keys,
+            project,
+            queue,
+            client_id,
+            messages,
+            request_size,
+            idempotency_key,
+            sealed,
+            held,
+            self._kind,
         )
         return await self._post_one(posting)
 
@@ -329,14 +362,18 @@ class WatchStore(RedisStore):
         before = [] if inside else [c for p in postings for c in _body_commands(p, settings)]
         tokens = [p.token for p in postings if p.token is not None]
 
-        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large)
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, self._full)
 
         reads: list[Command] = [
-            await self._registry_add(first.project, first.queue),
+            await self._registry_add(first.project, first.queue, first.kind),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, *r.POST_SETTINGS),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
+            # the queue's live messages (its _max_messages): every post changes
+            # keys.seq, which is watched, so the count cannot change unseen but
+            # downwards (a delete, a pop: then a refusal is merely cautious)
+            ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
