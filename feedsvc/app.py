@@ -18,6 +18,7 @@ from feedsvc.api.metrics import setup_metrics
 from feedsvc.api.middleware import request_middleware
 from feedsvc.api.routes import add_routes
 from feedsvc.appkeys import (
+    ADMIN_TOKEN,
     AUTH_TOKENS,
     CLOCK,
     COUNTED_ERRORS,
@@ -105,6 +106,7 @@ def create_app(
     app[COUNTED_ERRORS] = _counted_errors(clock)
     app.on_cleanup.append(_tell_counted_errors)
     app[AUTH_TOKENS] = settings.auth_tokens()
+    app[ADMIN_TOKEN] = settings.admin_secret()
     if embedded_redis is not None:
         app[EMBEDDED_REDIS] = embedded_redis
     setup_metrics(app)

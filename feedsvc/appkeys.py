@@ -38,6 +38,8 @@ TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
 DELIVERIES = web.AppKey("deliveries", Deliverer)
 #: Bearer token -> project (``--auth-token``); empty means no authentication.
 AUTH_TOKENS: web.AppKey[dict[str, str]] = web.AppKey("auth_tokens")
+#: The admin API's bearer token (``--admin-token``); None: no admin API (404).
+ADMIN_TOKEN: web.AppKey[str | None] = web.AppKey("admin_token")
 #: This app's own Prometheus registry (several apps in one process do not collide).
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)

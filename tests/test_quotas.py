@@ -212,3 +212,102 @@ async def test_concurrent_creates_at_the_queue_quota_admit_exactly_the_quota(
     creates = [quota_http.put(f"/v2/queues/n{i}", headers=headers) for i in range(12)]
     statuses = sorted(resp.status for resp in await asyncio.gather(*creates))
     assert statuses == [201] * 3 + [403] * 9
+
+
+ADMIN_TOKEN = "admin-" + "x" * 20
+
+
+@pytest.fixture
+async def admin_http(redis_url: str, driver: str, clock: ManualClock) -> AsyncIterator[Client]:
+    """The API with an admin token and no quota by default."""
+    settings = make_settings(redis_url, driver=driver, admin_token=ADMIN_TOKEN)
+    async with TestClient(TestServer(create_app(settings, clock))) as client:
+        yield client
+
+
+def as_admin(token: str = ADMIN_TOKEN) -> Headers:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_the_admin_sets_reads_and_resets_a_project_quota(
+    admin_http: Client, headers: Headers
+) -> None:
+    http, project = admin_http, headers["X-Project-ID"]
+    limits = f"/v2/admin/projects/{project}/limits"
+    assert (await http.post("/v2/queues/a/messages", headers=headers, json=batch(3))).status == 201
+    resp = await http.put(limits, headers=as_admin(), json={"max_messages": 4, "rate": 2.5})
+    assert resp.status == 200
+    document = await resp.json()
+    assert document["limits"] == {"max_messages": 4, "max_queues": None, "rate": 2.5, "burst": None}
+    assert document["effective"] == {"max_messages": 4, "max_queues": 0}
+    assert (await (await http.get(limits, headers=as_admin())).json()) == document
+    assert (await http.post("/v2/queues/b/messages", headers=headers, json=batch(2))).status == 403
+    assert (await http.post("/v2/topics/t/messages", headers=headers, json=batch(1))).status == 201
+    resp = await http.get(f"/v2/admin/projects/{project}/usage", headers=as_admin())
+    assert resp.status == 200
+    usage = await resp.json()
+    assert (usage["messages"], usage["queues"], usage["topics"]) == (4, 1, 1)
+    assert usage["in_flight"] == 0
+    assert usage["limits"]["max_messages"] == 4
+    # null puts one limit back to the default; DELETE all of them
+    resp = await http.put(limits, headers=as_admin(), json={"max_messages": None})
+    assert (await resp.json())["limits"]["rate"] == 2.5
+    assert (await http.post("/v2/queues/b/messages", headers=headers, json=batch(2))).status == 201
+    await http.put(limits, headers=as_admin(), json={"max_queues": 2})
+    resp = await http.put("/v2/queues/c", headers=headers)
+    assert (resp.status, (await resp.json())["title"]) == (403, "Quota exceeded: max_queues")
+    assert (await http.delete(limits, headers=as_admin())).status == 204
+    assert (await (await http.get(limits, headers=as_admin())).json())["limits"]["rate"] is None
+    assert (await http.put("/v2/queues/c", headers=headers)).status == 201
+
+
+async def test_only_the_admin_reaches_the_admin_api(admin_http: Client, headers: Headers) -> None:
+    http, project = admin_http, headers["X-Project-ID"]
+    routes = [
+        ("GET", "limits", None),
+        ("PUT", "limits", {"max_messages": 1}),
+        ("DELETE", "limits", None),
+        ("GET", "usage", None),
+    ]
+    callers: list[Headers] = [headers, {**headers, **as_admin("admin-" + "y" * 20)}]
+    callers.append({"Authorization": "Basic " + ADMIN_TOKEN})
+    for method, path, body in routes:
+        for caller in callers:
+            url = f"/v2/admin/projects/{project}/{path}"
+            resp = await http.request(method, url, headers=caller, json=body)
+            assert resp.status == 403, (method, path, caller)
+            assert set(await resp.json()) == {"title", "description"}
+    resp = await http.get(f"/v2/admin/projects/{project}/limits", headers=as_admin())
+    assert (await resp.json())["limits"]["max_messages"] is None
+
+
+async def test_without_an_admin_token_there_is_no_admin_api(http: Client, headers: Headers) -> None:
+    resp = await http.get("/v2/admin/projects/p/limits", headers=as_admin())
+    assert resp.status == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"max_messages": -1},
+        {"max_messages": 10**10},
+        {"max_messages": "5"},
+        {"max_queues": 1.5},
+        {"rate": 0},
+        {"rate": True},
+        {"burst": 0},
+        {"colour": 1},
+        {},
+        [],
+    ],
+)
+async def test_bad_limits_are_400_and_change_nothing(
+    admin_http: Client, headers: Headers, body: Any
+) -> None:
+    limits = f"/v2/admin/projects/{headers['X-Project-ID']}/limits"
+    await admin_http.put(limits, headers=as_admin(), json={"max_messages": 7})
+    resp = await admin_http.put(limits, headers=as_admin(), json=body)
+    assert resp.status == 400
+    assert set(await resp.json()) == {"title", "description"}
+    document = await (await admin_http.get(limits, headers=as_admin())).json()
+    assert document["limits"]["max_messages"] == 7

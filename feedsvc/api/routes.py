@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from feedsvc.api import console, metrics, openapi, signed_urls, streams
+from feedsvc.api import admin, console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
 
@@ -13,6 +13,8 @@ QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
 # without claims or share, as in Zaqar.
 TOPIC = "/v2/topics/{topic}"
+# The operator's routes (feedsvc.api.admin), behind the admin token.
+ADMIN = "/v2/admin/projects/{project}"
 
 # What queues and topics both answer, below their own path.
 # aiohttp finds a path's resource by trying, in the order they were added,
@@ -57,6 +59,10 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
     *[(method, TOPIC + path, handler) for method, path, handler in FEED],
     ("GET", "/v2/topics", h.list_queues),
+    ("GET", ADMIN + "/limits", admin.get_project_limits),
+    ("PUT", ADMIN + "/limits", admin.put_project_limits),
+    ("DELETE", ADMIN + "/limits", admin.delete_project_limits),
+    ("GET", ADMIN + "/usage", admin.get_project_usage),
 ]
 
 

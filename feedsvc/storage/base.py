@@ -65,7 +65,10 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from feedsvc.storage.quotas import ProjectQuotas
 
 # Reserved queue metadata that storage honours, and the plain field of Q:q
 # that carries each (so scripts need not decode the metadata JSON).
@@ -449,6 +452,11 @@ class FeedStore(Protocol):
 
     @property
     def counters(self) -> StoreCounters: ...
+
+    @property
+    def quotas(self) -> ProjectQuotas:
+        """The project quotas and limits (admission, and the admin API's storage)."""
+        ...
 
     async def open(self) -> None:
         """Get ready to serve (the lua driver loads its scripts). Redis being
