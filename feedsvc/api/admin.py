@@ -24,13 +24,13 @@ from feedsvc.api.validation import MAX_PROJECT_LENGTH
 from feedsvc.appkeys import ADMIN_TOKEN, STORE
 from feedsvc.config import MAX_QUOTA
 from feedsvc.errors import BadRequest, Forbidden, NotFound
-from feedsvc.storage.quotas import LIMIT_FIELDS, ProjectQuotas
+from feedsvc.storage.base import LIMIT_FIELDS, ProjectLimits
 
 #: The largest rate (requests a second) and burst a project may be given.
 MAX_RATE = 1_000_000
 
 
-def _admitted(request: web.Request) -> tuple[ProjectQuotas, str]:
+def _admitted(request: web.Request) -> tuple[ProjectLimits, str]:
     """The quotas store and the project named in the path, for the admin only."""
     secret = request.app[ADMIN_TOKEN]
     if secret is None:
@@ -64,7 +64,7 @@ def _limit(name: str, value: Any) -> int | float | None:
     return value
 
 
-async def _limits_document(quotas: ProjectQuotas, project: str) -> dict[str, Any]:
+async def _limits_document(quotas: ProjectLimits, project: str) -> dict[str, Any]:
     own = await quotas.limits(project)
     defaults = quotas.defaults()
     effective = {name: own[name] if own[name] is not None else defaults[name] for name in defaults}

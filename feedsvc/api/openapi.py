@@ -23,9 +23,10 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
+from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
-from feedsvc.config import DRIVER_NAMES, Settings
+from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
 from feedsvc.storage.base import RESERVED_FIELDS
 
 OPENAPI_VERSION = "3.1.0"
@@ -208,6 +209,14 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "maximum": s.max_message_ttl,
                 },
                 "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+                "_max_messages": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_QUOTA,
+                    "description": "The most live messages the queue may hold: a post "
+                    "that would take it over is 403 (title 'Quota exceeded: "
+                    "_max_messages') and stores nothing. Not shown unless set.",
+                },
                 "_retry_policy": {
                     "anyOf": [_schema("RetryPolicy"), {"type": "null"}],
                     "description": "The default retry policy of the queue's subscriptions.",
@@ -226,7 +235,8 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         },
         "QueueMetadataShown": {
             "allOf": [_schema("QueueMetadata")],
-            "required": list(RESERVED_FIELDS),
+            # _max_messages is shown only when set (Zaqar has no such field)
+            "required": [name for name in RESERVED_FIELDS if name != "_max_messages"],
         },
         "QueueList": _obj(
             {
@@ -493,6 +503,13 @@ def _responses(s: Settings) -> dict[str, Schema]:
             "X-Project-ID header, a bad queue name, parameter or body."
         ),
         "Forbidden": error("The message is claimed and no claim_id was given."),
+        "OverQuota": error(
+            "The post (or the queue's creation) would take the queue or its project over "
+            "a quota; nothing of it is stored. The title names the quota: 'Quota "
+            "exceeded: _max_messages' (the queue's live messages), 'Quota exceeded: "
+            "max_messages' (the project's live messages across its queues and topics) "
+            "or 'Quota exceeded: max_queues' (the project's queues and topics)."
+        ),
         "NotFound": error("No such resource (in this project and queue)."),
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
@@ -791,6 +808,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 {
                     "201": _response("Created.", headers=LOCATION),
                     "204": _response("It already existed.", headers=LOCATION),
+                    "403": _ref("responses", "OverQuota"),
                     **_errors(),
                 },
                 parameters=_common("Queue"),
@@ -854,6 +872,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 "Post messages (the queue is created on first post)",
                 {
                     "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
+                    "403": _ref("responses", "OverQuota"),
                     **_errors(),
                 },
                 parameters=_common("Queue", "IdempotencyKey"),
@@ -1001,13 +1020,15 @@ def _require_tokens(document: dict[str, Any]) -> None:
     """With --auth-token: the data routes need a bearer token (else 401), and the
     project is the token's, so X-Project-ID is not needed there."""
     components = document["components"]
-    components["securitySchemes"] = {
-        "bearer": {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "A token given to --auth-token; it names the project.",
+    components.setdefault("securitySchemes", {}).update(
+        {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "A token given to --auth-token; it names the project.",
+            }
         }
-    }
+    )
     components["responses"]["Unauthorized"] = _response(
         "No known bearer token.",
         _schema("Error"),
@@ -1015,8 +1036,8 @@ def _require_tokens(document: dict[str, Any]) -> None:
     )
     project = _ref("parameters", "ProjectId")
     for path, item in document["paths"].items():
-        if path in UNAUTHENTICATED:
-            continue
+        if path in UNAUTHENTICATED or path.startswith(ADMIN_PREFIX):
+            continue  # the admin routes take the admin token (openapi_admin.py)
         for operation in item.values():
             operation["security"] = [{"bearer": []}]
             operation["responses"]["401"] = _ref("responses", "Unauthorized")
@@ -1213,6 +1234,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         },
     }
     add_subscriptions(document, settings)
+    add_admin(document)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
     _signed_urls(document)
     if settings.auth_tokens():

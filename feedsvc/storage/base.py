@@ -65,10 +65,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from feedsvc.storage.quotas import ProjectQuotas
+from typing import Any, Protocol
 
 # Reserved queue metadata that storage honours, and the plain field of Q:q
 # that carries each (so scripts need not decode the metadata JSON).
@@ -441,6 +438,33 @@ class Follow(Protocol):
         ...
 
 
+#: The fields of a project's limits (``keys.project_limits_key``): its
+#: quotas, then the rate limiter's rate and burst.
+LIMIT_FIELDS = ("max_messages", "max_queues", "rate", "burst")
+
+
+class ProjectLimits(Protocol):
+    """What the admin API needs of a project's limits (``quotas.ProjectQuotas``)."""
+
+    def defaults(self) -> dict[str, int]:
+        """The service's quotas (0: none), by field."""
+        ...
+
+    async def limits(self, project: str) -> dict[str, int | float | None]:
+        """The project's own limits by LIMIT_FIELDS (None: the default applies)."""
+        ...
+
+    async def set_limits(self, project: str, values: dict[str, int | float | None]) -> None:
+        """Set the limits given (None: back to the default), in one step."""
+        ...
+
+    async def reset(self, project: str) -> None: ...
+
+    async def usage(self, project: str) -> dict[str, int]:
+        """Live messages, queues, topics and messages in flight of the project."""
+        ...
+
+
 class FeedStore(Protocol):
     """What the HTTP layer needs from storage. Both drivers implement it.
 
@@ -454,8 +478,8 @@ class FeedStore(Protocol):
     def counters(self) -> StoreCounters: ...
 
     @property
-    def quotas(self) -> ProjectQuotas:
-        """The project quotas and limits (admission, and the admin API's storage)."""
+    def quotas(self) -> ProjectLimits:
+        """The project quotas and limits (see ``feedsvc.storage.quotas``)."""
         ...
 
     async def open(self) -> None:

@@ -31,7 +31,7 @@ from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.errors import ProjectMessagesFull, ProjectQueuesFull, StorageUnavailable
 from feedsvc.storage import record as r
-from feedsvc.storage.base import new_id
+from feedsvc.storage.base import LIMIT_FIELDS, new_id
 from feedsvc.storage.keys import (
     KINDS,
     Kind,
@@ -43,10 +43,6 @@ from feedsvc.storage.keys import (
 from feedsvc.storage.scripts import load_script
 from feedsvc.storage.transport import Transport
 
-#: The fields of a project's limits hash, and what a quota field means.
-QUOTA_FIELDS = ("max_messages", "max_queues")
-RATE_FIELDS = ("rate", "burst")
-LIMIT_FIELDS = QUOTA_FIELDS + RATE_FIELDS
 #: How long (ms) a post's reservation holds room at most: a process that
 #: dies mid-post leaks that room for this long, no longer.
 HOLD_MS = 60_000
