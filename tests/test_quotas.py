@@ -9,15 +9,21 @@ every driver, on one server and on the Redis Cluster (CLUSTER_SUITES).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
+from feedsvc.redis_server import RedisServer
+from feedsvc.testing import ServiceProcess
 from tests.conftest import make_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -95,6 +101,34 @@ async def test_delete_pop_and_expiry_give_the_queue_its_room_back(
     # purge gives all of it back
     assert (await http.post("/v2/queues/q/purge", headers=headers)).status == 204
     assert (await http.post("/v2/queues/q/messages", headers=headers, json=batch(3))).status == 201
+
+
+async def test_dead_lettering_gives_the_queue_its_room_back(http: Client, headers: Headers) -> None:
+    """A move to the dead-letter queue frees the room (and is never refused:
+    the dead-letter queue takes it whatever its own cap)."""
+    metadata = {"_max_messages": 1, "_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+    assert (await http.put("/v2/queues/work", headers=headers, json=metadata)).status == 201
+    await capped(http, headers, "dlq", 1)
+    assert (
+        await http.post("/v2/queues/dlq/messages", headers=headers, json=batch(1))
+    ).status == 201
+    resp = await http.post("/v2/queues/work/messages", headers=headers, json=batch(1))
+    assert resp.status == 201
+    assert (
+        await http.post("/v2/queues/work/messages", headers=headers, json=batch(1))
+    ).status == 403
+    claims = "/v2/queues/work/claims"
+    resp = await http.post(claims, headers=headers, json={"ttl": 60, "grace": 60})
+    assert resp.status == 201
+    claim_href = resp.headers["Location"]
+    assert (await http.delete(claim_href, headers=headers)).status == 204
+    # claimed once already: this claim moves it to dlq and finds nothing else
+    resp = await http.post(claims, headers=headers, json={"ttl": 60, "grace": 60})
+    assert resp.status == 204
+    assert await live(http, headers, "dlq") == 2
+    assert (
+        await http.post("/v2/queues/work/messages", headers=headers, json=batch(1))
+    ).status == 201
 
 
 async def test_max_messages_is_bounded(http: Client, headers: Headers) -> None:
@@ -311,3 +345,53 @@ async def test_bad_limits_are_400_and_change_nothing(
     assert set(await resp.json()) == {"title", "description"}
     document = await (await admin_http.get(limits, headers=as_admin())).json()
     assert document["limits"]["max_messages"] == 7
+
+
+def test_the_admin_token_comes_from_a_flag_or_a_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    assert Settings(admin_token_file=token_file).admin_secret() == ADMIN_TOKEN
+    assert Settings(admin_token=ADMIN_TOKEN).admin_secret() == ADMIN_TOKEN
+    assert Settings().admin_secret() is None
+    with pytest.raises(ValueError, match="not both"):
+        Settings(admin_token=ADMIN_TOKEN, admin_token_file=token_file)
+    with pytest.raises(ValueError, match="16 characters"):
+        Settings(admin_token="short")
+    with pytest.raises(ValueError, match="cannot read"):
+        Settings(admin_token_file=tmp_path / "missing")
+    for flag in ("project_max_messages", "project_max_queues"):
+        for bad in (-1, 10**9 + 1):
+            with pytest.raises(ValueError):
+                Settings().replace(**{flag: bad})
+
+
+@pytest.mark.process  # feedsvc serve
+async def test_a_served_process_keeps_the_quotas_and_its_admin_token_file(
+    redis_server: RedisServer, driver: str, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    args = ["--redis-url", redis_server.url, "--driver", driver, "--project-max-queues", "1"]
+    args += ["--admin-token-file", str(token_file)]
+    env = {"FEEDSVC_PROJECT_MAX_MESSAGES": "2"}
+    headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "p-" + uuid.uuid4().hex}
+    with ServiceProcess(*args, env=env) as svc:
+        async with aiohttp.ClientSession(svc.url) as http:
+            resp = await http.post("/v2/queues/a/messages", headers=headers, json=batch(3))
+            assert (resp.status, (await resp.json())["title"]) == (
+                403,
+                "Quota exceeded: max_messages",
+            )
+            resp = await http.post("/v2/queues/a/messages", headers=headers, json=batch(2))
+            assert resp.status == 201
+            resp = await http.put("/v2/queues/b", headers=headers)
+            assert (resp.status, (await resp.json())["title"]) == (
+                403,
+                "Quota exceeded: max_queues",
+            )
+            usage = f"/v2/admin/projects/{headers['X-Project-ID']}/usage"
+            assert (await http.get(usage, headers=headers)).status == 403
+            resp = await http.get(usage, headers=as_admin())
+            document = await resp.json()
+            assert (document["messages"], document["queues"]) == (2, 1)
+            assert document["limits"] == {"max_messages": 2, "max_queues": 1}
