@@ -220,6 +220,24 @@ async def test_everything_that_takes_messages_away_gives_the_project_room_back(
     assert await fits(10) and not await fits(1)
 
 
+async def test_a_retried_post_at_a_full_project_gets_its_first_answer(
+    quota_http: Client, headers: Headers
+) -> None:
+    """The retry of a stored post (same Idempotency-Key) is answered as the
+    first was, not 403: its messages are the ones filling the project."""
+    keyed = {**headers, "Idempotency-Key": "order-42"}
+    first = await quota_http.post("/v2/queues/a/messages", headers=keyed, json=batch(10))
+    assert first.status == 201
+    again = await quota_http.post("/v2/queues/a/messages", headers=keyed, json=batch(10))
+    assert again.status == 201
+    assert (await again.json()) == (await first.json())
+    assert await live(quota_http, headers, "a") == 10
+    other = {**headers, "Idempotency-Key": "order-43"}
+    assert (
+        await quota_http.post("/v2/queues/a/messages", headers=other, json=batch(1))
+    ).status == 403
+
+
 async def test_project_queue_quota(quota_http: Client, headers: Headers) -> None:
     http = quota_http
     assert (await http.put("/v2/queues/a", headers=headers)).status == 201

@@ -22,7 +22,13 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueFull, QueueNotFound
+from feedsvc.errors import (
+    MarkerNotGivenOut,
+    PostTooLarge,
+    ProjectMessagesFull,
+    QueueFull,
+    QueueNotFound,
+)
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
@@ -289,34 +295,54 @@ class RedisStore(ClaimUpkeep):
         """
         keys = self._keys(project, queue)
         sealed = await self._seals(keys)
-        held = await self._quotas.admit(project, self._kind, queue, len(messages))
-        posted = False
-        try:
-            for _ in range(2):
-                batch = [
-                    dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
-                    for m in messages
-                ]
-                try:
-                    ids = await self._post(
-                        keys,
-                        project,
-                        queue,
-                        client_id,
-                        batch,
-                        request_size,
-                        idempotency_key,
-                        sealed,
-                        held,
-                    )
-                    posted = True
-                    return ids
-                except MustSeal:
-                    self._learn_sealing(keys, True)
-                    sealed = True
-            raise AssertionError("a post of sealed bodies cannot need sealing")
-        finally:
-            await self._quotas.release(held, posted)
+        for _ in range(2):
+            batch = [
+                dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
+                for m in messages
+            ]
+            try:
+                held = await self._quotas.admit(project, self._kind, queue, len(messages))
+            except ProjectMessagesFull:
+                # the retry of a post that was stored is answered as the first
+                first = await self._replay(keys, client_id, idempotency_key)
+                if first is None:
+                    raise
+                return first
+            posted = False
+            try:
+                ids = await self._post(
+                    keys,
+                    project,
+                    queue,
+                    client_id,
+                    batch,
+                    request_size,
+                    idempotency_key,
+                    sealed,
+                    held,
+                )
+                posted = True
+                return ids
+            except MustSeal:
+                # nothing was indexed and the hold is gone: admitted again
+                self._learn_sealing(keys, True)
+                sealed = True
+            finally:
+                await self._quotas.release(held, posted)
+        raise AssertionError("a post of sealed bodies cannot need sealing")
+
+    async def _replay(
+        self, keys: QueueKeys, client_id: str, idempotency_key: str | None
+    ) -> list[str] | None:
+        """The ids a post with this Idempotency-Key got, if still in its window."""
+        if idempotency_key is None:
+            return None
+        token = idempotency_token(client_id, idempotency_key)
+        [seen] = await self._transport.call_checked([("HGET", keys.idempotency, token)])
+        if seen is None:
+            return None
+        until, *ids = r.text(seen).split()
+        return ids if int(until) > self._clock.now_ms() else None
 
     async def _post(
         self,
