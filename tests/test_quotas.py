@@ -24,6 +24,7 @@ from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.redis_server import RedisServer
 from feedsvc.testing import ServiceProcess
+from feedsvc.testing.sentinel import LocalSentinel
 from tests.conftest import make_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -413,3 +414,25 @@ async def test_a_served_process_keeps_the_quotas_and_its_admin_token_file(
             document = await resp.json()
             assert (document["messages"], document["queues"]) == (2, 1)
             assert document["limits"] == {"max_messages": 2, "max_queues": 1}
+
+
+@pytest.mark.process  # a master, a replica and a sentinel of its own
+async def test_concurrent_posts_on_sentinel_admit_exactly_the_project_quota(
+    driver: str, tmp_path: Path
+) -> None:
+    """Sentinel hands out one server: the count is exact there as well."""
+    setup = LocalSentinel(tmp_path)
+    try:
+        setup.start()
+        settings = make_settings(setup.url, driver=driver, project_max_messages=10)
+        headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "p-" + uuid.uuid4().hex}
+        async with TestClient(TestServer(create_app(settings))) as http:
+            posts = [
+                http.post(f"/v2/queues/q{i % 3}/messages", headers=headers, json=batch(1))
+                for i in range(20)
+            ]
+            statuses = sorted(resp.status for resp in await asyncio.gather(*posts))
+            assert statuses == [201] * 10 + [403] * 10
+            assert sum([await live(http, headers, f"q{i}") for i in range(3)]) == 10
+    finally:
+        setup.stop()
