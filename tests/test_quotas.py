@@ -22,7 +22,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
+from feedsvc.errors import ProjectMessagesFull
 from feedsvc.redis_server import RedisServer
+from feedsvc.storage.base import NewMessage
+from feedsvc.storage.drivers import make_store
+from feedsvc.storage.quotas import HOLD_MS
+from feedsvc.storage.redis_store import RedisStore
 from feedsvc.testing import ServiceProcess
 from feedsvc.testing.sentinel import LocalSentinel
 from tests.conftest import make_settings
@@ -436,3 +441,24 @@ async def test_concurrent_posts_on_sentinel_admit_exactly_the_project_quota(
             assert sum([await live(http, headers, f"q{i}") for i in range(3)]) == 10
     finally:
         setup.stop()
+
+
+async def test_the_hold_of_a_post_that_never_came_lapses(
+    redis_url: str, driver: str, clock: ManualClock, project: str
+) -> None:
+    """A process that dies between admission and its post leaks the post's
+    room for HOLD_MS at most (the clock moves instead of sleeping)."""
+    settings = make_settings(redis_url, driver=driver, project_max_messages=3)
+    store = make_store(settings, clock)
+    await store.open()
+    try:
+        assert isinstance(store, RedisStore)
+        assert await store.quotas.admit(project, "queue", "q", 2) is not None  # and no post
+        with pytest.raises(ProjectMessagesFull):
+            await store.post_messages(project, "q", str(uuid.uuid4()), [NewMessage(b"1")] * 2)
+        assert (await store.quotas.usage(project))["in_flight"] == 2
+        clock.advance(HOLD_MS / 1000 + 1)
+        assert (await store.quotas.usage(project))["in_flight"] == 0
+        await store.post_messages(project, "q", str(uuid.uuid4()), [NewMessage(b"1")] * 3)
+    finally:
+        await store.close()
