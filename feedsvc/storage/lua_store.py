@@ -36,7 +36,12 @@ from feedsvc.storage.base import (
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.quotas import Reservation
-from feedsvc.storage.redis_store import RedisStore, idempotency_token, marker_not_given_out
+from feedsvc.storage.redis_store import (
+    RedisStore,
+    idempotency_token,
+    marker_not_given_out,
+    queue_full,
+)
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC, MustSeal
 
@@ -111,7 +116,7 @@ class LuaStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
-        await self._quotas.admit(project, self._kind, queue, 0)
+        await self.quotas.admit(project, self._kind, queue, 0)
         script = load_script("create_queue")
         fixed = keys.fixed()
         args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
@@ -197,7 +202,7 @@ class LuaStore(RedisStore):
         if seqs and seqs[0] == b"toolarge":
             raise self._too_large(queue, seqs[1])
         if seqs and seqs[0] == b"full":
-            raise self._full(queue, seqs[1])
+            raise queue_full(self._noun, queue, seqs[1])
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids

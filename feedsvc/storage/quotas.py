@@ -137,6 +137,18 @@ class ProjectQuotas:
                 return None
         raise StorageUnavailable("The project's queues kept changing; retry.")
 
+    async def first_answer(self, keys: QueueKeys, token: str | None) -> list[str] | None:
+        """The ids the post with this idempotency token got, if still in its
+        window: a post refused by the project quota may be the retry of a
+        stored one, whose own messages fill the project."""
+        if token is None:
+            return None
+        [seen] = await self._transport.call_checked([("HGET", keys.idempotency, token)])
+        if seen is None:
+            return None
+        until, *ids = r.text(seen).split()
+        return ids if int(until) > self._clock.now_ms() else None
+
     async def release(self, held: Reservation | None, posted: bool) -> None:
         """Let go of a post's room, unless its post script did (posted, on one server)."""
         if held is None or (posted and held.in_script):

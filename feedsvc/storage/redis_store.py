@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -86,6 +87,14 @@ def marker_not_given_out(feed: str, marker: int) -> MarkerNotGivenOut:
     )
 
 
+def queue_full(noun: str, queue: str, limit: bytes) -> QueueFull:
+    """A post that would take the feed over its own _max_messages (limit, as read)."""
+    return QueueFull(
+        f"{noun} {queue} holds at most {int(limit)} live messages "
+        "(its _max_messages); delete or consume some, or wait for them to expire."
+    )
+
+
 class RedisStore(ClaimUpkeep):
     """Base of both drivers. Subclasses implement the writes and listing."""
 
@@ -108,7 +117,7 @@ class RedisStore(ClaimUpkeep):
             for kind, build in builders.items()
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
-        self._quotas = ProjectQuotas(transport, settings, clock)
+        self.quotas = ProjectQuotas(transport, settings, clock)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -126,11 +135,6 @@ class RedisStore(ClaimUpkeep):
         """The subscriptions of this store's kind of feed (queues, or topics on
         the topic view)."""
         return self._subscriptions[self._kind]
-
-    @property
-    def quotas(self) -> ProjectQuotas:
-        """The project quotas and limits (both kinds of feed count together)."""
-        return self._quotas
 
     @property
     def deliveries(self) -> RedisDeliveries:
@@ -295,32 +299,23 @@ class RedisStore(ClaimUpkeep):
         """
         keys = self._keys(project, queue)
         sealed = await self._seals(keys)
+        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
+        post = functools.partial(self._post, keys, project, queue, client_id)
         for _ in range(2):
             batch = [
                 dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
                 for m in messages
             ]
             try:
-                held = await self._quotas.admit(project, self._kind, queue, len(messages))
+                held = await self.quotas.admit(project, self._kind, queue, len(messages))
             except ProjectMessagesFull:
-                # the retry of a post that was stored is answered as the first
-                first = await self._replay(keys, client_id, idempotency_key)
-                if first is None:
+                # the retry of a stored post is answered as the first was
+                if (first := await self.quotas.first_answer(keys, token)) is None:
                     raise
                 return first
             posted = False
             try:
-                ids = await self._post(
-                    keys,
-                    project,
-                    queue,
-                    client_id,
-                    batch,
-                    request_size,
-                    idempotency_key,
-                    sealed,
-                    held,
-                )
+                ids = await post(batch, request_size, idempotency_key, sealed, held)
                 posted = True
                 return ids
             except MustSeal:
@@ -328,21 +323,8 @@ class RedisStore(ClaimUpkeep):
                 self._learn_sealing(keys, True)
                 sealed = True
             finally:
-                await self._quotas.release(held, posted)
+                await self.quotas.release(held, posted)
         raise AssertionError("a post of sealed bodies cannot need sealing")
-
-    async def _replay(
-        self, keys: QueueKeys, client_id: str, idempotency_key: str | None
-    ) -> list[str] | None:
-        """The ids a post with this Idempotency-Key got, if still in its window."""
-        if idempotency_key is None:
-            return None
-        token = idempotency_token(client_id, idempotency_key)
-        [seen] = await self._transport.call_checked([("HGET", keys.idempotency, token)])
-        if seen is None:
-            return None
-        until, *ids = r.text(seen).split()
-        return ids if int(until) > self._clock.now_ms() else None
 
     async def _post(
         self,
@@ -365,13 +347,6 @@ class RedisStore(ClaimUpkeep):
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
         """A post over the queue's own _max_messages_post_size (limit, as read)."""
         return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
-
-    def _full(self, queue: str, limit: bytes) -> QueueFull:
-        """A post that would take the queue over its own _max_messages (limit, as read)."""
-        return QueueFull(
-            f"{self._noun} {queue} holds at most {int(limit)} live messages "
-            "(its _max_messages); delete or consume some, or wait for them to expire."
-        )
 
     async def _seals(self, keys: QueueKeys) -> bool:
         now = self._clock.now_ms()

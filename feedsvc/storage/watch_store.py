@@ -36,6 +36,7 @@ other for the queue's counter.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -74,6 +75,7 @@ from feedsvc.storage.redis_store import (
     idempotency_token,
     marker_ceiling,
     marker_not_given_out,
+    queue_full,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
@@ -272,7 +274,7 @@ class WatchStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
-        await self._quotas.admit(project, self._kind, queue, 0)
+        await self.quotas.admit(project, self._kind, queue, 0)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
@@ -362,7 +364,8 @@ class WatchStore(RedisStore):
         before = [] if inside else [c for p in postings for c in _body_commands(p, settings)]
         tokens = [p.token for p in postings if p.token is not None]
 
-        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, self._full)
+        full = functools.partial(queue_full, self._noun)
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full)
 
         reads: list[Command] = [
             await self._registry_add(first.project, first.queue, first.kind),
