@@ -263,6 +263,28 @@ async def test_project_queue_quota(quota_http: Client, headers: Headers) -> None
     assert (await http.put("/v2/queues/c", headers=headers)).status == 201
 
 
+async def test_dead_lettering_makes_no_queue_over_the_queue_quota(
+    quota_http: Client, headers: Headers
+) -> None:
+    """A dead-letter queue that does not exist yet is a new queue: over
+    max_queues the move does not happen and the message stays in its queue."""
+    http = quota_http
+    for name in ("a", "b"):
+        assert (await http.put(f"/v2/queues/{name}", headers=headers)).status == 201
+    metadata = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+    assert (await http.put("/v2/queues/work", headers=headers, json=metadata)).status == 201
+    assert (
+        await http.post("/v2/queues/work/messages", headers=headers, json=batch(1))
+    ).status == 201
+    for _ in range(2):
+        resp = await http.post("/v2/queues/work/claims", headers=headers, json={"ttl": 60})
+        if resp.status == 201:
+            assert (await http.delete(resp.headers["Location"], headers=headers)).status == 204
+    names = (await (await http.get("/v2/queues", headers=headers)).json())["queues"]
+    assert [q["name"] for q in names] == ["a", "b", "work"]
+    assert await live(http, headers, "work") == 1
+
+
 async def test_concurrent_creates_at_the_queue_quota_admit_exactly_the_quota(
     quota_http: Client, headers: Headers
 ) -> None:
