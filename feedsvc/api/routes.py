@@ -116,6 +116,7 @@ ACTIONS: dict[tuple[str, str], str | None] = {
     ("GET", QUEUE + "/claims/{claim_id}"): "claim",
     ("PATCH", QUEUE + "/claims/{claim_id}"): "claim",
     ("DELETE", QUEUE + "/claims/{claim_id}"): "claim",
+    ("POST", QUEUE + "/messages/{message_id}/release"): "claim",
     **{(m, TOPIC + path): action for (m, path), action in FEED_ACTIONS.items()},
     ("GET", "/v2/topics"): "read",
     # the operator's: the admin token or admin:PROJECT_GLOB (checked by admin.py)
