@@ -1135,6 +1135,7 @@ def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
             if settings.auth_token_file or settings.jwt_on():
                 for operation in item.values():
                     operation["security"] += [{name: []} for name in schemes]
+                    operation["responses"]["401"] = _ref("responses", "Unauthorized")
             continue
         for operation in item.values():
             operation["security"] = [{name: []} for name in schemes]
