@@ -374,6 +374,7 @@ async def test_without_an_admin_token_there_is_no_admin_api(http: Client, header
         {"max_messages": "5"},
         {"max_queues": 1.5},
         {"rate": 0},
+        {"rate": 0.0005},  # the rate limiter reads no override below 0.001
         {"rate": True},
         {"burst": 0},
         {"colour": 1},

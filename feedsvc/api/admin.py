@@ -33,6 +33,9 @@ from feedsvc.storage.base import LIMIT_FIELDS, ProjectLimits
 
 #: The largest rate (requests a second) and burst a project may be given.
 MAX_RATE = 1_000_000
+#: The smallest rate: lua/rate_limit.lua reads no override below it (as
+#: --project-rate refuses one), so a smaller one would be stored and ignored.
+MIN_RATE = 0.001
 
 
 async def _admitted(request: web.Request) -> tuple[ProjectLimits, str]:
@@ -65,10 +68,10 @@ def _limit(name: str, value: Any) -> int | float | None:
         return None
     if name == "rate":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and math.isfinite(value) and 0 < value <= MAX_RATE:
+        if ok and math.isfinite(value) and MIN_RATE <= value <= MAX_RATE:
             rate: float = value
             return rate
-        raise BadRequest(f"rate must be a number of requests a second above 0, at most {MAX_RATE}.")
+        raise BadRequest(f"rate must be a number of requests a second, {MIN_RATE} to {MAX_RATE}.")
     high = MAX_RATE if name == "burst" else MAX_QUOTA
     low = 1 if name == "burst" else 0
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from feedsvc.api.admin import MAX_RATE
+from feedsvc.api.admin import MAX_RATE, MIN_RATE
 from feedsvc.api.validation import MAX_PROJECT_LENGTH
 from feedsvc.config import MAX_QUOTA
 
@@ -57,7 +57,7 @@ def _limits(nullable: bool) -> Schema:
         },
         "rate": {
             "type": kind("number"),
-            "exclusiveMinimum": 0,
+            "minimum": MIN_RATE,
             "maximum": MAX_RATE,
             "description": "Requests a second (read by the rate limiter).",
         },
