@@ -340,6 +340,36 @@ class Suite:
                 p99_ratio=rps[other].p99_ms / rps["lua"].p99_ms,
             )
 
+    def part_quotas(self) -> None:
+        """POST with a project quota set (every post admitted by admit.lua:
+        one more round trip) against the same service without, both on one
+        Redis, run alternately in each round; the project has a few queues."""
+        c, d = self.connections, self.duration
+        path = "/v2/queues/bquota/messages"
+        quota = ("--project-max-messages", "1000000000", "--project-max-queues", "100")
+        with (
+            service(self.redis.url, self.workdir) as off,
+            service(self.redis.url, self.workdir, *quota, log="feedsvc-quota.log") as on,
+        ):
+            rounds: list[dict[str, WrkResult]] = []
+            for _ in range(self.rounds):
+                rounds.append(
+                    {
+                        "off": wrk(off.url + path, "post.lua", c, d),
+                        "on": wrk(on.url + path, "post.lua", c, d),
+                    }
+                )
+        runs, ratio = _median_round(rounds, _rps_ratio("on", "off"))
+        self.add(
+            "POST with project quotas (lua)",
+            rps=runs["on"].rps,
+            off_rps=runs["off"].rps,
+            ratio=ratio,
+            p99_ms=runs["on"].p99_ms,
+            off_p99_ms=runs["off"].p99_ms,
+            errors=runs["on"].errors,
+        )
+
     def part_cluster(self) -> None:
         """POST and GET on a local 3-primary Redis Cluster against the single
         server, each as a ratio to hello, both drivers. All processes share
@@ -617,6 +647,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
     "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth", "ratelimit",
+    "quotas",
 ]  # fmt: skip
 
 

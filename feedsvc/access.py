@@ -2,7 +2,10 @@
 
 A token names a project and carries scopes: space-separated
 ``ACTION:NAME_GLOB`` items, ACTION one of :data:`ACTIONS` or ``*``, NAME_GLOB
-a shell glob over queue and topic names (``orders-*``, ``*``). Tokens come
+a shell glob over queue and topic names (``orders-*``, ``*``). One more item,
+``admin:PROJECT_GLOB``, grants the admin API (``feedsvc.api.admin``) on the
+projects the glob matches; ``*`` never stands for it, so a project's
+``*:*`` token is no operator's. Tokens come
 from three places, checked in this order by :class:`Authenticator`:
 
 - ``--auth-token TOKEN=PROJECT,...``: each grants its whole project (``*:*``);
@@ -38,6 +41,9 @@ log = logging.getLogger("feedsvc.access")
 #: delete messages (by id, ids, pop); manage: create, delete, metadata,
 #: purge, subscriptions, share.
 ACTIONS = ("read", "post", "claim", "delete", "manage")
+#: The admin API's action (its glob is over project names); only an item
+#: that names it allows it.
+ADMIN = "admin"
 MAX_PROJECT_LENGTH = 256
 #: Verified JWTs kept (emptied when full, as validation's Client-ID cache).
 CACHED_TOKENS = 10_000
@@ -58,7 +64,7 @@ class Identity:
         """Whether an item allows action on name; a route without a name (a
         list of every queue) needs an item whose glob is ``*``."""
         for allowed, glob in self.scopes:
-            if allowed not in ("*", action):
+            if allowed != action and (allowed != "*" or action == ADMIN):
                 continue
             if glob == "*" or (name is not None and fnmatchcase(name, glob)):
                 return True
@@ -68,7 +74,7 @@ class Identity:
 def scope_item(item: str) -> tuple[str, str] | None:
     """``ACTION:GLOB`` as a pair; None if it is not one of ours."""
     action, colon, glob = item.partition(":")
-    if not colon or not glob or (action != "*" and action not in ACTIONS):
+    if not colon or not glob or (action not in ("*", ADMIN) and action not in ACTIONS):
         return None
     return action, glob
 
@@ -111,7 +117,7 @@ def read_token_file(path: Path) -> dict[str, Identity]:
         if bad:
             raise ValueError(
                 f"{where}: {bad[0]!r} is no scope; want ACTION:NAME_GLOB, ACTION one of "
-                f"{', '.join(ACTIONS)} or *"
+                f"{', '.join(ACTIONS)} or *, or admin:PROJECT_GLOB"
             )
         if token in tokens:
             raise ValueError(f"{where}: the token is given twice")
@@ -135,6 +141,9 @@ class Authenticator:
         self.jwt = JwtVerifier(settings, clock) if settings.jwt_on() else None
         # token -> (identity, exp in seconds, the key generation it was checked under)
         self._verified: dict[str, tuple[Identity, float, int]] = {}
+        #: Whether a source of tokens with scopes is set (the file, JWTs):
+        #: only those can hold admin:PROJECT_GLOB (feedsvc.api.admin).
+        self.scoped = settings.auth_token_file is not None or self.jwt is not None
         #: Whether any token source is set: else nothing is authenticated.
         self.on = bool(
             self._flag_tokens or settings.auth_token_file is not None or self.jwt is not None

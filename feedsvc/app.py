@@ -21,6 +21,7 @@ from feedsvc.api.middleware import request_middleware
 from feedsvc.api.queue_gauges import setup_queue_gauges
 from feedsvc.api.routes import add_routes
 from feedsvc.appkeys import (
+    ADMIN_TOKEN,
     AUTHENTICATOR,
     CLOCK,
     COUNTED_ERRORS,
@@ -130,6 +131,7 @@ def create_app(
     app[COUNTED_ERRORS] = _counted_errors(clock)
     app.on_cleanup.append(_tell_counted_errors)
     app[AUTHENTICATOR] = Authenticator(settings, clock)
+    app[ADMIN_TOKEN] = settings.admin_secret()
     if settings.cors_origins():
         app.on_response_prepare.append(cors.on_prepare(settings.cors_origins()))
     app.cleanup_ctx.append(_issuer_keys)

@@ -48,6 +48,8 @@ AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 #: Each route -> the action its scope check asks for (``feedsvc.api.routes``);
 #: None: open to all (probes, the console's files, the home document).
 ROUTE_ACTIONS: web.AppKey[dict[AbstractRoute, str | None]] = web.AppKey("route_actions")
+#: The admin API's bearer token (``--admin-token``); None: none is set.
+ADMIN_TOKEN: web.AppKey[str | None] = web.AppKey("admin_token")
 #: This app's own Prometheus registry (several apps in one process do not collide).
 METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 METRICS_REQUESTS = web.AppKey("metrics_requests", Histogram)

@@ -26,6 +26,10 @@ CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
 DRIVER_NAMES = ("lua", "watch", "watch-naive")
+#: the largest quota (messages or queues) a flag, the admin API or a queue's
+#: _max_messages may set: far above what one Redis holds, and a count Lua's
+#: doubles keep exact
+MAX_QUOTA = 10**9
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 #: Most queues --metrics-queues may name: each is a set of series in every
 #: scrape and a few Redis reads per refresh, so both stay bounded.
@@ -320,6 +324,36 @@ class AccessSettings:
 
 
 @dataclass(frozen=True)
+class QuotaSettings:
+    """The quotas and admin API section of Settings (and of ``serve --help``)."""
+
+    _section("quotas and the admin API")
+    project_max_messages: int = _opt(
+        0,
+        "live messages a project may hold across its queues and topics (0: no limit); "
+        "a post over it is 403. The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    project_max_queues: int = _opt(
+        0,
+        "queues and topics a project may have (0: no limit); creating one more is 403. "
+        "The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    admin_token: str | None = _opt(
+        None,
+        "bearer token of the admin API (/v2/admin/...), at least 16 characters; unset = "
+        "no admin API (404). Prefer --admin-token-file or the environment variable: a "
+        "flag shows in ps",
+    )
+    admin_token_file: Path | None = _opt(
+        None, "file whose first line is the admin token (instead of --admin-token)"
+    )
+
+
+@dataclass(frozen=True)
 class SubscriptionSettings:
     """The subscriptions section of Settings (and of ``serve --help``)."""
 
@@ -456,6 +490,7 @@ class Settings(
     LogSettings,
     ClientSettings,
     SubscriptionSettings,
+    QuotaSettings,
     AccessSettings,
     MessageSettings,
     RedisSettings,
@@ -515,6 +550,22 @@ class Settings(
         raw = self.cors_origin or ""
         return frozenset(o for o in (item.strip() for item in raw.split(",")) if o)
 
+    def admin_secret(self) -> str | None:
+        """The admin API's token (None: no admin API), from the flag or the file."""
+        if self.admin_token_file is not None:
+            try:
+                lines = self.admin_token_file.read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(f"--admin-token-file: cannot read it: {exc}") from None
+            token = lines[0].strip() if lines else ""
+        else:
+            token = self.admin_token or ""
+        if not token:
+            return None
+        if len(token) < 16:
+            raise ValueError("the admin token must be at least 16 characters long")
+        return token
+
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
@@ -546,6 +597,9 @@ def _check(settings: Settings) -> None:
             raise ValueError("--message-encryption-old-keys: each key has at least 16 characters")
     settings.auth_tokens()  # fails early on a malformed list
     _check_access(settings)
+    if settings.admin_token is not None and settings.admin_token_file is not None:
+        raise ValueError("give --admin-token or --admin-token-file, not both")
+    settings.admin_secret()  # fails early on a short or unreadable token
     settings.worker_count()
     if settings.redis_url is not None and not settings.redis_url.startswith(URL_SCHEMES):
         raise ValueError(

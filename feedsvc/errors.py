@@ -18,7 +18,11 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── Unauthorized               401  authentication required / refused
     ├── Forbidden                  403
     │   ├── InsufficientScope      403  the token's scope does not allow it
-    │   └── MessageIsClaimed       403  delete of a claimed message without claim_id
+    │   ├── MessageIsClaimed       403  delete of a claimed message without claim_id
+    │   └── QuotaExceeded          403  a post or queue over a quota (the title names it)
+    │       ├── QueueFull               the queue's _max_messages
+    │       ├── ProjectMessagesFull     the project's max_messages
+    │       └── ProjectQueuesFull       the project's max_queues
     ├── NotFound                   404
     │   ├── QueueNotFound
     │   ├── MessageNotFound
@@ -132,6 +136,26 @@ class InsufficientScope(Forbidden):
 
 class MessageIsClaimed(Forbidden):
     title = "Unable to delete"
+
+
+class QuotaExceeded(Forbidden):
+    """A post (or a queue's creation) that would take a queue or a project
+    over one of its quotas: refused whole, nothing of it stored. 403, as
+    SQS answers OverLimit; the title names the quota (docs/design.md: Quotas)."""
+
+    title = "Quota exceeded"
+
+
+class QueueFull(QuotaExceeded):
+    title = "Quota exceeded: _max_messages"
+
+
+class ProjectMessagesFull(QuotaExceeded):
+    title = "Quota exceeded: max_messages"
+
+
+class ProjectQueuesFull(QuotaExceeded):
+    title = "Quota exceeded: max_queues"
 
 
 class NotFound(FeedError):

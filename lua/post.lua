@@ -1,21 +1,29 @@
 -- Index messages whose records the same pipeline has just written
 -- (unindexed: seq 0 in the header).
--- KEYS: the 6 fixed keys, then one record key per message.
+-- KEYS: the 6 fixed keys, then one record key per message, then (when the
+--       post holds room under its project's quota, see quotas.py) the
+--       project's reservations.
 -- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
 --       idempotency token ('' = none), idempotency window in ms, '1' if the
---       bodies are sealed (encrypted) else '0', then per message: id, ttl,
---       delay ('' = the queue's default, else the service's).
+--       bodies are sealed (encrypted) else '0', the post's reservation
+--       ('' = none), then per message: id, ttl, delay ('' = the queue's
+--       default, else the service's).
+-- The reservation goes first thing, whatever the outcome: from here on the
+-- messages count as live (indexed) or not at all (refused).
 -- Returns the seq of each message; {} (nothing indexed) if a body is missing;
 -- {'seal'} if the queue encrypts its messages and these bodies are not sealed:
 -- the bodies this call wrote are deleted and nothing else changes;
 -- {'toolarge', limit} if the request is over the queue's _max_messages_post_size;
+-- {'full', limit} if the queue would hold more live messages than its
+-- _max_messages: the bodies this call wrote are deleted, nothing else changes;
 -- {'replay', id...} if the idempotency token was used within its window: the
 -- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
 -- Publishes a notification for the queue's followers (see _lib.lua's notify).
 local now = tonumber(ARGV[1])
-local n = (#ARGV - 7) / 3
+local n = (#ARGV - 8) / 3
 local token = ARGV[5]
+if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7 + n], ARGV[8]) end
 -- all or nothing: index no message if any body is missing
 for i = 1, n do
   if redis.call('EXISTS', KEYS[6 + i]) == 0 then return {} end
@@ -47,8 +55,14 @@ collect_garbage(ARGV[1])
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
   redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1])
 end
-local q = redis.call('HMGET', KEYS[K_META], F_DEFAULT_TTL, F_DEFAULT_DELAY, F_MAX_POST_SIZE)
+local q = redis.call('HMGET', KEYS[K_META], F_DEFAULT_TTL, F_DEFAULT_DELAY, F_MAX_POST_SIZE,
+  F_MAX_MESSAGES)
 if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
+-- live messages only: an expired one, collected or not, holds no room
+if q[4] and redis.call('ZCOUNT', KEYS[K_EXP], '(' .. ARGV[1], '+inf') + n > tonumber(q[4]) then
+  redis.call('DEL', unpack(KEYS, 7, 6 + n))
+  return {'full', q[4]}
+end
 local default_ttl = tonumber(q[1] or ARGV[2])
 local default_delay = tonumber(q[2] or ARGV[3])
 if redis.call('EXISTS', KEYS[K_SEQ]) == 0 then
@@ -61,9 +75,9 @@ local seqs = {}
 local indexed, first_due = 0, 0
 for i = 1, n do
   local key = KEYS[6 + i]
-  local id = ARGV[5 + 3 * i]
-  local ttl = tonumber(ARGV[6 + 3 * i]) or default_ttl
-  local delay = tonumber(ARGV[7 + 3 * i]) or default_delay
+  local id = ARGV[6 + 3 * i]
+  local ttl = tonumber(ARGV[7 + 3 * i]) or default_ttl
+  local delay = tonumber(ARGV[8 + 3 * i]) or default_delay
   -- the pipeline wrote the record unindexed (seq 0)
   local seq = tonumber(redis.call('GETRANGE', key, H_SEQ - 1, H_SEQ_END - 1)) or 0
   if seq == 0 then
@@ -84,7 +98,7 @@ end
 if indexed > 0 then notify(indexed, first_due) end
 if token ~= '' then
   local ids = {}
-  for i = 1, n do ids[i] = ARGV[5 + 3 * i] end
+  for i = 1, n do ids[i] = ARGV[6 + 3 * i] end
   redis.call('HSET', IDEMPOTENCY, token, int(now + tonumber(ARGV[6])) .. ' ' .. table.concat(ids, ' '))
 end
 return seqs

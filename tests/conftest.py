@@ -143,6 +143,7 @@ CLUSTER_SUITES = {
     "test_api_subscriptions",
     "test_delivery",
     "test_queue_gauges",
+    "test_quotas",
 }
 
 

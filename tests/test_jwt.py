@@ -144,6 +144,26 @@ async def test_a_token_names_the_project_whatever_x_project_id_says(
     assert [m["body"] for m in (await again.json())["messages"]] == [1]
 
 
+async def test_a_jwt_with_an_admin_scope_reaches_the_admin_api(
+    redis_url: str, driver: str, issuer: Issuer, clock: ManualClock
+) -> None:
+    """With an admin token set, a JWT whose scope holds admin:GLOB is an
+    operator of the projects its glob matches; *:* is not."""
+    kid = issuer.add_key("rsa")
+    url = issuer.url  # type: ignore[attr-defined]
+    settings = jwt_settings(redis_url, driver, jwt_jwks_url=url, admin_token="admin-" + "q" * 20)
+    async with TestClient(TestServer(create_app(settings, clock))) as client:
+        operator = sign(issuer, kid, claims("ops", scope="openid admin:tenant-*"))
+        limits = "/v2/admin/projects/tenant-1/limits"
+        resp = await client.put(limits, json={"max_messages": 9}, headers=with_token(operator))
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["limits"]["max_messages"] == 9
+        other = await client.get("/v2/admin/projects/x/limits", headers=with_token(operator))
+        assert other.status == 403
+        everything = sign(issuer, kid, claims("tenant-1"))
+        assert (await client.get(limits, headers=with_token(everything))).status == 403
+
+
 async def test_a_missing_or_bad_token_is_401_with_the_rfc_6750_code(
     service: Client, issuer: Issuer
 ) -> None:

@@ -115,3 +115,19 @@ async def test_watch_post_costs_two_round_trips_without_conflict(
     async with TestClient(TestServer(app)) as client:
         await measure(client, proxy, "POST", path, headers, json=body)
         assert await measure(client, proxy, "POST", path, headers, json=body) == 2
+
+
+async def test_a_lua_post_under_project_quotas_costs_one_more_round_trip(
+    proxy: CountingProxy, headers: dict[str, str]
+) -> None:
+    """The admission (admit.lua) and the post: two, once the process knows the
+    project's queues; a queue's own _max_messages costs none."""
+    settings = make_settings(
+        await proxy.start(), driver="lua", deliver=False, project_max_messages=1000
+    )
+    body = {"messages": [{"body": 1}]}
+    path = "/v2/queues/rt/messages"
+    async with TestClient(TestServer(create_app(settings))) as client:
+        await measure(client, proxy, "PUT", "/v2/queues/rt", headers, json={"_max_messages": 100})
+        await measure(client, proxy, "POST", path, headers, json=body)
+        assert await measure(client, proxy, "POST", path, headers, json=body) == 2

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from feedsvc.access import ACTIONS, Identity, parse_scopes, read_token_file
+from feedsvc.access import ACTIONS, ADMIN, Identity, parse_scopes, read_token_file
 from feedsvc.api.openapi import UNAUTHENTICATED, openapi_document
 from feedsvc.api.routes import ACTIONS as ROUTE_ACTIONS
 from feedsvc.api.routes import add_routes, route_actions
@@ -25,6 +25,7 @@ from tests.conftest import direct_client, make_settings
 Client = TestClient[web.Request, web.Application]
 SUFFIX = uuid.uuid4().hex[:10]
 PATCH_TYPE = "application/openstack-messaging-v2.0-json-patch"
+ADMIN_TOKEN = "admin-" + "z" * 20
 
 # A request each route would act on, were it allowed (so "no change" means something).
 BODIES: dict[tuple[str, str], Any] = {
@@ -59,6 +60,9 @@ def token_file(tmp_path: Path, project: str) -> Path:
     for action in ACTIONS:
         others = " ".join(f"{a}:*" for a in ACTIONS if a != action)
         lines.append(f"no-{action}-{SUFFIX} {project} {others}  # all but {action}")
+    # *:* is everything but the admin API
+    lines.append(f"no-admin-{SUFFIX} {project} *:*")
+    lines.append(f"admin-{SUFFIX} {project} admin:tenant-*")
     path = tmp_path / "tokens"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -69,7 +73,12 @@ async def service(
     redis_url: str, driver: str, token_file: Path, clock: ManualClock
 ) -> AsyncIterator[Client]:
     settings = make_settings(
-        redis_url, driver=driver, auth_token_file=token_file, deliver=False, signed_url_key="k"
+        redis_url,
+        driver=driver,
+        auth_token_file=token_file,
+        deliver=False,
+        signed_url_key="k",
+        admin_token=ADMIN_TOKEN,
     )
     async with TestClient(TestServer(create_app(settings, clock))) as client:
         yield client
@@ -122,7 +131,7 @@ def operations() -> list[tuple[str, str, str]]:
 async def test_every_route_refuses_a_token_without_its_scope_and_changes_nothing(
     service: Client, redis_url: str, project: str
 ) -> None:
-    values = {"queue": "q1", "topic": "t1"}
+    values = {"queue": "q1", "topic": "t1", "project": project}
     values |= await fill(service, "queues", "q1")
     topic_values = await fill(service, "topics", "t1")
     before = await snapshot(redis_url, project)
@@ -173,6 +182,28 @@ async def forgotten(request: web.Request) -> web.Response:
     return web.Response()
 
 
+async def test_an_admin_scope_reaches_the_admin_api_of_its_projects_only(
+    service: Client,
+) -> None:
+    limits = "/v2/admin/projects/{}/limits"
+    resp = await service.put(
+        limits.format("tenant-a"), json={"max_queues": 3}, headers=as_("admin")
+    )
+    assert resp.status == 200, await resp.text()
+    resp = await service.get(
+        limits.format("tenant-a"), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert (await resp.json())["limits"]["max_queues"] == 3
+    for who, path in (("admin", "other"), ("no-admin", "tenant-a"), ("all", "tenant-a")):
+        resp = await service.get(limits.format(path), headers=as_(who))
+        assert resp.status == 403, (who, path)
+        assert resp.headers["WWW-Authenticate"].startswith('Bearer error="insufficient_scope"')
+    # an unknown token is 401, and the admin item grants no data route
+    resp = await service.get(limits.format("tenant-a"), headers=as_("nobody"))
+    assert resp.status == 401
+    assert (await service.get("/v2/queues/q/messages", headers=as_("admin"))).status == 403
+
+
 def test_a_route_without_an_action_is_refused() -> None:
     app = web.Application()
     add_routes(app)
@@ -191,6 +222,10 @@ def test_scope_claims_are_read_leniently_and_token_files_strictly(tmp_path: Path
     assert alice.allows("read", "orders-1") and not alice.allows("read", "jobs")
     assert alice.allows("claim", "jobs") and not alice.allows("claim", "jobs2")
     assert not alice.allows("read", None)
+    # admin is named or not had: "*" stands for every other action only
+    operator = Identity("p", parse_scopes("admin:tenant-* *:*"))
+    assert operator.allows(ADMIN, "tenant-1") and not operator.allows(ADMIN, "other")
+    assert not Identity("p", parse_scopes("*:*")).allows(ADMIN, "tenant-1")
     path = tmp_path / "tokens"
     for text, message in [
         ("tok project\n", "line 1: want TOKEN PROJECT SCOPE"),

@@ -23,9 +23,10 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
+from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
-from feedsvc.config import DRIVER_NAMES, Settings
+from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
 from feedsvc.storage.base import RESERVED_FIELDS
 
 OPENAPI_VERSION = "3.1.0"
@@ -213,6 +214,14 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "maximum": s.max_message_ttl,
                 },
                 "_max_claim_count": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31},
+                "_max_messages": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_QUOTA,
+                    "description": "The most live messages the queue may hold: a post "
+                    "that would take it over is 403 (title 'Quota exceeded: "
+                    "_max_messages') and stores nothing. Not shown unless set.",
+                },
                 "_retry_policy": {
                     "anyOf": [_schema("RetryPolicy"), {"type": "null"}],
                     "description": "The default retry policy of the queue's subscriptions.",
@@ -231,7 +240,8 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         },
         "QueueMetadataShown": {
             "allOf": [_schema("QueueMetadata")],
-            "required": list(RESERVED_FIELDS),
+            # _max_messages is shown only when set (Zaqar has no such field)
+            "required": [name for name in RESERVED_FIELDS if name != "_max_messages"],
         },
         "QueueList": _obj(
             {
@@ -507,6 +517,13 @@ def _responses(s: Settings) -> dict[str, Schema]:
             "X-Project-ID header, a bad queue name, parameter or body."
         ),
         "Forbidden": error("The message is claimed and no claim_id was given."),
+        "OverQuota": error(
+            "The post (or the queue's creation) would take the queue or its project over "
+            "a quota; nothing of it is stored. The title names the quota: 'Quota "
+            "exceeded: _max_messages' (the queue's live messages), 'Quota exceeded: "
+            "max_messages' (the project's live messages across its queues and topics) "
+            "or 'Quota exceeded: max_queues' (the project's queues and topics)."
+        ),
         "NotFound": error("No such resource (in this project and queue)."),
         "Conflict": error("The json-patch replaces or removes a key that does not exist."),
         "UnsupportedMediaType": error("The body is not of the media type this route takes."),
@@ -834,6 +851,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 {
                     "201": _response("Created.", headers=LOCATION),
                     "204": _response("It already existed.", headers=LOCATION),
+                    "403": _ref("responses", "OverQuota"),
                     **_errors(),
                 },
                 parameters=_common("Queue"),
@@ -897,6 +915,7 @@ def _paths(s: Settings) -> dict[str, Schema]:
                 "Post messages (the queue is created on first post)",
                 {
                     "201": _response("Stored and indexed.", _schema("Resources"), headers=LOCATION),
+                    "403": _ref("responses", "OverQuota"),
                     **_errors(),
                 },
                 parameters=_common("Queue", "IdempotencyKey"),
@@ -1089,9 +1108,11 @@ def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
             "bearerFormat": "JWT",
             "description": f"An OIDC / OAuth2 access token from {settings.jwt_issuer}: its "
             f"{settings.jwt_project_claim!r} claim names the project, its scope claim holds "
-            "ACTION:NAME_GLOB items (ACTION read, post, claim, delete, manage or *).",
+            "ACTION:NAME_GLOB items (ACTION read, post, claim, delete, manage or *; "
+            "admin:PROJECT_GLOB for the admin API).",
         }
-    components["securitySchemes"] = schemes
+    # the admin routes' own scheme (openapi_admin.py) stays
+    components.setdefault("securitySchemes", {}).update(schemes)
     components["responses"]["Unauthorized"] = _response(
         "No bearer token, or one that does not hold (RFC 6750: "
         'WWW-Authenticate: Bearer error="invalid_token").',
@@ -1107,6 +1128,14 @@ def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
     project = _ref("parameters", "ProjectId")
     for path, item in document["paths"].items():
         if path in UNAUTHENTICATED:
+            continue
+        if path.startswith(ADMIN_PREFIX):
+            # the admin token, or a token whose scope holds admin:PROJECT_GLOB
+            # (only the token file and JWTs carry scopes)
+            if settings.auth_token_file or settings.jwt_on():
+                for operation in item.values():
+                    operation["security"] += [{name: []} for name in schemes]
+                    operation["responses"]["401"] = _ref("responses", "Unauthorized")
             continue
         for operation in item.values():
             operation["security"] = [{name: []} for name in schemes]
@@ -1307,6 +1336,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         },
     }
     add_subscriptions(document, settings)
+    add_admin(document)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
     _signed_urls(document)
     if settings.auth_token or settings.auth_token_file or settings.jwt_on():

@@ -7,7 +7,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import AbstractRoute
 
-from feedsvc.api import console, metrics, openapi, signed_urls, streams
+from feedsvc.access import ADMIN as ADMIN_ACTION
+from feedsvc.api import admin, console, metrics, openapi, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
 from feedsvc.appkeys import ROUTE_ACTIONS
@@ -16,6 +17,15 @@ QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
 # without claims or share, as in Zaqar.
 TOPIC = "/v2/topics/{topic}"
+# The operator's routes (feedsvc.api.admin), behind the admin token.
+ADMIN = "/v2/admin/projects/{project}"
+
+ADMIN_ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/limits", admin.get_project_limits),
+    ("PUT", "/limits", admin.put_project_limits),
+    ("DELETE", "/limits", admin.delete_project_limits),
+    ("GET", "/usage", admin.get_project_usage),
+]
 
 # What queues and topics both answer, below their own path.
 # aiohttp finds a path's resource by trying, in the order they were added,
@@ -61,6 +71,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", QUEUE + "/messages/{message_id}/release", h.release_message),
     *[(method, TOPIC + path, handler) for method, path, handler in FEED],
     ("GET", "/v2/topics", h.list_queues),
+    *[(method, ADMIN + path, handler) for method, path, handler in ADMIN_ROUTES],
 ]
 
 
@@ -108,6 +119,8 @@ ACTIONS: dict[tuple[str, str], str | None] = {
     ("POST", QUEUE + "/messages/{message_id}/release"): "claim",
     **{(m, TOPIC + path): action for (m, path), action in FEED_ACTIONS.items()},
     ("GET", "/v2/topics"): "read",
+    # the operator's: the admin token or admin:PROJECT_GLOB (checked by admin.py)
+    **{(m, ADMIN + path): ADMIN_ACTION for m, path, _ in ADMIN_ROUTES},
     ("GET", "/metrics"): None,
     ("GET", "/console"): None,
     ("GET", "/console/{asset}"): None,

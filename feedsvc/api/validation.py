@@ -18,7 +18,7 @@ from multidict import MultiMapping
 
 from feedsvc.access import Identity
 from feedsvc.appkeys import AUTHENTICATOR
-from feedsvc.config import Settings
+from feedsvc.config import MAX_QUOTA, Settings
 from feedsvc.delivery import retry
 from feedsvc.errors import (
     BadRequest,
@@ -575,6 +575,7 @@ def checked_metadata(
     _reserved_int(metadata, "_default_message_delay", 0, settings.max_message_delay)
     _reserved_int(metadata, "_max_messages_post_size", 1, settings.max_messages_post_size)
     _reserved_int(metadata, "_max_claim_count", 1, 2**31)
+    _reserved_int(metadata, "_max_messages", 1, MAX_QUOTA)
     dlq = metadata.get("_dead_letter_queue")
     if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
         raise BadRequest("_dead_letter_queue must be a queue name.")

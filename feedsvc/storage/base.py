@@ -13,7 +13,7 @@ into the Lua scripts too)::
                                  theoretical arrival time, ms); PX until full
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
-                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps,
+                                 fields: dttl, ddelay, mcc, dlq, dlqttl, mps, mm,
                                  enc ("1": bodies are posted sealed)
     Q:seq                string  last sequence number given to a message; starts
                                  at the creation time in microseconds, so a
@@ -82,6 +82,8 @@ RESERVED_FIELDS = {
     "_default_message_ttl": "dttl",
     "_default_message_delay": "ddelay",
     "_max_messages_post_size": "mps",
+    # live messages the queue may hold (a quota: a post over it is 403)
+    "_max_messages": "mm",
     "_max_claim_count": "mcc",
     "_dead_letter_queue": "dlq",
     "_dead_letter_queue_messages_ttl": "dlqttl",
@@ -502,6 +504,32 @@ class RateLimitStore(Protocol):
         second) and burst are the defaults; the project's limits hash
         (``keys.project_limits_key``: fields rate, burst) overrides them.
         StorageUnavailable on Redis trouble."""
+
+
+#: The fields of a project's limits (``keys.project_limits_key``): its
+#: quotas, then the rate limiter's rate and burst.
+LIMIT_FIELDS = ("max_messages", "max_queues", "rate", "burst")
+
+
+class ProjectLimits(Protocol):
+    """What the admin API needs of a project's limits (``quotas.ProjectQuotas``)."""
+
+    def defaults(self) -> dict[str, int]:
+        """The service's quotas (0: none), by field."""
+        ...
+
+    async def limits(self, project: str) -> dict[str, int | float | None]:
+        """The project's own limits by LIMIT_FIELDS (None: the default applies)."""
+        ...
+
+    async def set_limits(self, project: str, values: dict[str, int | float | None]) -> None:
+        """Set the limits given (None: back to the default), in one step."""
+        ...
+
+    async def reset(self, project: str) -> None: ...
+
+    async def usage(self, project: str) -> dict[str, int]:
+        """Live messages, queues, topics and messages in flight of the project."""
         ...
 
 
@@ -516,6 +544,11 @@ class FeedStore(Protocol):
 
     @property
     def counters(self) -> StoreCounters: ...
+
+    @property
+    def quotas(self) -> ProjectLimits:
+        """The project quotas and limits (see ``feedsvc.storage.quotas``)."""
+        ...
 
     async def open(self) -> None:
         """Get ready to serve (the lua driver loads its scripts). Redis being

@@ -15,12 +15,19 @@ from typing import Any, TypeVar
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import ClaimDoesNotHold, ClaimNotFound, MessageNotFound, Unavailable
+from feedsvc.errors import (
+    ClaimDoesNotHold,
+    ClaimNotFound,
+    MessageNotFound,
+    ProjectQueuesFull,
+    Unavailable,
+)
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim, Unclaimable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import FeedSpace, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
 from feedsvc.storage.transport import Transport
 
@@ -35,6 +42,7 @@ class ClaimUpkeep(FeedSpace):
     _settings: Settings
     _clock: Clock
     _opener: BodyOpener
+    quotas: ProjectQuotas
 
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -241,6 +249,9 @@ class ClaimUpkeep(FeedSpace):
 
         transport = self._transport
         try:
+            # a dead-letter queue not made yet is a new queue: listed first,
+            # under the project's max_queues (over it, the messages stay)
+            await self.quotas.admit(project, "queue", dlq, 0)
             await transport.optimistic(
                 [
                     target.seq,
@@ -260,7 +271,7 @@ class ClaimUpkeep(FeedSpace):
                 forget,
             )
             await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])
-        except Unavailable as exc:
+        except (Unavailable, ProjectQueuesFull) as exc:
             log.warning(
                 "dead-lettering %d message(s) of %s to %s is left for a later claim: %s",
                 len(parked),

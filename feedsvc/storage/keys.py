@@ -63,6 +63,9 @@ def registry_key(project: str, kind: Kind = "queue") -> str:
 
 
 def project_limits_key(project: str) -> str:
+    """Hash: a project's own limits, set by the admin API (max_messages,
+    max_queues, rate, burst; a field absent = the service's default). Under
+    the project's hash tag, as its registries and reservations: one slot."""
     return f"{NAMESPACE}:limits:{{{escape_project(project)}}}"
 
 
@@ -236,3 +239,9 @@ class SubscriptionKeys:
     def lease(self, subscription_id: str) -> str:
         """String: the token of the worker delivering this subscription; PX = the lease."""
         return self.prefix + LEASE_INFIX + subscription_id
+
+
+def reservations_key(project: str) -> str:
+    """Sorted set: the room of a project's posts in flight, ``"<id> <n>"`` ->
+    the ms until which it is held (see ``feedsvc.storage.quotas``)."""
+    return f"{NAMESPACE}:p:{{{escape_project(project)}}}:held"

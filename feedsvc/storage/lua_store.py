@@ -35,10 +35,12 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
     marker_not_given_out,
+    queue_full,
     read_tail_marker,
 )
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
@@ -115,6 +117,7 @@ class LuaStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
+        await self.quotas.admit(project, self._kind, queue, 0)
         script = load_script("create_queue")
         fixed = keys.fixed()
         args: list[Any] = [self._clock.now_ms(), orjson.dumps(metadata)]
@@ -148,6 +151,7 @@ class LuaStore(RedisStore):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
         script = load_script("post")
         ids = [new_id() for _ in messages]
@@ -163,6 +167,7 @@ class LuaStore(RedisStore):
         ]
         args.append(settings.idempotency_window * 1000)
         args.append(_flag(sealed))
+        args.append(held.member if held is not None and held.in_script else "")
         commands: list[Command] = []
         for message_id, message in zip(ids, messages, strict=True):
             # Until the script sets the exact expiry, a body that never gets
@@ -175,6 +180,8 @@ class LuaStore(RedisStore):
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
             ]
+        if held is not None and held.in_script:
+            all_keys.append(held.key)
         commands.append(("ZADD", self._registry(project), 0, queue))
         commands.append(("EVALSHA", script.sha, len(all_keys), *all_keys, *args))
         replies = await self._transport.call(commands)
@@ -195,6 +202,8 @@ class LuaStore(RedisStore):
             raise MustSeal
         if seqs and seqs[0] == b"toolarge":
             raise self._too_large(queue, seqs[1])
+        if seqs and seqs[0] == b"full":
+            raise queue_full(self._noun, queue, seqs[1])
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids
@@ -224,7 +233,7 @@ class LuaStore(RedisStore):
             assert query.marker is not None
             raise marker_not_given_out(queue, query.marker)
         page = r.list_reply(reply, now, query.with_authors)
-        return self._reveal_page(page, project, queue)
+        return self._opener.page(page, self._noun, project, queue)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -273,7 +282,7 @@ class LuaStore(RedisStore):
         claim, parked = r.claim_reply(out, claim_id, ttl, grace, now)
         if parked:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return self._reveal_claim(claim)
+        return self._opener.claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)

@@ -87,12 +87,13 @@ SEQ_BASE: Final = "sb"  # where the seq counter started: no message has a seq at
 DEFAULT_TTL: Final = RESERVED_FIELDS["_default_message_ttl"]
 DEFAULT_DELAY: Final = RESERVED_FIELDS["_default_message_delay"]
 MAX_POST_SIZE: Final = RESERVED_FIELDS["_max_messages_post_size"]
+MAX_MESSAGES: Final = RESERVED_FIELDS["_max_messages"]
 MAX_CLAIMS: Final = RESERVED_FIELDS["_max_claim_count"]
 DEAD_LETTER_QUEUE: Final = RESERVED_FIELDS["_dead_letter_queue"]
 DEAD_LETTER_TTL: Final = RESERVED_FIELDS["_dead_letter_queue_messages_ttl"]
 ENCRYPTED: Final = RESERVED_FIELDS["_enable_encrypt_messages"]  # "1": post bodies sealed
 DEAD_LETTER_SETTINGS: Final = (MAX_CLAIMS, DEAD_LETTER_QUEUE, DEAD_LETTER_TTL)
-POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED)
+POST_SETTINGS: Final = (DEFAULT_TTL, DEFAULT_DELAY, MAX_POST_SIZE, ENCRYPTED, MAX_MESSAGES)
 
 # The fields of a legacy message hash, in this order, wherever one is read.
 ROW: Final = (BODY, TTL, CREATED, EXPIRES, SEQ, CLAIM, CLAIM_EXPIRES, CLAIM_COUNT, AUTHOR, DUE)
@@ -115,6 +116,7 @@ LUA_NAMES: Final = {
     "F_DEFAULT_TTL": DEFAULT_TTL,
     "F_DEFAULT_DELAY": DEFAULT_DELAY,
     "F_MAX_POST_SIZE": MAX_POST_SIZE,
+    "F_MAX_MESSAGES": MAX_MESSAGES,
     "F_MAX_CLAIMS": MAX_CLAIMS,
     "F_DEAD_LETTER_QUEUE": DEAD_LETTER_QUEUE,
     "F_DEAD_LETTER_TTL": DEAD_LETTER_TTL,

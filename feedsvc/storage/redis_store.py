@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -22,22 +23,25 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
-from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, QueueNotFound
+from feedsvc.errors import (
+    MarkerNotGivenOut,
+    PostTooLarge,
+    ProjectMessagesFull,
+    QueueFull,
+    QueueNotFound,
+)
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
     RESERVED_FIELDS,
-    Claim,
     Follow,
     Message,
-    MessagePage,
     MessageSummary,
     NewMessage,
     Parent,
     QueueInfo,
     QueueStats,
     StoreCounters,
-    Unclaimable,
     Unreadable,
     reserved_fields,
 )
@@ -45,7 +49,8 @@ from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.follower_counts import RedisFollowerCounts
-from feedsvc.storage.keys import KINDS, QueueKeys
+from feedsvc.storage.keys import KINDS, Kind, QueueKeys, registry_key
+from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
@@ -87,6 +92,38 @@ def marker_not_given_out(feed: str, marker: int) -> MarkerNotGivenOut:
     )
 
 
+async def live_end(
+    transport: Transport, keys: QueueKeys, now: int, reverse: bool
+) -> MessageSummary | None:
+    """The first live message from the head (or the tail) of a feed's index."""
+    offset, batch = 0, 16
+    while True:
+        order = ("REV",) if reverse else ()
+        [ids] = await transport.call_checked(
+            [("ZRANGE", keys.index, offset, offset + batch - 1, *order)]
+        )
+        if not ids:
+            return None
+        names = [r.text(i) for i in ids]
+        replies = await transport.call_checked(
+            [c for i in names for c in r.summary_commands(keys, i)]
+        )
+        for n, name in enumerate(names):
+            found = r.summary(replies[2 * n], replies[2 * n + 1])
+            if found is not None and found[1] > now:
+                return MessageSummary(name, found[0])
+        offset += batch
+        batch = min(batch * 4, 1024)
+
+
+def queue_full(noun: str, queue: str, limit: bytes) -> QueueFull:
+    """A post that would take the feed over its own _max_messages (limit, as read)."""
+    return QueueFull(
+        f"{noun} {queue} holds at most {int(limit)} live messages "
+        "(its _max_messages); delete or consume some, or wait for them to expire."
+    )
+
+
 class RedisStore(ClaimUpkeep):
     """Base of both drivers. Subclasses implement the writes and listing."""
 
@@ -111,6 +148,7 @@ class RedisStore(ClaimUpkeep):
         }
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
         self.rate_limits = RedisRateLimits(transport)
+        self.quotas = ProjectQuotas(transport, settings, clock)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -159,13 +197,14 @@ class RedisStore(ClaimUpkeep):
         """How many index entries a claim or pop may look at to find free messages."""
         return self._settings.scan_limit * 10
 
-    async def _registry_add(self, project: str, queue: str) -> Command:
+    async def _registry_add(self, project: str, queue: str, kind: Kind | None = None) -> Command:
         """List the queue in its project's registry, as the first read of a
         transaction on the queue's slot: on one server the ZADD rides along
         with those reads; on a cluster the registry lives in another slot, so
         it is sent by itself first and a PING keeps its place among the reads.
         """
-        add: Command = ("ZADD", self._registry(project), 0, queue)
+        registry = self._registry(project) if kind is None else registry_key(project, kind)
+        add: Command = ("ZADD", registry, 0, queue)
         if not self._transport.cluster:
             return add
         await self._transport.call_checked([add])
@@ -226,8 +265,8 @@ class RedisStore(ClaimUpkeep):
         )
         oldest = newest = None
         if total:
-            oldest = await self._live_end(keys, now, reverse=False)
-            newest = await self._live_end(keys, now, reverse=True)
+            oldest = await live_end(self._transport, keys, now, reverse=False)
+            newest = await live_end(self._transport, keys, now, reverse=True)
         return QueueStats(
             claimed=int(claimed),
             free=max(0, int(total) - int(claimed)),
@@ -235,27 +274,6 @@ class RedisStore(ClaimUpkeep):
             oldest=oldest,
             newest=newest,
         )
-
-    async def _live_end(self, keys: QueueKeys, now: int, reverse: bool) -> MessageSummary | None:
-        """The first live message from the head (or the tail) of the index."""
-        offset, batch = 0, 16
-        while True:
-            order = ("REV",) if reverse else ()
-            [ids] = await self._transport.call_checked(
-                [("ZRANGE", keys.index, offset, offset + batch - 1, *order)]
-            )
-            if not ids:
-                return None
-            names = [r.text(i) for i in ids]
-            replies = await self._transport.call_checked(
-                [c for i in names for c in r.summary_commands(keys, i)]
-            )
-            for n, name in enumerate(names):
-                found = r.summary(replies[2 * n], replies[2 * n + 1])
-                if found is not None and found[1] > now:
-                    return MessageSummary(name, found[0])
-            offset += batch
-            batch = min(batch * 4, 1024)
 
     async def get_messages(self, project: str, queue: str, ids: list[str]) -> list[Message]:
         keys = self._keys(project, queue)
@@ -291,18 +309,31 @@ class RedisStore(ClaimUpkeep):
         """
         keys = self._keys(project, queue)
         sealed = await self._seals(keys)
+        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
+        post = functools.partial(self._post, keys, project, queue, client_id)
         for _ in range(2):
             batch = [
                 dataclasses.replace(m, body=self._opener.sealer.seal(m.body)) if sealed else m
                 for m in messages
             ]
             try:
-                return await self._post(
-                    keys, project, queue, client_id, batch, request_size, idempotency_key, sealed
-                )
+                held = await self.quotas.admit(project, self._kind, queue, len(messages))
+            except ProjectMessagesFull:
+                # the retry of a stored post is answered as the first was
+                if (first := await self.quotas.first_answer(keys, token)) is None:
+                    raise
+                return first
+            posted = False
+            try:
+                ids = await post(batch, request_size, idempotency_key, sealed, held)
+                posted = True
+                return ids
             except MustSeal:
+                # nothing was indexed and the hold is gone: admitted again
                 self._learn_sealing(keys, True)
                 sealed = True
+            finally:
+                await self.quotas.release(held, posted)
         raise AssertionError("a post of sealed bodies cannot need sealing")
 
     async def _post(
@@ -315,9 +346,12 @@ class RedisStore(ClaimUpkeep):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
         """The driver's post (keys: the queue's, which the caller has made);
-        MustSeal if the queue is encrypted and not sealed."""
+        MustSeal if the queue is encrypted and not sealed. held: the room the
+        post holds under its project's quota, which the post lets go of as
+        it indexes when ``held.in_script``."""
         raise NotImplementedError
 
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
@@ -338,22 +372,10 @@ class RedisStore(ClaimUpkeep):
         self._sealing[keys.prefix] = (sealed, self._clock.now_ms())
         return sealed
 
-    def _reveal_page(self, page: MessagePage, project: str, queue: str) -> MessagePage:
-        """A page with its bodies opened; one that cannot be is skipped (the
-        next marker stays where the scan got to, so the reader moves on)."""
-        opened = self._opener.readable(page.messages, "a list", self._noun, project, queue)
-        return page if opened is page.messages else dataclasses.replace(page, messages=opened)
-
     def _open_for_delivery(
         self, messages: list[Message], parent: Parent
     ) -> list[Message | Unreadable]:
         return self._opener.each(messages, "delivery", parent.kind, parent.project, parent.name)
-
-    def _reveal_claim(self, claim: Claim | Unclaimable) -> Claim | Unclaimable:
-        if isinstance(claim, Unclaimable):
-            return claim
-        opened = self._opener.reveal(claim.messages)
-        return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua

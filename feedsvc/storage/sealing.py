@@ -50,7 +50,14 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from feedsvc.errors import EncryptionUnavailable, UnreadableMessage
-from feedsvc.storage.base import Message, StoreCounters, Unreadable
+from feedsvc.storage.base import (
+    Claim,
+    Message,
+    MessagePage,
+    StoreCounters,
+    Unclaimable,
+    Unreadable,
+)
 
 log = logging.getLogger("feedsvc")
 
@@ -163,6 +170,19 @@ class BodyOpener:
         """The messages with their bodies as posted; raises if one cannot be
         opened (a read by id: the client named it)."""
         return reveal(self.sealer, messages)
+
+    def page(self, page: MessagePage, noun: str, project: str, feed: str) -> MessagePage:
+        """A page with its bodies opened; one that cannot be is skipped (the
+        next marker stays where the scan got to, so the reader moves on)."""
+        opened = self.readable(page.messages, "a list", noun, project, feed)
+        return page if opened is page.messages else dataclasses.replace(page, messages=opened)
+
+    def claim(self, claim: Claim | Unclaimable) -> Claim | Unclaimable:
+        """A claim with its bodies opened (raises as :meth:`reveal`)."""
+        if isinstance(claim, Unclaimable):
+            return claim
+        opened = self.reveal(claim.messages)
+        return claim if opened is claim.messages else dataclasses.replace(claim, messages=opened)
 
     def readable(self, messages: list[Message], *where: str) -> list[Message]:
         """The messages opened, less those that cannot be."""

@@ -36,6 +36,7 @@ other for the queue's counter.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
     PostTooLarge,
+    QueueFull,
     StorageUnavailable,
     TooMuchContention,
     Unavailable,
@@ -65,13 +67,15 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.keys import Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
     marker_ceiling,
     marker_not_given_out,
+    queue_full,
     read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
@@ -102,6 +106,12 @@ class Posting:
     request_size: int
     token: str | None  # idempotency token
     sealed: bool
+    #: the room it holds under its project's quota, let go of in the
+    #: indexing transaction when ``held.in_script``
+    held: Reservation | None = None
+    #: what the feed is: the combiner that indexes it is the queue store's,
+    #: shared by the topic view, so the posting says where to list the feed
+    kind: Kind = "queue"
 
     @classmethod
     def make(
@@ -114,10 +124,14 @@ class Posting:
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
+        kind: Kind = "queue",
     ) -> Posting:
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
         ids = [new_id() for _ in messages]
-        return cls(project, queue, keys, client_id, messages, ids, request_size, token, sealed)
+        return cls(
+            project, queue, keys, client_id, messages, ids, request_size, token, sealed, held, kind
+        )
 
 
 def _replayed(seen: Any, now: int) -> list[str] | None:
@@ -149,19 +163,20 @@ def _post_plan(
     settings: Settings,
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
+    full: Callable[[str, bytes], QueueFull],
 ) -> Plan[list[Outcome]]:
     """The indexing transaction of postings to one queue (see WatchStore._index),
     each checked on its own: a refused one does not stop the others."""
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted), dead = replies[:5]
-        seen = dict(zip(tokens, replies[5 : 5 + len(tokens)], strict=True))
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live = replies[:6]
+        seen = dict(zip(tokens, replies[6 : 6 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
             forget = [
                 field
-                for field, value in r.pairs(replies[5 + len(tokens)])
+                for field, value in r.pairs(replies[6 + len(tokens)])
                 if int(r.text(value).split()[0]) <= now
             ]
         if not inside and replies[-1] != sum(len(p.ids) for p in postings):
@@ -191,7 +206,10 @@ def _post_plan(
                         continue
                 if mps is not None and posting.request_size > int(mps):
                     raise too_large(posting.queue, mps)
-            except (MustSeal, PostTooLarge) as refused:
+                # live counts only live messages (the read is ZCOUNT from now)
+                if most is not None and live + len(posting.ids) > int(most):
+                    raise full(posting.queue, most)
+            except (MustSeal, PostTooLarge, QueueFull) as refused:
                 outcomes.append(refused)
                 unused += posting.ids
                 continue
@@ -212,6 +230,7 @@ def _post_plan(
                 writes.append(("HSET", keys.idempotency, token, f"{until} {' '.join(posting.ids)}"))
                 this_batch[token] = posting.ids
             outcomes.append(posting.ids)
+            live += len(posting.ids)
         indexed = any(o is p.ids for o, p in zip(outcomes, postings, strict=True))
         if not indexed and not (unused and not inside):
             return None, outcomes  # nothing to index, nothing to take back
@@ -219,6 +238,11 @@ def _post_plan(
             writes.append(("SET", keys.seq, seq))
             # in the transaction: followers hear of it exactly when it is visible
             writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
+        # the room the postings held under their project's quota: what was
+        # indexed now counts as live, what was refused not at all
+        writes += [
+            ("ZREM", p.held.key, p.held.member) for p in postings if p.held and p.held.in_script
+        ]
         if forget:
             writes.append(("HDEL", keys.idempotency, *forget))
         if unused and not inside:
@@ -253,6 +277,7 @@ class WatchStore(RedisStore):
 
     async def create_queue(self, project: str, queue: str, metadata: dict[str, Any]) -> bool:
         keys = self._keys(project, queue)
+        await self.quotas.admit(project, self._kind, queue, 0)
         now = self._clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
@@ -305,11 +330,10 @@ class WatchStore(RedisStore):
         request_size: int,
         idempotency_key: str | None,
         sealed: bool,
+        held: Reservation | None = None,
     ) -> list[str]:
-        posting = Posting.make(
-            keys, project, queue, client_id, messages, request_size, idempotency_key, sealed
-        )
-        return await self._post_one(posting)
+        given = (keys, project, queue, client_id, messages, request_size, idempotency_key)
+        return await self._post_one(Posting.make(*given, sealed, held, self._kind))
 
     async def _post_one(self, posting: Posting) -> list[str]:
         """Index a posting with the other posts to its queue in this process."""
@@ -332,14 +356,19 @@ class WatchStore(RedisStore):
         before = [] if inside else [c for p in postings for c in _body_commands(p, settings)]
         tokens = [p.token for p in postings if p.token is not None]
 
-        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large)
+        full = functools.partial(queue_full, self._noun)
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full)
 
         reads: list[Command] = [
-            await self._registry_add(first.project, first.queue),
+            await self._registry_add(first.project, first.queue, first.kind),
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, *r.POST_SETTINGS),
             ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
+            # the queue's live messages (its _max_messages): every post changes
+            # keys.seq, which is watched, so the count cannot change unseen but
+            # downwards (a delete, a pop: then a refusal is merely cautious)
+            ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
@@ -364,7 +393,7 @@ class WatchStore(RedisStore):
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
         page = await _scan_page(self._transport, keys, queue, query, now, scan_limit)
-        return self._reveal_page(page, project, queue)
+        return self._opener.page(page, self._noun, project, queue)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None
@@ -503,7 +532,7 @@ class WatchStore(RedisStore):
         claim, parked, dlq = taken
         if dlq is not None:
             await self._dead_letter(project, queue, dlq, claim_id, parked)
-        return self._reveal_claim(Unclaimable(None) if claim is None else claim)  # None: all parked
+        return self._opener.claim(Unclaimable(None) if claim is None else claim)  # None: all parked
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)
