@@ -45,6 +45,7 @@ from feedsvc.storage.transport import trouble
 from feedsvc.testing.cluster import LocalCluster
 from feedsvc.testing.sentinel import LocalSentinel
 from tests.conftest import PROCESS_DRIVERS, make_settings
+from tests.test_cluster import slot_of
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -614,3 +615,41 @@ async def test_a_transaction_refused_for_memory_at_exec_is_out_of_memory(
         other.close()
     translated = await trouble(raised.value, cast(Any, None), StoreCounters(), cast(Any, None))
     assert isinstance(translated, RedisOutOfMemory), (raised.value, translated)
+
+
+@pytest.mark.cluster  # a cluster with replicas, of its own
+@pytest.mark.process
+async def test_a_cluster_failover_to_an_evicting_replica_stops_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with Sentinel: after CLUSTER FAILOVER onto a replica whose policy
+    may evict, writes to its slots are refused, the new primary's policy read
+    because the slots moved, not at the next periodic read (an hour here)."""
+    monkeypatch.setattr(memory_policy, "RECHECK_INTERVAL", 3600.0)
+    monkeypatch.setattr(memory_policy, "REFUSING_RECHECK", 3600.0)
+    cluster = LocalCluster(tmp_path, replicas=True)
+    cluster.start()
+    store = make_store(make_settings(cluster.url, driver="lua"))
+    project, queue = "p-" + uuid.uuid4().hex, "q"
+    try:
+        await store.open()
+        await store.post_messages(project, queue, "w", [NewMessage(b"1")])
+        old = cluster.owner(slot_of(project, queue))
+        with cluster.client(cluster.counterpart(old)) as replica:
+            replica.config_set("maxmemory-policy", "volatile-lru")
+        assert await asyncio.to_thread(cluster.fail_over, old) != old
+        refused = None
+        for _ in range(300):
+            try:
+                await store.post_messages(project, queue, "w", [NewMessage(b"2")])
+            except RedisMayEvict as exc:
+                refused = exc
+                break
+            except Unavailable:
+                pass
+            await asyncio.sleep(0.1)
+        assert refused is not None, "writes went on on the evicting new primary"
+        assert "maxmemory-policy volatile-lru" in refused.description
+    finally:
+        await store.close()
+        cluster.stop()
