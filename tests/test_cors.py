@@ -58,7 +58,12 @@ async def test_every_route_answers_a_preflight_with_its_methods(listed: Client) 
     document = openapi_document(Settings())
     for path, item in document["paths"].items():
         filled = path.format(
-            queue="q", topic="t", message_id="0" * 24, claim_id="0" * 24, subscription_id="s"
+            queue="q",
+            topic="t",
+            message_id="0" * 24,
+            claim_id="0" * 24,
+            subscription_id="s",
+            project="p",
         )
         methods = {m.upper() for m in item if m != "parameters"}
         for method in methods:
