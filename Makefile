@@ -39,11 +39,9 @@ check: lint types pytest
 # driver no client is meant to run); a test that starts a process without
 # its mark fails here and says so. make test runs them all. It runs on
 # FAST_WORKERS pytest-xdist workers: its tests compute (about 50 CPU-s in
-# one process), and two workers use both cores. Measured on 2 cores, venv
-# built, while other test runs shared them (load 9-10), so judged by CPU
-# time (user+sys, /usr/bin/time): make test-fast 55 CPU-s, 122 s wall, an
-# estimated 45 s on quiet cores (docs/RELIABILITY.md, "the house"); its
-# pytest 93 s wall on 2 workers, 171 s in one process (FAST_WORKERS=0).
+# one process), and two workers use both cores. Measured with
+# /usr/bin/time make test-fast on 2 cores, venv built, 2026-11-27: 47-53 s
+# wall, 59-68 CPU-s, 1,852 tests.
 test-fast: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory lint types pytest-fast
 
@@ -67,10 +65,9 @@ types:
 # another's queue, so the long tests do not pile up at the end. Each worker
 # has a session redis-server (and Cluster) of its own; a test that must not
 # share one still starts its own. Every worker collects the suite itself,
-# so parameters must come in a fixed order (lists, not sets). Measured with
-# time make test on 2 cores, venv built, while other test runs shared them:
-# 2 min 12 s (2 min 40 s under heavier load); 6 min 45 s in one process
-# (PYTEST_WORKERS=0).
+# so parameters must come in a fixed order (lists, not sets). Measured in a
+# fresh clone with CI=true bash .ci/run on 2 cores, 2026-11-27: pytest
+# 4 min 38 s for 5,031 tests (the whole run about 5.5 min).
 PYTEST_WORKERS ?= 4
 
 pytest:
