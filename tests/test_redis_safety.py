@@ -39,7 +39,7 @@ from feedsvc.embedded import EmbeddedRedis
 from feedsvc.errors import RedisMayEvict, RedisOutOfMemory, Unavailable
 from feedsvc.redis_server import RedisServer
 from feedsvc.storage import memory_policy
-from feedsvc.storage.base import NewMessage, Parent, StoreCounters
+from feedsvc.storage.base import FeedStore, NewMessage, Parent, StoreCounters
 from feedsvc.storage.drivers import eviction_problems, make_store
 from feedsvc.storage.transport import trouble
 from feedsvc.testing.cluster import LocalCluster
@@ -552,16 +552,7 @@ async def test_a_sentinel_failover_to_an_evicting_replica_stops_writes(
         with redis.Redis(port=setup.replica.port) as replica:
             replica.config_set("maxmemory-policy", "volatile-lru")
         setup.failover()
-        refused = None
-        for _ in range(300):
-            try:
-                await store.post_messages(project, "q", "w", [NewMessage(b"2")])
-            except RedisMayEvict as exc:
-                refused = exc
-                break
-            except Unavailable:
-                pass
-            await asyncio.sleep(0.1)
+        refused = await first_refusal(store, project, "q")
         assert refused is not None, "writes went on on the evicting new master"
         assert "maxmemory-policy volatile-lru" in refused.description
     finally:
@@ -638,18 +629,23 @@ async def test_a_cluster_failover_to_an_evicting_replica_stops_writes(
         with cluster.client(cluster.counterpart(old)) as replica:
             replica.config_set("maxmemory-policy", "volatile-lru")
         assert await asyncio.to_thread(cluster.fail_over, old) != old
-        refused = None
-        for _ in range(300):
-            try:
-                await store.post_messages(project, queue, "w", [NewMessage(b"2")])
-            except RedisMayEvict as exc:
-                refused = exc
-                break
-            except Unavailable:
-                pass
-            await asyncio.sleep(0.1)
+        refused = await first_refusal(store, project, queue)
         assert refused is not None, "writes went on on the evicting new primary"
         assert "maxmemory-policy volatile-lru" in refused.description
     finally:
         await store.close()
         cluster.stop()
+
+
+async def first_refusal(store: FeedStore, project: str, queue: str) -> RedisMayEvict | None:
+    """Post until a write is refused for the memory policy (up to some 30 s
+    of 503s while a failover settles); that refusal, or None."""
+    for _ in range(300):
+        try:
+            await store.post_messages(project, queue, "w", [NewMessage(b"2")])
+        except RedisMayEvict as exc:
+            return exc
+        except Unavailable:
+            pass
+        await asyncio.sleep(0.1)
+    return None
