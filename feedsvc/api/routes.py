@@ -17,14 +17,22 @@ QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
 # without claims or share, as in Zaqar.
 TOPIC = "/v2/topics/{topic}"
-# The operator's routes (feedsvc.api.admin), behind the admin token.
+#: A route: method, path, handler, and the action a token's scope must allow
+#: to use it (``feedsvc.access``; None: open to all, no stored data shown).
+#: Below a queue or topic: read (list, get, stats, follow), post, claim
+#: (claims, and deleting a claimed message: identity.WITH_CLAIM_ID), delete,
+#: manage (the queue itself, purge, subscriptions, share).
+Route = tuple[str, str, Handler, str | None]
+
+# The operator's routes (feedsvc.api.admin), behind the admin token (or
+# admin:PROJECT_GLOB, checked by admin.py).
 ADMIN = "/v2/admin/projects/{project}"
 
-ADMIN_ROUTES: list[tuple[str, str, Handler]] = [
-    ("GET", "/limits", admin.get_project_limits),
-    ("PUT", "/limits", admin.put_project_limits),
-    ("DELETE", "/limits", admin.delete_project_limits),
-    ("GET", "/usage", admin.get_project_usage),
+ADMIN_ROUTES: list[Route] = [
+    ("GET", "/limits", admin.get_project_limits, ADMIN_ACTION),
+    ("PUT", "/limits", admin.put_project_limits, ADMIN_ACTION),
+    ("DELETE", "/limits", admin.delete_project_limits, ADMIN_ACTION),
+    ("GET", "/usage", admin.get_project_usage, ADMIN_ACTION),
 ]
 
 # What queues and topics both answer, below their own path.
@@ -34,93 +42,52 @@ ADMIN_ROUTES: list[tuple[str, str, Handler]] = [
 # nearly all the traffic, come first (the whole-path lookup of a POST or a
 # GET of messages: 3.3 → 1.7 µs). A path's methods stay together: aiohttp
 # adds a method to the last resource only when the path is the same.
-FEED: list[tuple[str, str, Handler]] = [
-    ("POST", "/messages", h.post_messages),
-    ("GET", "/messages", streams.get_messages),
-    ("DELETE", "/messages", h.delete_messages),
-    ("GET", "/messages/{message_id}", h.get_message),
-    ("DELETE", "/messages/{message_id}", h.delete_message),
-    ("PUT", "", h.create_queue),
-    ("GET", "", h.get_queue),
-    ("PATCH", "", h.patch_queue),
-    ("DELETE", "", h.delete_queue),
-    ("POST", "/purge", h.purge_queue),
-    ("GET", "/stats", h.get_queue_stats),
-    ("POST", "/subscriptions", subs.create_subscription),
-    ("GET", "/subscriptions", subs.list_subscriptions),
-    ("GET", "/subscriptions/{subscription_id}", subs.get_subscription),
-    ("PATCH", "/subscriptions/{subscription_id}", subs.patch_subscription),
-    ("DELETE", "/subscriptions/{subscription_id}", subs.delete_subscription),
-    ("PUT", "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription),
+FEED: list[Route] = [
+    ("POST", "/messages", h.post_messages, "post"),
+    ("GET", "/messages", streams.get_messages, "read"),
+    ("DELETE", "/messages", h.delete_messages, "delete"),
+    ("GET", "/messages/{message_id}", h.get_message, "read"),
+    ("DELETE", "/messages/{message_id}", h.delete_message, "delete"),
+    ("PUT", "", h.create_queue, "manage"),
+    ("GET", "", h.get_queue, "read"),
+    ("PATCH", "", h.patch_queue, "manage"),
+    ("DELETE", "", h.delete_queue, "manage"),
+    ("POST", "/purge", h.purge_queue, "manage"),
+    ("GET", "/stats", h.get_queue_stats, "read"),
+    ("POST", "/subscriptions", subs.create_subscription, "manage"),
+    ("GET", "/subscriptions", subs.list_subscriptions, "manage"),
+    ("GET", "/subscriptions/{subscription_id}", subs.get_subscription, "manage"),
+    ("PATCH", "/subscriptions/{subscription_id}", subs.patch_subscription, "manage"),
+    ("DELETE", "/subscriptions/{subscription_id}", subs.delete_subscription, "manage"),
+    ("PUT", "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription, "manage"),
 ]
 
-ROUTES: list[tuple[str, str, Handler]] = [
-    ("GET", "/", h.get_versions),
-    ("GET", "/v2", h.get_home),
-    ("GET", "/v2/", h.get_home),
-    ("GET", "/v2/ping", h.ping),
-    ("GET", "/v2/health", h.get_health),
-    ("GET", "/v2/openapi.json", openapi.get_openapi),
-    *[(method, QUEUE + path, handler) for method, path, handler in FEED],
-    ("GET", "/v2/queues", h.list_queues),  # after a queue's routes: see FEED
-    ("POST", QUEUE + "/share", signed_urls.share_queue),
-    ("POST", QUEUE + "/claims", h.post_claim),
-    ("GET", QUEUE + "/claims/{claim_id}", h.get_claim),
-    ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim),
-    ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim),
-    ("POST", QUEUE + "/messages/{message_id}/release", h.release_message),
-    *[(method, TOPIC + path, handler) for method, path, handler in FEED],
-    ("GET", "/v2/topics", h.list_queues),
-    *[(method, ADMIN + path, handler) for method, path, handler in ADMIN_ROUTES],
+ROUTES: list[Route] = [
+    ("GET", "/", h.get_versions, None),
+    ("GET", "/v2", h.get_home, None),
+    ("GET", "/v2/", h.get_home, None),
+    ("GET", "/v2/ping", h.ping, None),
+    ("GET", "/v2/health", h.get_health, None),
+    ("GET", "/v2/openapi.json", openapi.get_openapi, None),
+    *[(method, QUEUE + path, handler, action) for method, path, handler, action in FEED],
+    ("GET", "/v2/queues", h.list_queues, "read"),  # after a queue's routes: see FEED
+    ("POST", QUEUE + "/share", signed_urls.share_queue, "manage"),
+    ("POST", QUEUE + "/claims", h.post_claim, "claim"),
+    ("GET", QUEUE + "/claims/{claim_id}", h.get_claim, "claim"),
+    ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim, "claim"),
+    ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim, "claim"),
+    ("POST", QUEUE + "/messages/{message_id}/release", h.release_message, "claim"),
+    *[(method, TOPIC + path, handler, action) for method, path, handler, action in FEED],
+    ("GET", "/v2/topics", h.list_queues, "read"),
+    *[(method, ADMIN + path, handler, action) for method, path, handler, action in ADMIN_ROUTES],
 ]
 
-
-# The action of each route below a queue or topic, for the scope check.
-# read: list, get, stats, follow; post; claim: claims and deleting a claimed
-# message (identity.WITH_CLAIM_ID); delete; manage: the queue itself, purge,
-# subscriptions, share.
-FEED_ACTIONS: dict[tuple[str, str], str] = {
-    ("POST", "/messages"): "post",
-    ("GET", "/messages"): "read",
-    ("DELETE", "/messages"): "delete",
-    ("GET", "/messages/{message_id}"): "read",
-    ("DELETE", "/messages/{message_id}"): "delete",
-    ("PUT", ""): "manage",
-    ("GET", ""): "read",
-    ("PATCH", ""): "manage",
-    ("DELETE", ""): "manage",
-    ("POST", "/purge"): "manage",
-    ("GET", "/stats"): "read",
-    ("POST", "/subscriptions"): "manage",
-    ("GET", "/subscriptions"): "manage",
-    ("GET", "/subscriptions/{subscription_id}"): "manage",
-    ("PATCH", "/subscriptions/{subscription_id}"): "manage",
-    ("DELETE", "/subscriptions/{subscription_id}"): "manage",
-    ("PUT", "/subscriptions/{subscription_id}/confirm"): "manage",
-}
 
 #: (method, path) -> the action a token's scope must allow; None: open to all
 #: (no stored data shown). A GET's entry covers its HEAD. add_routes refuses
 #: to add a route that is not here.
 ACTIONS: dict[tuple[str, str], str | None] = {
-    ("GET", "/"): None,
-    ("GET", "/v2"): None,
-    ("GET", "/v2/"): None,
-    ("GET", "/v2/ping"): None,
-    ("GET", "/v2/health"): None,
-    ("GET", "/v2/openapi.json"): None,
-    **{(m, QUEUE + path): action for (m, path), action in FEED_ACTIONS.items()},
-    ("GET", "/v2/queues"): "read",  # every name: needs read:*
-    ("POST", QUEUE + "/share"): "manage",
-    ("POST", QUEUE + "/claims"): "claim",
-    ("GET", QUEUE + "/claims/{claim_id}"): "claim",
-    ("PATCH", QUEUE + "/claims/{claim_id}"): "claim",
-    ("DELETE", QUEUE + "/claims/{claim_id}"): "claim",
-    ("POST", QUEUE + "/messages/{message_id}/release"): "claim",
-    **{(m, TOPIC + path): action for (m, path), action in FEED_ACTIONS.items()},
-    ("GET", "/v2/topics"): "read",
-    # the operator's: the admin token or admin:PROJECT_GLOB (checked by admin.py)
-    **{(m, ADMIN + path): ADMIN_ACTION for m, path, _ in ADMIN_ROUTES},
+    **{(method, path): action for method, path, _, action in ROUTES},
     ("GET", "/metrics"): None,
     ("GET", "/console"): None,
     ("GET", "/console/{asset}"): None,
@@ -145,7 +112,7 @@ def route_actions(app: web.Application) -> dict[AbstractRoute, str | None]:
 
 
 def add_routes(app: web.Application, bench_routes: bool = False) -> None:
-    for method, path, handler in ROUTES:
+    for method, path, handler, _ in ROUTES:
         if method == "GET":
             # GET routes answer HEAD too (HEAD /v2/ping is a health probe)
             app.router.add_get(path, handler)
