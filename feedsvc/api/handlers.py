@@ -127,6 +127,21 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
     if message.claim_id is not None:
         # how often it was claimed, this claim included (a feedsvc extension)
         shown["claim_count"] = message.claim_count
+    if message.headers is not None:  # a feedsvc extension: only when it has some
+        shown["headers"] = orjson.Fragment(message.headers)
+    return shown
+
+
+def popped_json(message: Message, now: int) -> dict[str, Any]:
+    """A popped message as Zaqar shows it (no href: it is gone), with its headers."""
+    shown = {
+        "id": message.id,
+        "ttl": message.ttl,
+        "age": message.age(now),
+        "body": orjson.Fragment(message.body),
+    }
+    if message.headers is not None:
+        shown["headers"] = orjson.Fragment(message.headers)
     return shown
 
 
@@ -561,14 +576,7 @@ async def delete_messages(request: web.Request) -> web.Response:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
         popped = await feed_store(request).pop_messages(project, queue, limit)
         now = _now(request)
-        return json_response(
-            {
-                "messages": [
-                    {"id": m.id, "ttl": m.ttl, "age": m.age(now), "body": orjson.Fragment(m.body)}
-                    for m in popped
-                ]
-            }
-        )
+        return json_response({"messages": [popped_json(m, now) for m in popped]})
     if ids is None:
         raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
     await feed_store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])

@@ -125,11 +125,13 @@ def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
 
 @dataclass(slots=True)  # not frozen, as Message below: one per message posted
 class NewMessage:
-    """A message as posted: the body already encoded as JSON."""
+    """A message as posted: the body already encoded as JSON, and its headers
+    (an object of strings, docs/consumers.md) too; b"": none."""
 
     body: bytes
     ttl: int | None = None
     delay: int | None = None
+    headers: bytes = b""
 
 
 # Not frozen: a frozen dataclass costs three to four times as much to build
@@ -147,6 +149,8 @@ class Message:
     claim_id: str | None = None
     claim_count: int = 0
     author: str | None = None  # the poster's client id, where a list needs it
+    # its headers, the JSON object as posted (docs/consumers.md); None: none
+    headers: bytes | None = None
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)
