@@ -40,11 +40,13 @@ _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
 #: W3C Trace Context: version (not ff), trace id, parent id, flags; ids not all zeros.
-_TRACEPARENT: Final = re.compile(
+TRACEPARENT_PATTERN: Final = (
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
 )
-#: W3C Trace Context: at most 32 list members of printable ASCII, 512 chars in all.
-_TRACESTATE: Final = re.compile(r"[\x20-\x7e]{0,512}")
+#: W3C Trace Context: a list of printable ASCII, 512 characters at most.
+TRACESTATE_PATTERN: Final = r"[\x20-\x7e]{0,512}"
+_TRACEPARENT: Final = re.compile(TRACEPARENT_PATTERN)
+_TRACESTATE: Final = re.compile(TRACESTATE_PATTERN)
 #: The headers a webhook request carries as HTTP headers too.
 TRACE_HEADERS: Final = (TRACEPARENT, TRACESTATE)
 
@@ -93,6 +95,31 @@ def _check_trace_context(headers: Mapping[str, str]) -> None:
     state = headers.get(TRACESTATE)
     if state is not None and _TRACESTATE.fullmatch(state) is None:
         raise _bad("tracestate must be at most 512 printable ASCII characters.")
+
+
+def request_trace_context(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """A request's W3C Trace Context headers as message headers; {} if its
+    traceparent is missing or malformed (W3C: then the context is ignored;
+    a malformed tracestate alone is dropped)."""
+    if traceparent is None or _TRACEPARENT.fullmatch(traceparent) is None:
+        return {}
+    context = {TRACEPARENT: traceparent}
+    if tracestate is not None and _TRACESTATE.fullmatch(tracestate) is not None:
+        context[TRACESTATE] = tracestate
+    return context
+
+
+def with_trace_context(stored: bytes, context: Mapping[str, str]) -> bytes:
+    """A message's stored headers with context added when it has no
+    traceparent of its own (the service's addition: beyond the client's
+    limits, by at most two headers of 600 bytes)."""
+    if not context:
+        return stored
+    headers = orjson.loads(stored) if stored else {}
+    if TRACEPARENT in headers:
+        return stored
+    headers.update(context)
+    return orjson.dumps(headers)
 
 
 def trace_headers(stored: bytes | None) -> dict[str, str]:

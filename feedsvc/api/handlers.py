@@ -17,8 +17,10 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
+from feedsvc import tracing
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
+from feedsvc.api.traced import carriers, consumed, request_context, stamp
 from feedsvc.appkeys import CLOCK, DRAINING, EMBEDDED_REDIS, SETTINGS, STORE
 from feedsvc.config import Settings
 from feedsvc.drain_signal import DrainSignal
@@ -416,9 +418,22 @@ async def post_messages(request: web.Request) -> web.Response:
     v.post_length(request, settings)
     raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
-    ids = await feed_store(request).post_messages(
-        project, queue, client, messages, len(raw), idempotency_key
-    )
+    store = feed_store(request)
+    # the request's W3C context goes into messages that carry none (a
+    # consumer links to it), and parents the publish span when tracing
+    context = request_context(request)
+    if tracing.ENABLED:
+        with tracing.span(
+            "publish", queue, producer=True, parent=context, links=carriers(messages)
+        ) as span:
+            stamp(messages, tracing.carrier_of(span))
+            ids = await store.post_messages(
+                project, queue, client, messages, len(raw), idempotency_key
+            )
+            tracing.message_ids(span, ids)
+    else:
+        stamp(messages, context)
+        ids = await store.post_messages(project, queue, client, messages, len(raw), idempotency_key)
     return posted_response(f"{feed_path(request, queue)}/messages", ids)
 
 
@@ -574,7 +589,12 @@ async def delete_messages(request: web.Request) -> web.Response:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
-        popped = await feed_store(request).pop_messages(project, queue, limit)
+        if tracing.ENABLED:
+            with tracing.span("receive", queue) as span:
+                popped = await feed_store(request).pop_messages(project, queue, limit)
+                consumed(span, popped)
+        else:
+            popped = await feed_store(request).pop_messages(project, queue, limit)
         now = _now(request)
         return json_response({"messages": [popped_json(m, now) for m in popped]})
     if ids is None:
@@ -604,10 +624,14 @@ async def post_claim(request: web.Request) -> web.Response:
     seconds = v.wait_seconds(request.query)
     ttl, grace = v.claim_options(await read_body(request), settings)
     store = feed_store(request)
-    claim = await store.claim_messages(project, queue, ttl, grace, limit)
-    if claim is None and seconds:
-        draining = request.app[DRAINING]
-        claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds, draining)
+    terms = (ttl, grace, limit)
+    if tracing.ENABLED:
+        with tracing.span("receive", queue) as span:
+            claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
+            if claim is not None:
+                consumed(span, claim.messages)
+    else:
+        claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
@@ -620,6 +644,23 @@ async def post_claim(request: web.Request) -> web.Response:
         content_type="application/json",
         headers={"Location": _claim_href(queue, claim.id)},
     )
+
+
+async def _claim_now_or_later(
+    store: FeedStore,
+    project: str,
+    queue: str,
+    terms: tuple[int, int, int],
+    seconds: float,
+    request: web.Request,
+) -> Claim | None:
+    """A claim at once, else (with wait=) once something is claimable."""
+    ttl, grace, limit = terms
+    claim = await store.claim_messages(project, queue, ttl, grace, limit)
+    if claim is None and seconds:
+        draining = request.app[DRAINING]
+        claim = await _claim_waiting(store, project, queue, terms, seconds, draining)
+    return claim
 
 
 async def _claim_waiting(

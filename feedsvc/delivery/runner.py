@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+from feedsvc import tracing
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.retry import DEFAULTS, effective_policy
@@ -244,7 +245,13 @@ class Runner:
                 else:
                     document = partial(notification, sub, message)
                     trace = trace_headers(message.headers)
-                    outcome = await self._attempt(sub, document, message.id, trace)
+                    if tracing.ENABLED:
+                        with tracing.span("process", sub.source, links=[trace]) as span:
+                            tracing.message_ids(span, [message.id])
+                            outcome = await self._attempt(sub, document, message.id, trace)
+                            span.set_attribute("feedsvc.delivery.ok", outcome.ok)
+                    else:
+                        outcome = await self._attempt(sub, document, message.id, trace)
                 if not await self._after(sub, d, outcome, seq):
                     break
                 d = replace(d, position=seq, attempts=0, due_ms=0)
