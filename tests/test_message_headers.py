@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from feedsvc.api.openapi import openapi_document
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.message_headers import MAX_HEADERS, MAX_HEADERS_SIZE
@@ -240,3 +241,20 @@ def test_the_record_keeps_author_and_headers_apart() -> None:
     plain = record.posted(author, 60, 1_000, 7, 0)
     assert plain.record(b"1") == plain.fixed() + author.encode() + b"\n1"
     assert record.Row.read("id", plain.record(b"1"), []).message(0).headers is None  # type: ignore[union-attr]
+
+
+def test_the_openapi_document_describes_the_headers() -> None:
+    document = openapi_document(Settings())
+    schemas = document["components"]["schemas"]
+    posted, stored = schemas["MessageHeaders"], schemas["StoredMessageHeaders"]
+    assert posted["maxProperties"] == MAX_HEADERS
+    assert str(MAX_HEADERS_SIZE) in posted["description"]
+    assert stored["propertyNames"]["pattern"] == "^[a-z0-9][a-z0-9._-]{0,63}$"
+    ref = "#/components/schemas/"
+    assert schemas["NewMessage"]["properties"]["headers"] == {"$ref": ref + "MessageHeaders"}
+    assert schemas["Message"]["properties"]["headers"] == {"$ref": ref + "StoredMessageHeaders"}
+    popped = schemas["PoppedMessages"]["properties"]["messages"]["items"]
+    assert popped["properties"]["headers"] == {"$ref": ref + "StoredMessageHeaders"}
+    for path in ("/v2/queues/{queue}/messages", "/v2/topics/{topic}/messages"):
+        post = document["paths"][path]["post"]
+        assert "traceparent" in {p.get("name") for p in post["parameters"]}, path

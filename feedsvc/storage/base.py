@@ -26,7 +26,9 @@ into the Lua scripts too)::
                                  fixed-width fields, seq (0 until indexed),
                                  ttl s, created ms, expires ms, due ms
                                  (delay), claim expires ms, times claimed,
-                                 claim id; then the client id, a newline,
+                                 claim id; then the client id (and, after
+                                 a space, the message's headers as a JSON
+                                 object, if it has any), a newline,
                                  the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
                                  AES-256-GCM of them); PEXPIREAT expires
