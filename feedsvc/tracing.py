@@ -20,9 +20,10 @@ with ``messaging.system`` = ``feedsvc``, ``messaging.destination.name``,
 ``messaging.operation.type`` (publish, receive, process),
 ``messaging.message.id`` (one message) or ``messaging.batch.message_count``
 (several). A consumer span is *linked* to the ``traceparent`` stored in each
-message's headers, and a post stores its publish span's context in every
-message that has no traceparent of its own, so the links lead back to the
-producer (whose request's ``traceparent`` is the publish span's parent).
+message's headers; a post whose request carries a ``traceparent`` (the
+publish span's parent) stores the publish span's context in each of its
+messages that has none of its own, so the links lead back to the producer.
+A post without one changes no message (Zaqar clients cannot read headers).
 
 The cost with tracing off is nil: nothing here imports opentelemetry until
 :func:`configure` finds it switched on, and the hot paths test one module

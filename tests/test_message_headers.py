@@ -197,6 +197,22 @@ async def test_a_stream_event_carries_the_headers(http: Client, headers: Headers
     assert (event["body"], event["headers"]) == ("s", STORED)
 
 
+async def test_a_stream_hides_its_own_client_s_messages_with_headers(
+    http: Client, headers: Headers
+) -> None:
+    """A stream's tail filters echo by each message's author, which the
+    headers follow on the record's line (record.list_reply splits them)."""
+    stream = await open_stream(http, headers)
+    try:
+        await next_event(stream)  # retry
+        await post(http, headers, "q", [{"body": "mine", "headers": SENT}])
+        await post(http, other_client(headers), "q", [{"body": "theirs", "headers": SENT}])
+        event = orjson.loads((await next_event(stream))["data"])
+    finally:
+        stream.close()
+    assert (event["body"], event["headers"]) == ("theirs", STORED)
+
+
 async def test_a_webhook_gets_the_headers_and_the_trace_context_as_http_headers(
     settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
 ) -> None:

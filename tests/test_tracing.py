@@ -74,6 +74,13 @@ def traceparent_of(span: ReadableSpan) -> str:
     return f"00-{trace_id}-{span_id}-{context.trace_flags:02x}"
 
 
+async def traced_post(
+    http: Client, headers: Headers, queue: str, messages: list[dict[str, Any]]
+) -> list[str]:
+    """A post from a traced producer: its request carries a traceparent."""
+    return await post(http, {**headers, "traceparent": PARENT}, queue, messages)
+
+
 async def stored_headers(http: Client, headers: Headers, queue: str) -> list[Any]:
     url = messages_path(queue) + "?echo=true&limit=20&include_claimed=true"
     doc = await ok_json(await http.get(url, headers=headers))
@@ -118,15 +125,16 @@ async def test_one_message_is_named_by_its_id(
     assert publish.attributes is not None
     assert publish.attributes["messaging.message.id"] == mid
     assert "messaging.batch.message_count" not in publish.attributes
-    # no request context: the span starts a trace, which the message stores
+    # no request context: the span starts a trace, and the message is left
+    # as posted (no headers: what a Zaqar client can read)
     assert publish.parent is None
-    assert await stored_headers(http, headers, "one") == [{"traceparent": traceparent_of(publish)}]
+    assert await stored_headers(http, headers, "one") == [None]
 
 
 async def test_claim_and_pop_are_consumer_spans_linked_to_the_producer(
     http: Client, headers: Headers, spans: InMemorySpanExporter
 ) -> None:
-    ids = await post(http, headers, "work", [{"body": i} for i in range(3)])
+    ids = await traced_post(http, headers, "work", [{"body": i} for i in range(3)])
     [publish] = named(spans, "publish work")
     resp = await http.post("/v2/queues/work/claims?limit=2", json={"ttl": 60}, headers=headers)
     await ok_json(resp, 201)
@@ -160,12 +168,14 @@ async def test_an_empty_claim_is_a_span_without_links(
 async def test_a_stream_s_events_are_consumer_spans(
     http: Client, headers: Headers, spans: InMemorySpanExporter
 ) -> None:
-    await post(http, other_client(headers), "q", [{"body": "old"}])
+    await traced_post(http, other_client(headers), "q", [{"body": "old"}])
     stream = await open_stream(http, headers)
     try:
         await next_event(stream)  # retry
         await next_event(stream)  # the backlog
-        await post(http, other_client(headers), "q", [{"body": "new", "headers": {"k": "v"}}])
+        await traced_post(
+            http, other_client(headers), "q", [{"body": "new", "headers": {"k": "v"}}]
+        )
         event = orjson.loads((await next_event(stream))["data"])
     finally:
         stream.close()
@@ -196,7 +206,7 @@ async def test_a_webhook_delivery_is_a_process_span_and_carries_the_context(
 ) -> None:
     async with service(delivery_settings(settings), clock) as http:
         await subscribe(http, headers, receiver.url)
-        [mid] = await post(http, headers, "news", [{"body": "w"}])
+        [mid] = await traced_post(http, headers, "news", [{"body": "w"}])
         await receiver.until(1)
     [publish] = named(spans, "publish news")
     [(sent, _)] = receiver.got
@@ -210,27 +220,30 @@ async def test_a_webhook_delivery_is_a_process_span_and_carries_the_context(
     assert linked_to(process) == [hex_ids(publish)]
 
 
-async def test_without_tracing_a_post_s_context_still_reaches_its_messages(
-    http: Client, headers: Headers
-) -> None:
-    """Propagation needs no tracing: the request's traceparent is stored in
-    the messages that carry none; a malformed one is ignored (W3C)."""
+async def test_without_tracing_a_post_is_stored_as_sent(http: Client, headers: Headers) -> None:
+    """Tracing off, the request's traceparent is not even looked at: a
+    message keeps exactly the headers it was posted with (none: none)."""
     assert not tracing.ENABLED
-    good = {**headers, "traceparent": PARENT, "tracestate": "v=1"}
-    await post(http, good, "p", [{"body": 1}, {"body": 2, "headers": {"traceparent": OWN}}])
-    bad = {**headers, "traceparent": "00-xyz", "tracestate": "v=1"}
-    await post(http, bad, "p", [{"body": 3}])
-    bad_state = {
-        **headers,
-        "traceparent": PARENT,
-        "tracestate": "caf\u00e9".encode().decode("latin-1"),
-    }
-    await post(http, bad_state, "p", [{"body": 4}])
-    assert await stored_headers(http, headers, "p") == [
-        {"traceparent": PARENT, "tracestate": "v=1"},
-        {"traceparent": OWN},
+    traced = {**headers, "traceparent": PARENT, "tracestate": "v=1"}
+    await post(http, traced, "p", [{"body": 1}, {"body": 2, "headers": {"traceparent": OWN}}])
+    assert await stored_headers(http, headers, "p") == [None, {"traceparent": OWN}]
+
+
+async def test_a_malformed_request_context_is_ignored(
+    http: Client, headers: Headers, spans: InMemorySpanExporter
+) -> None:
+    """W3C: a traceparent that does not parse is ignored (a new trace), and
+    nothing is stored; a bad tracestate alone is dropped."""
+    await post(http, {**headers, "traceparent": "00-xyz"}, "m", [{"body": 1}])
+    [publish] = named(spans, "publish m")
+    assert publish.parent is None
+    await post(
+        http, {**headers, "traceparent": PARENT, "tracestate": "a=" + "b" * 600}, "m", [{"body": 2}]
+    )
+    _, second = named(spans, "publish m")
+    assert await stored_headers(http, headers, "m") == [
         None,
-        {"traceparent": PARENT},
+        {"traceparent": traceparent_of(second)},
     ]
 
 

@@ -419,20 +419,20 @@ async def post_messages(request: web.Request) -> web.Response:
     raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
     store = feed_store(request)
-    # the request's W3C context goes into messages that carry none (a
-    # consumer links to it), and parents the publish span when tracing
-    context = request_context(request)
     if tracing.ENABLED:
+        # the request's W3C context parents the publish span, whose context
+        # then goes into the messages that carry none (consumers link to it)
+        context = request_context(request)
         with tracing.span(
             "publish", queue, producer=True, parent=context, links=carriers(messages)
         ) as span:
-            stamp(messages, tracing.carrier_of(span))
+            if context:
+                stamp(messages, tracing.carrier_of(span))
             ids = await store.post_messages(
                 project, queue, client, messages, len(raw), idempotency_key
             )
             tracing.message_ids(span, ids)
     else:
-        stamp(messages, context)
         ids = await store.post_messages(project, queue, client, messages, len(raw), idempotency_key)
     return posted_response(f"{feed_path(request, queue)}/messages", ids)
 

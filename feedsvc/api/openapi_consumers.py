@@ -65,9 +65,10 @@ def add_consumers(document: dict[str, Any]) -> None:
             "name": "traceparent",
             "in": "header",
             "required": False,
-            "description": "W3C Trace Context. Stored in the headers of each posted "
-            "message that has no traceparent of its own (the publish span's, when "
-            "tracing is on), so consumers can link to the producer; ignored if malformed.",
+            "description": "W3C Trace Context. With tracing on, the publish span's "
+            "parent, and its context is stored in the headers of each posted message "
+            "that has no traceparent of its own, so consumers can link to the producer; "
+            "ignored if malformed, and not read with tracing off.",
             "schema": {"type": "string"},
         },
         {
