@@ -18,15 +18,17 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from bench.service import Service, WrkResult, WrkSuite, service, wrk
 
 
 class _Sink(BaseHTTPRequestHandler):
-    """An OTLP/HTTP collector that keeps nothing."""
+    """An OTLP/HTTP collector that keeps nothing but the paths posted to."""
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -37,9 +39,11 @@ class _Sink(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def otlp_sink() -> Iterator[str]:
-    """The endpoint of a local OTLP/HTTP sink (served by a thread)."""
+def otlp_sink(paths: list[str] | None = None) -> Iterator[str]:
+    """The endpoint of a local OTLP/HTTP sink (served by a thread); the
+    paths of the exports it gets are appended to paths."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    server.paths = [] if paths is None else paths  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -49,17 +53,24 @@ def otlp_sink() -> Iterator[str]:
         server.server_close()
 
 
+def traced_service(redis_url: str, log: Path, endpoint: str) -> Service:
+    """A Service exporting its spans over OTLP/HTTP to endpoint."""
+    traced = Service(redis_url, log)
+    traced.env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_SERVICE_NAME="feedsvc-bench",
+        OTEL_BSP_SCHEDULE_DELAY="100",  # ms: exported soon after (the default is 5 s)
+    )
+    return traced
+
+
 def part_tracing(suite: WrkSuite) -> None:
     c, seconds = suite.connections, suite.duration
     targets = {"POST": ("post.lua", "/v2/queues/bpost/messages"),
                "GET": ("get.lua", "/v2/queues/bget/messages?limit=10")}  # fmt: skip
     with otlp_sink() as endpoint:
-        traced = Service(suite.redis.url, suite.workdir / "tracing-on.log")
-        traced.env.update(
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-            OTEL_SERVICE_NAME="feedsvc-bench",
-        )
+        traced = traced_service(suite.redis.url, suite.workdir / "tracing-on.log", endpoint)
         with service(suite.redis.url, suite.workdir, log="tracing-off.log") as off, traced as on:
             runs: dict[str, list[tuple[WrkResult, WrkResult, WrkResult]]] = {m: [] for m in targets}
             for _ in range(suite.rounds):

@@ -13,6 +13,7 @@ import ast
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import feedsvc
+from bench.tracing import otlp_sink, traced_service
 from feedsvc import tracing
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
+from feedsvc.redis_server import RedisServer
 from tests.test_api import Client, Headers, messages_path, ok_json, other_client, post
 from tests.test_cli import one_line_error, run_cli
 from tests.test_delivery import Receiver, delivery_settings, service, subscribe
@@ -352,3 +355,20 @@ def test_without_the_extra_feedsvc_runs_and_asking_for_tracing_says_what_to_inst
         [sys.executable, "-c", BLOCKED], env=env, capture_output=True, text=True, check=True
     )
     assert "pip install 'feedsvc[otel]'" in out.stdout
+
+
+@pytest.mark.process
+def test_a_served_process_exports_its_spans_over_otlp(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Through a real ``feedsvc serve`` configured only by OTEL_* variables
+    (the bench's tracing part uses the same): its spans reach an OTLP/HTTP
+    receiver."""
+    paths: list[str] = []
+    log = tmp_path / "serve.log"
+    with otlp_sink(paths) as endpoint, traced_service(str(redis_server.url), log, endpoint) as svc:
+        svc.request("POST", "/v2/queues/t/messages", {"messages": [{"body": 1}]})
+        deadline = time.monotonic() + 30
+        while not paths and time.monotonic() < deadline:
+            time.sleep(0.05)  # the batch processor exports every 100 ms
+    assert paths and set(paths) == {"/v1/traces"}, paths
