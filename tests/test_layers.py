@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the signal that the process drains
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
-    ("feedsvc.log_counter",),
+    ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
     # bearer tokens: their identities and scopes, JWTs and the issuer's keys
     ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
