@@ -65,6 +65,9 @@ ROOT_MODULES = {
     "feedsvc.drain_signal",
     # the rate limiter, api and app: a log line per interval for floods
     "feedsvc.log_counter",
+    # api and delivery: a message's headers (their rules) and its trace spans
+    "feedsvc.message_headers",
+    "feedsvc.tracing",
     # api, app and cli: the app's typed state keys
     "feedsvc.appkeys",
     # Floors of their own, still at the root (docs/design.md, "The house"):

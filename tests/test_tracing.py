@@ -32,7 +32,7 @@ from bench.tracing import otlp_sink, traced_service
 from feedsvc import tracing
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.test_api import Client, Headers, messages_path, ok_json, other_client, post
 from tests.test_cli import one_line_error, run_cli
 from tests.test_delivery import Receiver, delivery_settings, service, subscribe
