@@ -418,6 +418,47 @@ class DeliveryState(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    """A dead-letter queue's redrive as it stands (``storage/redrive.py``)."""
+
+    state: str  # running, done, cancelled
+    moved: int  # dead letters taken out of the queue into their target
+    skipped: int  # left in the queue: no known source and no "to", or held by a claim
+    remaining: int  # dead letters still to consider
+    max_per_second: int
+    to: str | None  # None: each dead letter goes back to the queue it came from
+    started_at: int  # ms
+    updated_at: int  # ms
+
+
+class RedriveStore(Protocol):
+    """The redrives of dead-letter queues: one per queue at a time, its
+    progress in Redis, moved in bounded, paced steps by whichever process
+    holds its lease (``feedsvc.redriver``)."""
+
+    async def start(self, project: str, queue: str, max_per_second: int, to: str | None) -> Redrive:
+        """Start moving the queue's dead letters (those there now, oldest
+        first) back. QueueNotFound if the queue does not exist,
+        RedriveRunning if one is running."""
+        ...
+
+    async def get(self, project: str, queue: str) -> Redrive | None: ...
+
+    async def cancel(self, project: str, queue: str) -> Redrive | None:
+        """Stop a running redrive (what moved stays moved); None if there is none."""
+        ...
+
+    async def running(self, limit: int) -> list[tuple[str, str]]:
+        """Up to limit (project, queue) whose redrive may be running."""
+        ...
+
+    async def step(self, project: str, queue: str, owner: str) -> int | None:
+        """One bounded, paced batch of the redrive, if owner holds its lease
+        or may take it: how many moved; None when it is not running."""
+        ...
+
+
 @dataclass(slots=True)
 class StoreCounters:
     """Counters a load test or /metrics can read."""
@@ -721,6 +762,11 @@ class FeedStore(Protocol):
     @property
     def rate_limits(self) -> RateLimitStore:
         """Projects' request-rate buckets (``--project-rate``)."""
+        ...
+
+    @property
+    def redrives(self) -> RedriveStore:
+        """The redrives of dead-letter queues."""
         ...
 
 
