@@ -18,8 +18,8 @@ from feedsvc.api import validation as v
 from feedsvc.api.handlers import json_response, read_body
 from feedsvc.appkeys import REDRIVER, STORE
 from feedsvc.errors import BadRequest, InsufficientScope, NotFound
+from feedsvc.storage.base import MAX_REDRIVE_RATE as MAX_RATE
 from feedsvc.storage.base import Redrive
-from feedsvc.storage.redrive import MAX_RATE
 
 _FIELDS = frozenset(("max_per_second", "to"))
 

@@ -418,6 +418,11 @@ class DeliveryState(Protocol):
         ...
 
 
+#: The largest max_per_second a redrive may ask for (its steps move at most
+#: one second's worth each tick).
+MAX_REDRIVE_RATE = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class Redrive:
     """A dead-letter queue's redrive as it stands (``storage/redrive.py``)."""

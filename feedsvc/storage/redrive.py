@@ -51,8 +51,6 @@ from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.transport import Transport
 
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
-#: The largest max_per_second a redrive may ask for.
-MAX_RATE = 1000
 #: The most dead letters one step moves (one transaction per slot).
 BATCH = 100
 #: How long a process's hold on a redrive lasts without a step renewing it.
