@@ -10,12 +10,15 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
 from feedsvc.errors import QueueNotFound, RedriveRunning
 from feedsvc.storage import record as rec
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.redis_store import RedisStore
 from feedsvc.storage.redrive import BATCH, FIELDS, LEASE_MS, State
+from feedsvc.storage.sealing import MAGIC
 from tests.conftest import direct_client
 
 READER = str(uuid.uuid4())
@@ -285,3 +288,31 @@ async def test_deleting_a_dead_letter_queue_deletes_its_redrive(
     finally:
         await client.aclose()
     assert await store.redrives.step(project, "dlq", A) is None
+
+
+async def test_sealed_bodies_move_sealed_and_open_in_their_queue(
+    settings: Settings, clock: ManualClock, project: str, redis_url: str
+) -> None:
+    sealed_settings = settings.replace(message_encryption_key="a key of sixteen chars or more")
+    store = make_store(sealed_settings, clock)
+    await store.open()
+    try:
+        await store.create_queue(
+            project,
+            "q",
+            {"_max_claim_count": 1, "_dead_letter_queue": "dlq", "_enable_encrypt_messages": True},
+        )
+        [message_id] = await store.post_messages(project, "q", WRITER, [NewMessage(b'"secret"')])
+        claim = await store.claim_messages(project, "q", 300, 60, 5)
+        assert claim is not None
+        await store.release_claim(project, "q", claim.id)
+        assert await store.claim_messages(project, "q", 300, 60, 5) is None
+        await store.redrives.start(project, "dlq", 10, None)
+        assert await store.redrives.step(project, "dlq", A) == 1
+        [raw] = await raw_records(redis_url, QueueKeys.of(project, "q"), [message_id])
+        body = raw[raw.index(rec.NEWLINE, rec.FIXED) + 1 :]
+        assert body.startswith(MAGIC) and b"secret" not in body
+        [back] = await store.get_messages(project, "q", [message_id])
+        assert back.body == b'"secret"'
+    finally:
+        await store.close()
