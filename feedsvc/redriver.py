@@ -25,6 +25,8 @@ log = logging.getLogger("feedsvc")
 
 #: Seconds between two looks for running redrives.
 TICK = 0.5
+#: Seconds between two looks at most while Redis is in trouble.
+MAX_PAUSE = 10.0
 #: Redrives looked at per tick, at most.
 PER_TICK = 16
 #: Steps per redrive per tick, at most (a step is a bounded batch; the rate
@@ -56,17 +58,26 @@ class Redriver:
     async def _run(self) -> None:
         # waits first: a process stopped as soon as it started (tests, a
         # failed rollout) leaves Redis alone
+        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK):
+                # after failures, less often: a line per outage, not two a second
+                async with asyncio.timeout(min(TICK * 2**failures, MAX_PAUSE)):
                     await self._kicked.wait()
             self._kicked.clear()
             try:
                 await self.tick()
-            except FeedError as exc:  # Redis trouble: the next tick tries again
-                log.warning("redrive: %s", exc)
+            except FeedError as exc:  # Redis trouble: a later tick tries again
+                if not failures:
+                    log.warning("redrives wait: %s", exc)
+                failures = min(failures + 1, 8)
             except Exception:  # a bug must not end redrives for good
                 log.exception("redrive tick failed")
+                failures = min(failures + 1, 8)
+            else:
+                if failures:
+                    log.info("redrives go on")
+                failures = 0
             checkpoint()
 
     async def tick(self) -> int:
@@ -74,6 +85,7 @@ class Redriver:
         many dead letters moved."""
         redrives = self._store.redrives
         total = 0
+        trouble: FeedError | None = None
         for project, queue in await redrives.running(PER_TICK):
             try:
                 for _ in range(STEPS_PER_TICK):
@@ -81,6 +93,8 @@ class Redriver:
                     if not moved:
                         break
                     total += moved
-            except FeedError as exc:  # this one's trouble is not the others'
-                log.warning("redrive of %s: %s", queue, exc)
+            except FeedError as exc:  # this one's trouble (its slot's) is not the others'
+                trouble = trouble or exc
+        if trouble is not None:
+            raise trouble
         return total
