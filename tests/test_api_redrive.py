@@ -16,6 +16,7 @@ from feedsvc.appkeys import REDRIVER
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from tests.conftest import make_settings
+from tests.test_api import closed_port
 
 Client = TestClient[web.Request, web.Application]
 DLQ = "/v2/queues/dlq"
@@ -215,3 +216,24 @@ async def test_a_redrive_to_another_queue_needs_post_on_it(scoped: Client, clien
         DLQ + "/redrive", json=body, headers=await as_("dlq-and-retry-token-0")
     )
     assert allowed.status == 202
+
+
+async def test_redis_down_is_503_with_retry_after(headers: dict[str, str]) -> None:
+    settings = make_settings(
+        f"redis://127.0.0.1:{closed_port()}",
+        driver="lua",
+        pool_timeout=0.5,
+        redis_timeout=0.5,
+        redis_connect_timeout=0.5,
+    )
+    async with TestClient(TestServer(create_app(settings))) as down:
+        async with asyncio.timeout(60):  # a guard against a hang, not a speed requirement
+            for method in ("POST", "GET", "DELETE"):
+                body = {"max_per_second": 1} if method == "POST" else None
+                response = await down.request(method, DLQ + "/redrive", json=body, headers=headers)
+                assert response.status == 503, method
+                assert int(response.headers["Retry-After"]) >= 1
+                assert set(await response.json()) == {"title", "description"}
+            # bad input is still a 400, before any Redis is needed
+            bad = await down.post(DLQ + "/redrive", json={"max_per_second": 0}, headers=headers)
+            assert bad.status == 400
