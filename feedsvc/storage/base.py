@@ -418,9 +418,7 @@ class DeliveryState(Protocol):
         ...
 
 
-#: The largest max_per_second a redrive may ask for (its steps move at most
-#: one second's worth each tick).
-MAX_REDRIVE_RATE = 1000
+MAX_REDRIVE_RATE = 1000  # the largest max_per_second of a redrive
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,39 +426,30 @@ class Redrive:
     """A dead-letter queue's redrive as it stands (``storage/redrive.py``)."""
 
     state: str  # running, done, cancelled
-    moved: int  # dead letters taken out of the queue into their target
-    skipped: int  # left in the queue: no known source and no "to", or held by a claim
+    moved: int
+    skipped: int  # left there: held by a claim, or no known source and no "to"
     remaining: int  # dead letters still to consider
     max_per_second: int
-    to: str | None  # None: each dead letter goes back to the queue it came from
+    to: str | None  # None: each back to the queue it came from
     started_at: int  # ms
     updated_at: int  # ms
 
 
 class RedriveStore(Protocol):
-    """The redrives of dead-letter queues: one per queue at a time, its
-    progress in Redis, moved in bounded, paced steps by whichever process
-    holds its lease (``feedsvc.redriver``)."""
+    """Dead-letter queues' redrives: one per queue at a time, its progress in
+    Redis, moved on in paced steps by whichever process holds its lease."""
 
     async def start(self, project: str, queue: str, max_per_second: int, to: str | None) -> Redrive:
-        """Start moving the queue's dead letters (those there now, oldest
-        first) back. QueueNotFound if the queue does not exist,
-        RedriveRunning if one is running."""
+        """QueueNotFound if no such queue, RedriveRunning if one runs."""
         ...
 
     async def get(self, project: str, queue: str) -> Redrive | None: ...
-
-    async def cancel(self, project: str, queue: str) -> Redrive | None:
-        """Stop a running redrive (what moved stays moved); None if there is none."""
-        ...
-
-    async def running(self, limit: int) -> list[tuple[str, str]]:
-        """Up to limit (project, queue) whose redrive may be running."""
-        ...
+    async def cancel(self, project: str, queue: str) -> Redrive | None: ...
+    async def running(self, limit: int) -> list[tuple[str, str]]: ...
 
     async def step(self, project: str, queue: str, owner: str) -> int | None:
-        """One bounded, paced batch of the redrive, if owner holds its lease
-        or may take it: how many moved; None when it is not running."""
+        """One bounded, paced batch if owner holds (or may take) the lease:
+        how many moved; None when it is not running."""
         ...
 
 
