@@ -2,8 +2,9 @@
 stopped with the app.
 
 Every serving process (each ``--workers`` worker too) runs one, as it runs
-a delivery worker. Every :data:`TICK` seconds (at once after a redrive was
-started here: ``kick``) it reads up to :data:`PER_TICK` dead-letter queues
+a delivery worker. Every :data:`TICK` seconds while redrives run, every
+:data:`IDLE_LOOK` seconds while none does, and at once after one was
+started here (``kick``), it reads up to :data:`PER_TICK` dead-letter queues
 with a running redrive (``fs:redrives``) and gives each a few steps
 (``RedriveStore.step``): a step moves one bounded batch if this process
 holds the redrive's lease or may take it (the holder's lapsed: it crashed
@@ -23,8 +24,13 @@ from feedsvc.storage.base import FeedStore, checkpoint, new_id
 
 log = logging.getLogger("feedsvc")
 
-#: Seconds between two looks for running redrives.
+#: Seconds between two steps of the running redrives.
 TICK = 0.5
+#: Seconds between two looks for running redrives while none runs: one
+#: started by another process, or left by one that died, is found that late
+#: (one started here at once). An idle service costs Redis one command a
+#: look a process.
+IDLE_LOOK = 5.0
 #: Seconds between two looks at most while Redis is in trouble.
 MAX_PAUSE = 10.0
 #: Redrives looked at per tick, at most.
@@ -58,15 +64,15 @@ class Redriver:
     async def _run(self) -> None:
         # waits first: a process stopped as soon as it started (tests, a
         # failed rollout) leaves Redis alone
-        failures = 0
+        failures, pause = 0, IDLE_LOOK
         while True:
             with contextlib.suppress(TimeoutError):
                 # after failures, less often: a line per outage, not two a second
-                async with asyncio.timeout(min(TICK * 2**failures, MAX_PAUSE)):
+                async with asyncio.timeout(min(pause * 2**failures, MAX_PAUSE)):
                     await self._kicked.wait()
             self._kicked.clear()
             try:
-                await self.tick()
+                pause = TICK if await self.tick() is not None else IDLE_LOOK
             except FeedError as exc:  # Redis trouble: a later tick tries again
                 if not failures:
                     log.warning("redrives wait: %s", exc)
@@ -80,13 +86,16 @@ class Redriver:
                 failures = 0
             checkpoint()
 
-    async def tick(self) -> int:
+    async def tick(self) -> int | None:
         """Move every running redrive on as far as its rate allows now; how
-        many dead letters moved."""
+        many dead letters moved (None: no redrive runs)."""
         redrives = self._store.redrives
         total = 0
         trouble: FeedError | None = None
-        for project, queue in await redrives.running(PER_TICK):
+        running = await redrives.running(PER_TICK)
+        if not running:
+            return None
+        for project, queue in running:
             try:
                 for _ in range(STEPS_PER_TICK):
                     moved = await redrives.step(project, queue, self.owner)

@@ -37,6 +37,12 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+    Q:dlo                hash    of a dead-letter queue: message id -> the queue
+                                 it was dead-lettered from (storage/redrive.py)
+    Q:rd                 hash    a dead-letter queue's redrive: state, window,
+                                 counts, pace, lease (storage/redrive.py)
+    Q:rdm:<id>           string  a redrive copied dead letter <id> here; PX past it
+    fs:redrives          set     JSON [project, queue] of redrives that may run
     Q:fol                hash    process token -> "<followers> <valid until ms>"
                                  for the queues --metrics-queues names (see
                                  follower_counts.py); expires by itself
