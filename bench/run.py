@@ -51,7 +51,7 @@ import redis
 from bench.machine import stop_process
 from bench.service import Service, WrkResult, service, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"

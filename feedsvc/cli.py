@@ -23,13 +23,13 @@ from feedsvc.app import create_app
 from feedsvc.appkeys import AUTHENTICATOR, DRAINING
 from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
-from feedsvc.drain import CUT_OFF_WAIT, Drain
-from feedsvc.embedded import EmbeddedRedis
-from feedsvc.process_setup import YoungCollections, raise_open_files_limit, settle_heap
-from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
-from feedsvc.redis_server import RedisServerError, RedisServerNotFound
+from feedsvc.embedded_redis.server import RedisServerError, RedisServerNotFound
+from feedsvc.embedded_redis.supervisor import EmbeddedRedis
+from feedsvc.process.drain import CUT_OFF_WAIT, Drain
+from feedsvc.process.readiness import Ready, remove_ready_file, write_ready_file
+from feedsvc.process.setup import YoungCollections, raise_open_files_limit, settle_heap
+from feedsvc.process.workers import BACKLOG, bind, run_workers
 from feedsvc.storage.drivers import eviction_problems
-from feedsvc.workers import BACKLOG, bind, run_workers
 
 log = logging.getLogger("feedsvc")
 
@@ -76,7 +76,7 @@ async def serve(
     ``on_listening`` runs once the socket accepts and the stop signals are
     handled, so whoever it tells may send SIGTERM at once; ``on_stopping``
     runs when the stop begins. The stop sequence is
-    :class:`feedsvc.drain.Drain`'s. ``embedded_redis`` reports the embedded
+    :class:`feedsvc.process.drain.Drain`'s. ``embedded_redis`` reports the embedded
     Redis in /v2/health.
     """
     app = create_app(settings, embedded_redis=embedded_redis)
