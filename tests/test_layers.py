@@ -74,6 +74,9 @@ ROOT_MODULES = {
     "feedsvc.jwt_keys",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    # and each process's redriver of dead-letter queues (a floor over storage
+    # with the two above)
+    "feedsvc.redriver",
 }
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}

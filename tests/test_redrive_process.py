@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process
