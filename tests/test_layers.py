@@ -28,9 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
-    # live followers' shared reads, and each process's share of the projects'
-    # request rates, over the storage interface
-    ("feedsvc.live", "feedsvc.rate_limiter"),
+    # live followers' shared reads, each process's share of the projects'
+    # request rates, and its redriver, over the storage interface
+    ("feedsvc.live", "feedsvc.rate_limiter", "feedsvc.redriver"),
     # subscriptions' delivery workers (webhooks, mail), over the storage interface
     ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
@@ -77,6 +77,9 @@ ROOT_MODULES = {
     "feedsvc.jwt_keys",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    # and each process's redriver of dead-letter queues (a floor over storage
+    # with the two above)
+    "feedsvc.redriver",
 }
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
@@ -88,6 +91,7 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.storage.base",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    "feedsvc.redriver",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
     "feedsvc.log_counter",
