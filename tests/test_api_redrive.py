@@ -237,3 +237,27 @@ async def test_redis_down_is_503_with_retry_after(headers: dict[str, str]) -> No
             # bad input is still a 400, before any Redis is needed
             bad = await down.post(DLQ + "/redrive", json={"max_per_second": 0}, headers=headers)
             assert bad.status == 400
+
+
+async def test_a_redriven_message_keeps_its_headers(http: Client, headers: dict[str, str]) -> None:
+    meta = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+    assert (await http.put("/v2/queues/q", json=meta, headers=headers)).status == 201
+    sent = {"trace-id": "abc", "kind": "order"}
+    posted = await http.post(
+        "/v2/queues/q/messages",
+        json={"messages": [{"body": 1, "headers": sent}, {"body": 2}]},
+        headers=headers,
+    )
+    assert posted.status == 201
+    for expected in (201, 204):  # the second claim finds both dead-lettered
+        claim = await http.post("/v2/queues/q/claims", json={"ttl": 60}, headers=headers)
+        assert claim.status == expected
+        if expected == 201:
+            await http.delete(claim.headers["Location"], headers=headers)
+    assert (
+        await http.post(DLQ + "/redrive", json={"max_per_second": 50}, headers=headers)
+    ).status == 202
+    await progress_when(http, headers, lambda p: p["state"] == "done")
+    page = await http.get("/v2/queues/q/messages?echo=true", headers=headers)
+    back = {m["body"]: m.get("headers") for m in (await page.json())["messages"]}
+    assert back == {1: sent, 2: None}
