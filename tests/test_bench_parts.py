@@ -9,6 +9,7 @@ itself is never asserted here."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -22,11 +23,12 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import zaqar
+from bench import storage, zaqar
 from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
 from bench.service import PRODUCER, parse_wrk
 from feedsvc.app import create_app
+from feedsvc.redis_server import RedisServer
 from tests.conftest import make_settings
 
 WRK_REPORT = """\
@@ -240,3 +242,61 @@ async def test_the_bare_feed_stores_and_answers_as_feedsvc_does(
     assert floor_posted["resources"] == hrefs
     assert [m["body"] for m in ours_page["messages"]] == [{"event": 0}, {"event": 1}]
     assert _ageless(floor_page) == _ageless(ours_page)
+
+
+@pytest.mark.process
+def test_the_storage_part_runs_tiny_and_reports_every_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage part (issue 30) end to end on a Redis of its own (it
+    flushes it), shortened: every row is there, every cost was read from
+    the Redis it ran on (not zero, not NaN), the reader saw every message
+    once, and the reclaim reports what became of the expired messages'
+    memory. Nothing about speed is asserted."""
+    short = {"SHORT_TTLS": (1, 2), "PLATEAU_S": 2.0, "RECLAIM_WAIT_S": 6.0,
+             "RECLAIM_POSTS": 20, "PLATEAU_POSTS": 20, "POLL_S": 0.2}  # fmt: skip
+    for name, value in short.items():
+        monkeypatch.setattr(storage, name, value)
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        suite = StorageFakeSuite(tmp_path, server)
+        storage.part_storage(suite)
+    finally:
+        server.stop()
+    rows = dict(suite.rows)
+    for label in ("memory per message (100 B body), bytes", "Redis CPU per 1-message post, us",
+                  "Redis CPU per batch of 100, us", "Redis CPU per page of 10, us",
+                  "Redis CPU per worst page, us", "hot-queue ceiling, messages/s"):  # fmt: skip
+        row = rows[f"storage: {label}"]
+        for key in ("lua", "watch", "stream", "ratio_lua", "ratio_watch"):
+            assert float(row[key]) > 0, (label, key, row)
+    for driver in ("lua", "watch"):
+        run = rows[f"storage: run ({driver})"]
+        assert run["errors"] == 0
+        # one message the part posts first, then the 200 measured, each read once
+        assert run["seen"] == 201
+        assert run["pages"] == math.ceil(201 / 10) + 1  # and the empty page at the end
+        stats = rows[f"storage: commandstats per post ({driver})"]
+        assert float(stats["zadd_calls"]) >= 2
+    assert float(rows["storage: commandstats per post (lua)"]["evalsha_calls"]) >= 1
+    assert rows["storage: commandstats per XADD (stream)"]["xadd_calls"] == 1
+    worst = rows["storage: Redis CPU per worst page, us"]
+    assert worst["shown"] == 50 // 2 + 1  # the delayed half is passed over
+    for size in ("1 KiB", "10 KiB"):
+        row = rows[f"storage: memory per message ({size} body), bytes"]
+        assert float(row["stream"]) > int(size.split()[0]) * 1024 * 0.9
+        assert float(row["ratio_lua"]) > 0
+    assert float(rows["storage: seconds taken"]["total"]) > 0
+    reclaim = rows["storage: expiry reclaim (lua)"]
+    assert reclaim["messages"] == 200 and reclaim["errors"] == 0
+    assert int(reclaim["peak_bytes"]) > int(reclaim["start_bytes"])
+    assert 0 <= float(reclaim["end_held_pct"]) <= float(reclaim["idle_held_pct"])
+
+
+class StorageFakeSuite(FakeSuite):
+    def __init__(self, workdir: Path, redis: RedisServer) -> None:
+        super().__init__(workdir)
+        self.redis = redis
+        self.storage_messages = 200
+        self.storage_reclaim = 200
