@@ -16,14 +16,15 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
 import pytest
+import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import storage, zaqar
+from bench import storage, storage_layout, zaqar
 from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
 from bench.service import PRODUCER, parse_wrk
@@ -300,3 +301,49 @@ class StorageFakeSuite(FakeSuite):
         self.redis = redis
         self.storage_messages = 200
         self.storage_reclaim = 200
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", [storage_layout.PackedLayout, storage_layout.Layout])
+def test_the_proposed_layouts_prototype_reads_every_message_once(
+    tmp_path: Path, kind: type[storage_layout.Layout]
+) -> None:
+    """bench/storage_layout.py's numbers stand for the proposal only while
+    its scripts do the proposal's work: posts one by one and 100 at a time
+    across segment boundaries, then a reader following the markers sees
+    every message once, in post order (the packed layout's thin read too);
+    with echo off it sees none of its own; a sweep after expiry keeps the
+    live messages readable and drops the expired ones."""
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    client = redis.Redis.from_url(server.url)
+    try:
+        ours = kind(client, "t")
+        ours.post([storage_layout.messages(1, 100)], 1)
+        ours.post([[m] for m in storage_layout.messages(149, 100)], 32)
+        ours.post([storage_layout.messages(100, 100), storage_layout.messages(50, 100)], 2)
+        assert ours.page_all() == (31, 300)  # 30 full pages, then an empty one
+        if isinstance(ours, storage_layout.PackedLayout):
+            assert ours.page_all_thin() == (31, 300)
+        own = kind(client, "own")
+        own.post([storage_layout.messages(30, 100)], 1, client=READER)
+        assert own.page_all() == (1, 0)
+        assert own.page_all(("1", "0", "0")) == (4, 30)
+        mixed = kind(client, "mixed")
+        short = [(1, 0, b'{"n":%d}' % i) for i in range(120)]
+        long = [(3600, 0, b'{"n":%d}' % i) for i in range(120, 130)]
+        mixed.post([short[:60], long, short[60:]], 1)
+        time.sleep(1.2)
+        while mixed.sweep()[0] not in (b"", ""):
+            pass
+        # the long-lived messages' reviews, due now rather than in 30 s
+        reviews = cast("list[bytes]", client.zrange(mixed.keys[2], 0, -1))
+        client.zadd(mixed.keys[2], dict.fromkeys(reviews, 0))
+        while mixed.sweep()[0] not in (b"", ""):
+            pass
+        if isinstance(mixed, storage_layout.PackedLayout):  # the streams variant keeps no count
+            assert int(client.hget(mixed.keys[0], "gone") or 0) == 120  # swept, not just hidden
+        assert mixed.page_all() == (2, 10)
+    finally:
+        client.close()
+        server.stop()
