@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
     ("feedsvc.log_counter",),
-    # bearer tokens: their identities and scopes, JWTs and the issuer's keys
-    ("feedsvc.access", "feedsvc.jwt_keys"),
+    # bearer tokens: their identities and scopes, JWTs and the issuer's keys,
+    # Keystone tokens
+    ("feedsvc.access", "feedsvc.jwt_keys", "feedsvc.keystone"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, and each process's share of the projects'
