@@ -122,8 +122,9 @@ class Keystone:
         conf = self._tmp / "keystone.conf"
         conf.write_text(CONF.format(dir=self._tmp, expiration=self._expiration, rounds=HASH_ROUNDS))
         log = open(self._tmp / "server.log", "wb")  # noqa: SIM115 (the child keeps it)
+        python = str(KEYSTONE_VENV / "bin" / "python")
         self._proc = subprocess.Popen(
-            [str(KEYSTONE_VENV / "bin" / "python"), "-P", str(SERVER_SCRIPT), str(conf), str(self.port)],
+            [python, "-P", str(SERVER_SCRIPT), str(conf), str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
