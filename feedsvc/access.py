@@ -100,9 +100,10 @@ def role_scopes(value: str) -> dict[str, Scopes]:
         role, equals, items = entry.strip().partition("=")
         role = role.strip()
         pairs = [scope_item(item) for item in items.split()]
-        if not equals or not role or not pairs or None in pairs:
+        if not equals or not role or not pairs or any(p is None or p[0] == ADMIN for p in pairs):
             raise ValueError(
-                f"--keystone-roles: want ROLE=SCOPE[ SCOPE...] (e.g. 'reader=read:*'), "
+                f"--keystone-roles: want ROLE=SCOPE[ SCOPE...] (e.g. 'reader=read:*'; not "
+                f"admin:, the admin API's), "
                 f"got {entry.strip()!r}"
             )
         roles[role] = tuple(p for p in pairs if p is not None)

@@ -179,7 +179,7 @@ def test_role_mapping_is_parsed_and_bad_ones_are_refused() -> None:
         "admin": (("*", "*"),),
         "reader": (("read", "*"), ("claim", "jobs-*")),
     }
-    for bad in ("reader", "reader=", "reader=peek:*", "=read:*"):
+    for bad in ("reader", "reader=", "reader=peek:*", "=read:*", "admin=admin:*"):
         with pytest.raises(ValueError, match="--keystone-roles"):
             role_scopes(bad)
 
