@@ -237,3 +237,70 @@ class Keystone:
         )
         if status != 204:
             raise RuntimeError(f"cannot revoke: {status} {answer}")
+
+
+TEMPEST_CONF = """[DEFAULT]
+log_file = {dir}/tempest.log
+use_stderr = False
+[oslo_concurrency]
+lock_path = {dir}/locks
+[auth]
+use_dynamic_credentials = True
+admin_username = admin
+admin_password = {admin_password}
+admin_project_name = admin
+admin_domain_name = Default
+default_credentials_domain_name = Default
+tempest_roles = member
+create_isolated_networks = False
+[identity]
+auth_version = v3
+uri_v3 = {keystone}/v3
+region = RegionOne
+[identity-feature-enabled]
+api_v2 = False
+api_v3 = True
+[service_available]
+zaqar = True
+neutron = False
+[messaging]
+catalog_type = messaging
+"""
+
+
+def serve_for_tempest(target: str, directory: Path) -> None:
+    """A Keystone for Zaqar's tempest suite against target (a feedsvc URL):
+    its catalog's 'messaging' service is target, a service user for
+    feedsvc's --keystone-* flags, and directory/tempest.conf with dynamic
+    credentials (a project and a member user per test class, made by
+    tempest as in the OpenStack gate). Serves until SIGTERM or Ctrl-C."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "locks").mkdir(exist_ok=True)
+    with Keystone() as ks:
+        service = ks.make("projects", {"name": "service", "domain_id": "default"})
+        ks.user("feedsvc", "feedsvc-service-password", service, "service")
+        (directory / "keystone-password").write_text("feedsvc-service-password\n")
+        messaging = ks.make("services", {"type": "messaging", "name": "zaqar"})
+        for interface in ("public", "internal", "admin"):
+            ks.make("endpoints", {"service_id": messaging, "interface": interface,
+                                  "region_id": "RegionOne", "url": target})  # fmt: skip
+        (directory / "tempest.conf").write_text(
+            TEMPEST_CONF.format(dir=directory, admin_password=ADMIN_PASSWORD, keystone=ks.url)
+        )
+        print(
+            f"keystone {ks.url}\nfeedsvc flags: --keystone-url {ks.url} --keystone-user feedsvc "
+            f"--keystone-password-file {directory / 'keystone-password'} "
+            f"--keystone-project service\ntempest: TEMPEST_CONFIG_DIR={directory} "
+            "TEMPEST_CONFIG=tempest.conf",
+            flush=True,
+        )
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m feedsvc.testing.keystone FEEDSVC_URL DIR")
+    serve_for_tempest(sys.argv[1].rstrip("/"), Path(sys.argv[2]))
