@@ -280,6 +280,12 @@ def serve_for_tempest(target: str, directory: Path) -> None:
         service = ks.make("projects", {"name": "service", "domain_id": "default"})
         ks.user("feedsvc", "feedsvc-service-password", service, "service")
         (directory / "keystone-password").write_text("feedsvc-service-password\n")
+        # the template's identity endpoints name the port it was bootstrapped with
+        _, listed, _ = ks.call("GET", "/endpoints", token=ks.admin_token())
+        for endpoint in listed["endpoints"]:
+            if endpoint["url"].startswith("http://127.0.0.1:5000"):
+                ks.call("PATCH", f"/endpoints/{endpoint['id']}",
+                        {"endpoint": {"url": ks.url + "/v3"}}, token=ks.admin_token())  # fmt: skip
         messaging = ks.make("services", {"type": "messaging", "name": "zaqar"})
         for interface in ("public", "internal", "admin"):
             ks.make("endpoints", {"service_id": messaging, "interface": interface,
