@@ -32,7 +32,9 @@ test: $(VENV)/.installed-test $(KEYSTONE_VENV)/.installed
 
 # A real OpenStack Keystone for the tests marked keystone and bench/auth.py,
 # in a venv of its own (its ~95 pinned packages never meet feedsvc's). Built
-# once: measured 2026-11-27 on 2 cores, about 4 min with a cold pip cache.
+# once: measured 2026-11-27 on a busy 2-core machine, 3 min 51 s with a cold
+# pip cache, 2 min 37 s with a warm one; the first test that starts a
+# Keystone then bootstraps its template (about a minute, kept in the venv).
 KEYSTONE_VENV ?= .venv-keystone
 
 keystone: $(KEYSTONE_VENV)/.installed

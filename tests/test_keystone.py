@@ -9,6 +9,7 @@ revoked token is polled for until a deadline.
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.access import role_scopes
+from feedsvc.app import create_app
 from feedsvc.config import Settings
 from feedsvc.testing import keystone as harness
 from feedsvc.testing.keystone import Keystone
 from feedsvc.testing.service import ServiceProcess
+from tests.conftest import make_settings
 
 #: A real Keystone (its venv, make keystone) and feedsvc serve: processes.
 needs_keystone = pytest.mark.skipif(
@@ -195,3 +199,39 @@ def test_role_mapping_is_parsed_and_bad_ones_are_refused() -> None:
 def test_bad_keystone_settings_are_refused(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings(**changes)
+
+
+async def test_keystone_unreachable_is_503_and_bearer_tokens_still_work(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """In process, with nothing listening where Keystone should be: an
+    X-Auth-Token is a 503 with Retry-After (the token may be fine), no token
+    a 401 with Keystone's challenge, and a static bearer token is judged by
+    its own source."""
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    settings = make_settings(
+        redis_url, auth_token="static-token=p1", keystone_url=nowhere,
+        keystone_user="feedsvc", keystone_password_file=password, keystone_project="service",
+    )  # fmt: skip
+    body = {"messages": [{"body": 1}]}
+    client_id = {"Client-ID": str(uuid.uuid4())}
+    async with TestClient(TestServer(create_app(settings))) as client:
+        path = "/v2/queues/ks-down/messages"
+        down = await client.post(path, json=body, headers={**client_id, "X-Auth-Token": "t" * 40})
+        assert down.status == 503, await down.text()
+        assert int(down.headers["Retry-After"]) >= 1
+        assert "Keystone" in (await down.json())["description"]
+        missing = await client.post(path, json=body, headers=client_id)
+        assert missing.status == 401
+        assert missing.headers["WWW-Authenticate"] == f'Keystone uri="{nowhere}"'
+        bearer = {**client_id, "Authorization": "Bearer static-token"}
+        assert (await client.post(path, json=body, headers=bearer)).status == 201
+        listed = await client.get(path + "?echo=true", headers=bearer)
+        assert [m["body"] for m in (await listed.json())["messages"]] == [1]
+        too_long = {**client_id, "X-Auth-Token": "t" * 5000}
+        refused = await client.post(path, json=body, headers=too_long)
+        assert refused.status == 401
