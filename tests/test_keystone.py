@@ -28,6 +28,7 @@ from feedsvc.testing import keystone as harness
 from feedsvc.testing.keystone import Keystone
 from feedsvc.testing.service import ServiceProcess
 from tests.conftest import make_settings
+from tests.test_cli import run_cli
 
 #: A real Keystone (its venv, make keystone) and feedsvc serve: processes.
 needs_keystone = pytest.mark.skipif(
@@ -235,3 +236,23 @@ async def test_keystone_unreachable_is_503_and_bearer_tokens_still_work(
         too_long = {**client_id, "X-Auth-Token": "t" * 5000}
         refused = await client.post(path, json=body, headers=too_long)
         assert refused.status == 401
+
+
+@pytest.mark.process  # feedsvc serve
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--keystone-password-file", "missing-file"), "--keystone-password-file missing-file"),
+        (("--keystone-roles", "reader=peek:*"), "--keystone-roles"),
+    ],
+)
+def test_a_bad_keystone_setting_is_one_line_and_exit_2(
+    tmp_path: Path, flags: tuple[str, ...], message: str
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    base = ("--keystone-url", "http://127.0.0.1:1", "--keystone-user", "u",
+            "--keystone-project", "p", "--keystone-password-file", str(password))  # fmt: skip
+    result = run_cli("serve", "--port", "0", *base, *flags)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
