@@ -40,7 +40,7 @@ from bench.storage import (
     xadd_all,
     xrange_all,
 )
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 
 #: entries per segment (one stream key each)
 SEGMENT = 100

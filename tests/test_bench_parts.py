@@ -29,7 +29,7 @@ from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
 from bench.service import PRODUCER, parse_wrk
 from feedsvc.app import create_app
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.conftest import make_settings
 
 WRK_REPORT = """\

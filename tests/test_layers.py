@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
     ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
-    # bearer tokens: their identities and scopes, JWTs and the issuer's keys
-    ("feedsvc.access", "feedsvc.jwt_keys"),
+    # bearer tokens: their identities and scopes, JWTs and the issuer's keys,
+    # Keystone tokens
+    ("feedsvc.access", "feedsvc.jwt_keys", "feedsvc.keystone"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, each process's share of the projects'
@@ -71,10 +72,11 @@ ROOT_MODULES = {
     # api, app and cli: the app's typed state keys
     "feedsvc.appkeys",
     # Floors of their own, still at the root (docs/design.md, "The house"):
-    # bearer tokens (access, and jwt_keys under it) and, over storage, live
-    # followers' shared reads and the projects' request rates.
+    # bearer tokens (access, and jwt_keys and keystone under it) and, over
+    # storage, live followers' shared reads and the projects' request rates.
     "feedsvc.access",
     "feedsvc.jwt_keys",
+    "feedsvc.keystone",
     "feedsvc.live",
     "feedsvc.rate_limiter",
     # and each process's redriver of dead-letter queues (a floor over storage
