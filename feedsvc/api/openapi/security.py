@@ -1,0 +1,72 @@
+"""Bearer tokens in the OpenAPI document: with authentication on, the data
+routes need a token whose scope allows them (``feedsvc.api.identity``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from feedsvc.api.openapi.admin import ADMIN_PREFIX
+from feedsvc.api.openapi.home import UNAUTHENTICATED
+from feedsvc.api.openapi.shared import Document, ref, response, schema
+from feedsvc.config import Settings
+
+
+def add(document: Document, settings: Settings) -> None:
+    """With authentication on: the data routes need a bearer token (else
+    401) whose scope allows the route's action on its queue or topic (else
+    403), and the project is the token's, so X-Project-ID is not needed there."""
+    if not (settings.auth_token or settings.auth_token_file or settings.jwt_on()):
+        return
+    components = document["components"]
+    schemes: dict[str, Any] = {}
+    if settings.auth_token or settings.auth_token_file:
+        schemes["bearer"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A static token (--auth-token, --auth-token-file); it names the "
+            "project and its scopes.",
+        }
+    if settings.jwt_on():
+        schemes["jwt"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": f"An OIDC / OAuth2 access token from {settings.jwt_issuer}: its "
+            f"{settings.jwt_project_claim!r} claim names the project, its scope claim holds "
+            "ACTION:NAME_GLOB items (ACTION read, post, claim, delete, manage or *; "
+            "admin:PROJECT_GLOB for the admin API).",
+        }
+    # the admin routes' own scheme (openapi_admin.py) stays
+    components.setdefault("securitySchemes", {}).update(schemes)
+    components["responses"]["Unauthorized"] = response(
+        "No bearer token, or one that does not hold (RFC 6750: "
+        'WWW-Authenticate: Bearer error="invalid_token").',
+        schema("Error"),
+        headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    )
+    components["responses"]["InsufficientScope"] = response(
+        "The token's scope does not allow this action on this queue or topic "
+        '(WWW-Authenticate: Bearer error="insufficient_scope").',
+        schema("Error"),
+        headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+    )
+    project = ref("parameters", "ProjectId")
+    for path, item in document["paths"].items():
+        if path in UNAUTHENTICATED:
+            continue
+        if path.startswith(ADMIN_PREFIX):
+            # the admin token, or a token whose scope holds admin:PROJECT_GLOB
+            # (only the token file and JWTs carry scopes)
+            if settings.auth_token_file or settings.jwt_on():
+                for operation in item.values():
+                    operation["security"] += [{name: []} for name in schemes]
+                    operation["responses"]["401"] = ref("responses", "Unauthorized")
+            continue
+        for operation in item.values():
+            operation["security"] = [{name: []} for name in schemes]
+            operation["responses"]["401"] = ref("responses", "Unauthorized")
+            operation["responses"].setdefault("403", ref("responses", "InsufficientScope"))
+            operation["parameters"] = [
+                ref("parameters", "ProjectIdFromToken") if p == project else p
+                for p in operation["parameters"]
+            ]
