@@ -31,9 +31,9 @@ from feedsvc.api.routes import ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
 from tests.conftest import make_settings
+from tests.test_openapi import operations, resolve
 
 Client = TestClient[web.Request, web.Application]
-METHODS = {"get", "put", "post", "delete", "patch"}
 #: Routes the app answers that are not part of the API the document describes.
 UNDESCRIBED = ("/metrics", "/console", "/bench/")
 ID = "0" * 24
@@ -68,22 +68,6 @@ def limits(request: pytest.FixtureRequest, redis_url: str) -> Settings:
     if request.param == "default":
         return make_settings(redis_url)
     return non_default(redis_url)
-
-
-def operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    for path, item in document["paths"].items():
-        for method, operation in item.items():
-            if method in METHODS:
-                yield method.upper(), path, operation
-
-
-def resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
-    while "$ref" in node:
-        target: Any = document
-        for part in node["$ref"].removeprefix("#/").split("/"):
-            target = target[part]
-        node = target
-    return node
 
 
 def query_of(document: dict[str, Any], operation: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -233,11 +217,14 @@ async def test_each_handler_reads_exactly_the_query_parameters_described(
 # -- the limits -------------------------------------------------------------------------
 
 
-async def refused(resp: Any, name: str) -> bool:
-    """Whether the answer is a 400 that names the parameter or field."""
-    if resp.status != 400:
-        return False
-    return name in (await resp.json())["description"]
+async def judge(resp: Any, where: str, name: str, said: str) -> None:
+    """A value past a bound ("out") is a 400 that names the parameter or
+    field; one at the bound ("in") is not a 400."""
+    if where == "out":
+        assert resp.status == 400, said
+        assert name in (await resp.json())["description"], said
+    else:
+        assert resp.status != 400, said + " " + await resp.text()
 
 
 async def post_one(http: Client, path: str, project: str) -> None:
@@ -290,10 +277,7 @@ async def test_query_limits_in_the_document_are_enforced(limits: Settings) -> No
                     query = {name: spelled(schema, value)}
                     resp = await http.request(method, url, params=query, headers=caller(project))
                     said = f"{method} {path} {name}={query[name][:40]}: {resp.status}"
-                    if where == "out":
-                        assert await refused(resp, name), said
-                    else:
-                        assert resp.status != 400, said + " " + await resp.text()
+                    await judge(resp, where, name, said)
                     checked += 1
     # on queues and topics: limit of the list, messages (x2), subscriptions
     # (x2), pop, wait (x2), ids (x4, their maximum only); on claims: limit,
@@ -355,10 +339,7 @@ async def test_body_limits_in_the_document_are_enforced(limits: Settings) -> Non
                             url = f"{feed[0]}/claims/{claim}"
                     resp = await http.request(method, url, json=body(field, value), headers=headers)
                     said = f"{method} {path} {field}={value}: {resp.status}"
-                    if where == "out":
-                        assert await refused(resp, field), said
-                    else:
-                        assert resp.status != 400, said + " " + await resp.text()
+                    await judge(resp, where, field, said)
                     checked += 1
         # the messages of one post
         most = schemas["NewMessages"]["properties"]["messages"]["maxItems"]
@@ -373,75 +354,60 @@ async def test_body_limits_in_the_document_are_enforced(limits: Settings) -> Non
     assert checked >= 40
 
 
-def query_bound(method: str, path: str, name: str, key: str) -> Any:
-    def read(document: dict[str, Any]) -> Any:
-        operation = document["paths"][path][method.lower()]
-        return query_of(document, operation)[name]["schema"][key]
+#: Each setting that bounds what a client sends, and where the document
+#: says it: query parameters ("METHOD path name": maximum, default) ...
+QUERY_BOUNDS: dict[str, tuple[str, str | None]] = {
+    "GET /v2/queues limit": ("max_queues_per_page", "default_queues_per_page"),
+    "GET /v2/queues/{queue}/messages limit": ("max_messages_per_page", "default_messages_per_page"),
+    "GET /v2/queues/{queue}/messages ids": ("max_messages_per_page", None),
+    "DELETE /v2/queues/{queue}/messages ids": ("max_messages_per_page", None),
+    "DELETE /v2/queues/{queue}/messages pop": ("max_messages_per_claim_or_pop", None),
+    "POST /v2/queues/{queue}/claims limit": ("max_messages_per_claim_or_pop", None),
+    "GET /v2/queues/{queue}/subscriptions limit": ("max_subscriptions_per_page", None),
+}
+#: ... and body fields ("Schema.field": minimum, maximum, default; None: not a setting).
+FIELD_BOUNDS: dict[str, tuple[str | None, str, str | None]] = {
+    "NewMessage.ttl": ("min_message_ttl", "max_message_ttl", "default_message_ttl"),
+    "NewMessage.delay": (None, "max_message_delay", None),
+    "ReleaseOptions.delay": (None, "max_message_delay", None),
+    "QueueMetadata._default_message_ttl": ("min_message_ttl", "max_message_ttl", None),
+    "QueueMetadata._default_message_delay": (None, "max_message_delay", None),
+    "QueueMetadata._max_messages_post_size": (None, "max_messages_post_size", None),
+    "ClaimOptions.ttl": ("min_claim_ttl", "max_claim_ttl", "default_claim_ttl"),
+    "ClaimOptions.grace": ("min_claim_grace", "max_claim_grace", "default_claim_grace"),
+}
 
-    return read
 
-
-def field_bound(schema: str, field: str, key: str) -> Any:
-    def read(document: dict[str, Any]) -> Any:
-        return document["components"]["schemas"][schema]["properties"][field][key]
-
-    return read
-
-
-def post_bound(document: dict[str, Any]) -> Any:
-    return document["components"]["schemas"]["NewMessages"]["properties"]["messages"]["maxItems"]
-
-
-MESSAGES = "/v2/queues/{queue}/messages"
-#: Each setting that bounds what a client sends, and where the document says it.
-SETTINGS_IN_DOCUMENT: list[tuple[str, Any]] = [
-    ("max_queues_per_page", query_bound("GET", "/v2/queues", "limit", "maximum")),
-    ("default_queues_per_page", query_bound("GET", "/v2/queues", "limit", "default")),
-    ("max_messages_per_page", query_bound("GET", MESSAGES, "limit", "maximum")),
-    ("default_messages_per_page", query_bound("GET", MESSAGES, "limit", "default")),
-    ("max_messages_per_page", query_bound("GET", MESSAGES, "ids", "maxItems")),
-    ("max_messages_per_page", query_bound("DELETE", MESSAGES, "ids", "maxItems")),
-    ("max_messages_per_claim_or_pop", query_bound("DELETE", MESSAGES, "pop", "maximum")),
-    (
-        "max_messages_per_claim_or_pop",
-        query_bound("POST", "/v2/queues/{queue}/claims", "limit", "maximum"),
-    ),
-    (
-        "max_subscriptions_per_page",
-        query_bound("GET", "/v2/queues/{queue}/subscriptions", "limit", "maximum"),
-    ),
-    ("min_message_ttl", field_bound("NewMessage", "ttl", "minimum")),
-    ("max_message_ttl", field_bound("NewMessage", "ttl", "maximum")),
-    ("default_message_ttl", field_bound("NewMessage", "ttl", "default")),
-    ("max_message_delay", field_bound("NewMessage", "delay", "maximum")),
-    ("max_message_delay", field_bound("ReleaseOptions", "delay", "maximum")),
-    ("min_message_ttl", field_bound("QueueMetadata", "_default_message_ttl", "minimum")),
-    ("max_message_ttl", field_bound("QueueMetadata", "_default_message_ttl", "maximum")),
-    ("max_message_delay", field_bound("QueueMetadata", "_default_message_delay", "maximum")),
-    (
-        "max_messages_post_size",
-        field_bound("QueueMetadata", "_max_messages_post_size", "maximum"),
-    ),
-    ("min_claim_ttl", field_bound("ClaimOptions", "ttl", "minimum")),
-    ("max_claim_ttl", field_bound("ClaimOptions", "ttl", "maximum")),
-    ("default_claim_ttl", field_bound("ClaimOptions", "ttl", "default")),
-    ("min_claim_grace", field_bound("ClaimOptions", "grace", "minimum")),
-    ("max_claim_grace", field_bound("ClaimOptions", "grace", "maximum")),
-    ("default_claim_grace", field_bound("ClaimOptions", "grace", "default")),
-    ("max_messages_per_post", post_bound),
-]
+def described_bounds(document: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """(setting, where, the value the document states there)."""
+    for where, (most, default) in QUERY_BOUNDS.items():
+        method, path, name = where.split()
+        schema = query_of(document, document["paths"][path][method.lower()])[name]["schema"]
+        yield most, where, schema["maxItems" if schema["type"] == "array" else "maximum"]
+        if default is not None:
+            yield default, where, schema["default"]
+    schemas = document["components"]["schemas"]
+    for where, settings in FIELD_BOUNDS.items():
+        schema_name, _, field = where.partition(".")
+        described = schemas[schema_name]["properties"][field]
+        for setting, key in zip(settings, ("minimum", "maximum", "default"), strict=True):
+            if setting is not None:
+                yield setting, where, described[key]
+    post = schemas["NewMessages"]["properties"]["messages"]["maxItems"]
+    yield "max_messages_per_post", "NewMessages.messages", post
 
 
 def test_the_documents_bounds_are_the_settings(limits: Settings) -> None:
     """What the two tests above find enforced is what the operator set."""
     document = openapi_document(limits)
+    described = list(described_bounds(document))
     wrong = [
-        f"{setting}: {getattr(limits, setting)} set, {read(document)} described"
-        for setting, read in SETTINGS_IN_DOCUMENT
-        if read(document) != getattr(limits, setting)
+        f"{where}: {setting}={getattr(limits, setting)}, described {value}"
+        for setting, where, value in described
+        if value != getattr(limits, setting)
     ]
     assert not wrong, wrong
     # and the non-default settings move every one of them
-    moved = {setting for setting, _ in SETTINGS_IN_DOCUMENT}
+    moved = {setting for setting, _, _ in described}
     other = non_default("redis://unused")
     assert [s for s in sorted(moved) if getattr(other, s) == getattr(Settings(), s)] == []

@@ -48,6 +48,13 @@ DEFAULT_SUBSCRIPTIONS_PER_PAGE = 10
 TRUE = ("true", "1", "yes", "on", "y", "t")
 FALSE = ("false", "0", "no", "off", "n", "f")
 
+# The routes' paths as routes.py writes them; topic routes read what their
+# queue routes read (feedsvc.api.routes.FEED).
+QUEUES = "/v2/queues"
+QUEUE = "/v2/queues/{queue}"
+TOPIC = "/v2/topics/{topic}"
+
+
 Kind = Literal["integer", "number", "boolean", "string", "array"]
 
 
@@ -90,13 +97,6 @@ def _flag(name: str, description: str) -> Param:
 
 def _limit(description: str, high: int, default: int) -> Param:
     return Param("limit", "integer", description, 1, high, default)
-
-
-# The routes' paths as routes.py writes them; topic routes read what their
-# queue routes read (feedsvc.api.routes.FEED).
-QUEUES = "/v2/queues"
-QUEUE = "/v2/queues/{queue}"
-TOPIC = "/v2/topics/{topic}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ from typing import Any
 
 from feedsvc.api import spec
 from feedsvc.api.admin import MAX_RATE, MIN_RATE
-from feedsvc.api.openapi.shared import Document, Schema, json_body, ref, response, schema
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import MAX_QUOTA, Settings
 
 ADMIN_PREFIX = "/v2/admin/"
@@ -14,12 +15,14 @@ PROJECT = "/v2/admin/projects/{project}"
 
 
 def _errors() -> dict[str, Schema]:
-    error = schema("Error")
+    error = shared.schema("Error")
     return {
-        "400": ref("responses", "BadRequest"),
-        "403": response("Not the admin token (or none given).", error),
-        "404": response("The service has no admin API: no --admin-token is configured.", error),
-        "503": ref("responses", "Unavailable"),
+        "400": shared.ref("responses", "BadRequest"),
+        "403": shared.response("Not the admin token (or none given).", error),
+        "404": shared.response(
+            "The service has no admin API: no --admin-token is configured.", error
+        ),
+        "503": shared.ref("responses", "Unavailable"),
     }
 
 
@@ -126,10 +129,10 @@ def add(document: Document, s: Settings) -> None:
             "responses": {**ok, **_errors()},
         }
         if body:
-            out["requestBody"] = json_body("ProjectLimitsChange")
+            out["requestBody"] = shared.json_body("ProjectLimitsChange")
         return out
 
-    limits = response("The project's limits.", schema("ProjectLimits"))
+    limits = shared.response("The project's limits.", shared.schema("ProjectLimits"))
     document["paths"][PROJECT + "/limits"] = {
         "get": operation("getProjectLimits", "A project's quotas and limits", {"200": limits}),
         "put": operation(
@@ -138,13 +141,13 @@ def add(document: Document, s: Settings) -> None:
         "delete": operation(
             "resetProjectLimits",
             "Put all of a project's limits back to the service's defaults",
-            {"204": response("Done.")},
+            {"204": shared.response("Done.")},
         ),
     }
     document["paths"][PROJECT + "/usage"] = {
         "get": operation(
             "getProjectUsage",
             "A project's live messages, queues and topics, and its quotas",
-            {"200": response("The usage.", schema("ProjectUsage"))},
+            {"200": shared.response("The usage.", shared.schema("ProjectUsage"))},
         )
     }

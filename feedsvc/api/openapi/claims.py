@@ -5,22 +5,8 @@ body (``messages``)."""
 from __future__ import annotations
 
 from feedsvc.api import spec
-from feedsvc.api.openapi.shared import (
-    JSON,
-    LOCATION,
-    Document,
-    Schema,
-    common,
-    done,
-    errors,
-    field,
-    integer,
-    obj,
-    operation,
-    query,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 
 CLAIMS = "/v2/queues/{queue}/claims"
@@ -32,35 +18,35 @@ def _schemas(s: Settings) -> dict[str, Schema]:
         "ClaimOptions": {
             "type": "object",
             "properties": {
-                "ttl": field(rules.claim_ttl),
-                "grace": field(rules.claim_grace),
+                "ttl": shared.field(rules.claim_ttl),
+                "grace": shared.field(rules.claim_grace),
             },
         },
         "ReleaseOptions": {
             "type": "object",
             "properties": {
                 "delay": {
-                    **field(rules.release_delay),
+                    **shared.field(rules.release_delay),
                     "description": "Seconds before the message can be claimed again (0: at once).",
                 },
             },
         },
-        "ClaimedMessages": obj(
+        "ClaimedMessages": shared.obj(
             {
                 "messages": {
                     "type": "array",
                     "minItems": 1,
                     "maxItems": s.max_messages_per_claim_or_pop,
-                    "items": schema("Message"),
+                    "items": shared.schema("Message"),
                 }
             },
             ["messages"],
         ),
-        "Claim": obj(
+        "Claim": shared.obj(
             {
-                "age": integer(0),
-                "ttl": integer(1),
-                "messages": {"type": "array", "items": schema("Message")},
+                "age": shared.integer(0),
+                "ttl": shared.integer(1),
+                "messages": {"type": "array", "items": shared.schema("Message")},
                 "href": {"type": "string"},
             },
             ["age", "ttl", "messages", "href"],
@@ -70,45 +56,42 @@ def _schemas(s: Settings) -> dict[str, Schema]:
 
 def _paths(document: Document, s: Settings) -> dict[str, Schema]:
     claims = CLAIMS
+    claim = shared.common("Queue", "ClaimId")
     return {
         claims: {
-            "post": operation(
+            "post": shared.operation(
                 "claimMessages",
                 "Claim free messages",
                 {
-                    "201": response("Claimed.", schema("ClaimedMessages"), headers=LOCATION),
-                    "204": response("Nothing to claim."),
-                    **errors(),
+                    "201": shared.response(
+                        "Claimed.", shared.schema("ClaimedMessages"), headers=shared.LOCATION
+                    ),
+                    "204": shared.response("Nothing to claim."),
+                    **shared.errors(),
                 },
-                parameters=[*common("Queue"), *query(document, s, "POST", claims)],
-                body={
-                    "required": False,
-                    "content": {JSON: {"schema": schema("ClaimOptions")}},
-                },
+                parameters=[*shared.common("Queue"), *shared.query(document, s, "POST", claims)],
+                body=shared.json_body("ClaimOptions", required=False),
             )
         },
         claims + "/{claim_id}": {
-            "get": operation(
+            "get": shared.operation(
                 "getClaim",
                 "A live claim and the messages it holds",
-                {"200": response("The claim.", schema("Claim")), **errors("404")},
-                parameters=common("Queue", "ClaimId"),
+                shared.ok("The claim.", "Claim", "404"),
+                parameters=claim,
             ),
-            "patch": operation(
+            "patch": shared.operation(
                 "renewClaim",
                 "Restart the claim's ttl from now",
-                {"204": done(), **errors("404")},
-                parameters=common("Queue", "ClaimId"),
-                body={
-                    "required": True,
-                    "content": {JSON: {"schema": schema("ClaimOptions")}},
-                },
+                {"204": shared.done(), **shared.errors("404")},
+                parameters=claim,
+                body=shared.json_body("ClaimOptions", required=True),
             ),
-            "delete": operation(
+            "delete": shared.operation(
                 "releaseClaim",
                 "Release the claim's messages",
-                {"204": done(), **errors()},
-                parameters=common("Queue", "ClaimId"),
+                {"204": shared.done(), **shared.errors()},
+                parameters=claim,
             ),
         },
     }

@@ -3,17 +3,8 @@ document, this document, ping and health."""
 
 from __future__ import annotations
 
-from feedsvc.api.openapi.shared import (
-    RETRY_AFTER,
-    Document,
-    Schema,
-    integer,
-    obj,
-    operation,
-    ref,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import DRIVER_NAMES, Settings
 
 #: Routes that show no stored data: never behind a bearer token.
@@ -22,25 +13,25 @@ UNAUTHENTICATED = {"/", "/v2", "/v2/", "/v2/ping", "/v2/health", "/v2/openapi.js
 
 def _schemas() -> dict[str, Schema]:
     return {
-        "Health": obj(
+        "Health": shared.obj(
             {
                 "storage_reachable": {"type": "boolean"},
                 "driver": {"type": "string", "enum": list(DRIVER_NAMES)},
                 "pid": {
-                    **integer(1),
+                    **shared.integer(1),
                     "description": "The process that answered. The counters are its own: "
                     "with --workers N, each worker counts for itself.",
                 },
-                "watch_retries": integer(0),
-                "watch_conflicts_exhausted": integer(0),
+                "watch_retries": shared.integer(0),
+                "watch_conflicts_exhausted": shared.integer(0),
                 "posts_combined": {
-                    **integer(0),
+                    **shared.integer(0),
                     "description": "watch driver: posts indexed in the same transaction "
                     "as an earlier post to their queue.",
                 },
-                "noscript_reloads": integer(0),
+                "noscript_reloads": shared.integer(0),
                 "redis_eviction": {
-                    **obj(
+                    **shared.obj(
                         {
                             "policies": {
                                 "type": "object",
@@ -52,7 +43,7 @@ def _schemas() -> dict[str, Schema]:
                             "checked": {"type": "boolean"},
                             "evicted_keys": {
                                 "type": "object",
-                                "additionalProperties": integer(0),
+                                "additionalProperties": shared.integer(0),
                             },
                         },
                         [
@@ -74,16 +65,16 @@ def _schemas() -> dict[str, Schema]:
                     "(a rise is logged at ERROR: messages may be lost).",
                 },
                 "embedded_redis": {
-                    **obj(
+                    **shared.obj(
                         {
                             "running": {"type": "boolean"},
                             "pid": {"type": ["integer", "null"], "minimum": 1},
                             "server": {"type": "string"},
-                            "restarts": integer(0),
+                            "restarts": shared.integer(0),
                             "last_exit": {
                                 "oneOf": [
                                     {"type": "null"},
-                                    obj(
+                                    shared.obj(
                                         {
                                             "code": {"type": ["integer", "null"]},
                                             "signal": {"type": ["string", "null"]},
@@ -113,23 +104,23 @@ def _schemas() -> dict[str, Schema]:
                 "redis_eviction",
             ],
         ),
-        "Versions": obj(
+        "Versions": shared.obj(
             {
                 "versions": {
                     "type": "array",
-                    "items": obj(
+                    "items": shared.obj(
                         {
                             "id": {"type": "string"},
                             "status": {"type": "string"},
                             "updated": {"type": "string"},
                             "media-types": {
                                 "type": "array",
-                                "items": obj(
+                                "items": shared.obj(
                                     {"base": {"type": "string"}, "type": {"type": "string"}},
                                     ["base", "type"],
                                 ),
                             },
-                            "links": {"type": "array", "items": schema("VersionLink")},
+                            "links": {"type": "array", "items": shared.schema("VersionLink")},
                         },
                         ["id", "status", "updated", "media-types", "links"],
                     ),
@@ -137,7 +128,7 @@ def _schemas() -> dict[str, Schema]:
             },
             ["versions"],
         ),
-        "VersionLink": obj(
+        "VersionLink": shared.obj(
             {"href": {"type": "string"}, "rel": {"type": "string"}},
             ["href", "rel"],
         ),
@@ -150,36 +141,36 @@ def _schemas() -> dict[str, Schema]:
 
 
 def _paths() -> dict[str, Schema]:
-    home = operation(
+    home = shared.operation(
         "getHome",
         "The JSON-home document of the v2 API",
         {
-            "200": response(
+            "200": shared.response(
                 "The home document.",
-                schema("HomeDocument"),
+                shared.schema("HomeDocument"),
                 "application/json-home",
                 headers={"Cache-Control": {"schema": {"type": "string"}}},
             ),
-            "400": ref("responses", "BadRequest"),
+            "400": shared.ref("responses", "BadRequest"),
         },
     )
     return {
         "/": {
-            "get": operation(
+            "get": shared.operation(
                 "getVersions",
                 "The API versions (no headers needed)",
-                {"300": response("The versions.", schema("Versions"))},
+                {"300": shared.response("The versions.", shared.schema("Versions"))},
                 parameters=[],
             )
         },
         "/v2": {"get": home},
         "/v2/": {"get": {**home, "operationId": "getHomeSlash"}},
         "/v2/openapi.json": {
-            "get": operation(
+            "get": shared.operation(
                 "getOpenapi",
                 "This document (no headers needed)",
                 {
-                    "200": response(
+                    "200": shared.response(
                         "The OpenAPI description of this service, with its configured limits.",
                         {"type": "object", "required": ["openapi", "info", "paths"]},
                     )
@@ -188,26 +179,28 @@ def _paths() -> dict[str, Schema]:
             )
         },
         "/v2/ping": {
-            "get": operation(
+            "get": shared.operation(
                 "ping",
                 "Is Redis reachable? (HEAD works too; no headers needed)",
                 {
-                    "204": response("Redis answered."),
-                    "503": response("Redis is unreachable (no body).", headers=RETRY_AFTER),
+                    "204": shared.response("Redis answered."),
+                    "503": shared.response(
+                        "Redis is unreachable (no body).", headers=shared.RETRY_AFTER
+                    ),
                 },
                 parameters=[],
             )
         },
         "/v2/health": {
-            "get": operation(
+            "get": shared.operation(
                 "getHealth",
                 "Storage reachability and driver counters (no headers needed)",
                 {
-                    "200": response("Redis is reachable.", schema("Health")),
-                    "503": response(
+                    "200": shared.response("Redis is reachable.", shared.schema("Health")),
+                    "503": shared.response(
                         "Redis is unreachable.",
-                        schema("Health"),
-                        headers=RETRY_AFTER,
+                        shared.schema("Health"),
+                        headers=shared.RETRY_AFTER,
                     ),
                 },
                 parameters=[],

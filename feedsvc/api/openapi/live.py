@@ -5,14 +5,8 @@ follows too many already (``feedsvc.api.streams``)."""
 from __future__ import annotations
 
 from feedsvc.api import spec
-from feedsvc.api.openapi.shared import (
-    RETRY_AFTER,
-    Document,
-    Schema,
-    parameter,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 
 EVENT_STREAM = "text/event-stream"
@@ -20,7 +14,7 @@ EVENT_STREAM = "text/event-stream"
 
 def message_list_or_stream(s: Settings) -> Schema:
     """200 of the message list: a JSON page, or (Accept: text/event-stream) a stream."""
-    ok = response("Messages.", schema("MessageList"))
+    ok = shared.response("Messages.", shared.schema("MessageList"))
     ok["content"][EVENT_STREAM] = {
         "schema": {
             "type": "string",
@@ -65,8 +59,8 @@ def add(document: Document, s: Settings) -> None:
     rules = spec.rules(s)
     components = document["components"]
     components["parameters"] |= {
-        "Wait": parameter(rules.wait),
-        "From": parameter(rules.start),
+        "Wait": shared.parameter(rules.wait),
+        "From": shared.parameter(rules.start),
         "LastEventId": {
             "name": "Last-Event-ID",
             "in": "header",
@@ -79,11 +73,11 @@ def add(document: Document, s: Settings) -> None:
             "schema": {"type": "string", "pattern": spec.MARKER_PATTERN},
         },
     }
-    components["responses"]["UnavailableOrTooManyFollowers"] = response(
+    components["responses"]["UnavailableOrTooManyFollowers"] = shared.response(
         "Redis is unreachable, timed out, or too contended (or, for a write, out of "
         "memory or may evict data); or, for a long poll "
         "(wait > 0) or an event stream, this process already serves "
         f"--max-followers ({s.max_followers}) of them: try again later.",
-        schema("Error"),
-        headers=RETRY_AFTER,
+        shared.schema("Error"),
+        headers=shared.RETRY_AFTER,
     )

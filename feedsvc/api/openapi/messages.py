@@ -4,26 +4,9 @@
 from __future__ import annotations
 
 from feedsvc.api import spec
+from feedsvc.api.openapi import shared
 from feedsvc.api.openapi.live import message_list_or_stream
-from feedsvc.api.openapi.shared import (
-    ANY_JSON,
-    JSON,
-    LOCATION,
-    Document,
-    Schema,
-    common,
-    done,
-    errors,
-    field,
-    integer,
-    obj,
-    operation,
-    parameter,
-    query,
-    ref,
-    response,
-    schema,
-)
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 
 QUEUE = "/v2/queues/{queue}"
@@ -31,18 +14,18 @@ QUEUE = "/v2/queues/{queue}"
 
 def _schemas(rules: spec.Rules, s: Settings) -> dict[str, Schema]:
     message_id: Schema = {"type": "string", "pattern": spec.ID_PATTERN}
-    message = obj(
+    message = shared.obj(
         {
             "id": message_id,
             "href": {
                 "type": "string",
                 "description": "Relative; carries ?claim_id= while a live claim holds it.",
             },
-            "ttl": integer(1),
-            "age": integer(0),
-            "body": ANY_JSON,
+            "ttl": shared.integer(1),
+            "age": shared.integer(0),
+            "body": shared.ANY_JSON,
             "claim_count": {
-                **integer(1),
+                **shared.integer(1),
                 "description": "Only while a live claim holds it: how often it was claimed, "
                 "this claim included (a feedsvc extension; Zaqar clients ignore it).",
             },
@@ -51,12 +34,12 @@ def _schemas(rules: spec.Rules, s: Settings) -> dict[str, Schema]:
     )
     return {
         "Message": message,
-        "MessageList": obj(
+        "MessageList": shared.obj(
             {
-                "messages": {"type": "array", "items": schema("Message")},
+                "messages": {"type": "array", "items": shared.schema("Message")},
                 "links": {
                     "type": "array",
-                    "items": schema("Link"),
+                    "items": shared.schema("Link"),
                     "maxItems": 1,
                     "description": "The next page (absent when listing by ids). An empty "
                     "page carries no link: poll again with the last marker.",
@@ -64,13 +47,18 @@ def _schemas(rules: spec.Rules, s: Settings) -> dict[str, Schema]:
             },
             ["messages"],
         ),
-        "PoppedMessages": obj(
+        "PoppedMessages": shared.obj(
             {
                 "messages": {
                     "type": "array",
                     "maxItems": s.max_messages_per_claim_or_pop,
-                    "items": obj(
-                        {"id": message_id, "ttl": integer(1), "age": integer(0), "body": ANY_JSON},
+                    "items": shared.obj(
+                        {
+                            "id": message_id,
+                            "ttl": shared.integer(1),
+                            "age": shared.integer(0),
+                            "body": shared.ANY_JSON,
+                        },
                         ["id", "ttl", "age", "body"],
                     ),
                 }
@@ -80,9 +68,9 @@ def _schemas(rules: spec.Rules, s: Settings) -> dict[str, Schema]:
         "NewMessage": {
             "type": "object",
             "properties": {
-                "body": ANY_JSON,
-                "ttl": field(rules.message_ttl),
-                "delay": field(rules.message_delay),
+                "body": shared.ANY_JSON,
+                "ttl": shared.field(rules.message_ttl),
+                "delay": shared.field(rules.message_delay),
             },
             "required": ["body"],
             "description": "ttl defaults to the queue's _default_message_ttl, else "
@@ -95,12 +83,12 @@ def _schemas(rules: spec.Rules, s: Settings) -> dict[str, Schema]:
                     "type": "array",
                     "minItems": 1,
                     "maxItems": rules.messages_per_post,
-                    "items": schema("NewMessage"),
+                    "items": shared.schema("NewMessage"),
                 }
             },
             "required": ["messages"],
         },
-        "Resources": obj(
+        "Resources": shared.obj(
             {
                 "resources": {
                     "type": "array",
@@ -120,38 +108,40 @@ def _paths(document: Document, s: Settings) -> dict[str, Schema]:
     message = messages + "/{message_id}"
     return {
         messages: {
-            "post": operation(
+            "post": shared.operation(
                 "postMessages",
                 "Post messages (the queue is created on first post)",
                 {
-                    "201": response("Stored and indexed.", schema("Resources"), headers=LOCATION),
-                    "403": ref("responses", "OverQuota"),
-                    **errors(),
+                    "201": shared.response(
+                        "Stored and indexed.", shared.schema("Resources"), headers=shared.LOCATION
+                    ),
+                    "403": shared.ref("responses", "OverQuota"),
+                    **shared.errors(),
                 },
-                parameters=common("Queue", "IdempotencyKey"),
+                parameters=shared.common("Queue", "IdempotencyKey"),
                 body={
                     "required": True,
                     "description": f"At most {rules.post_size} bytes "
                     "and at most the queue's _max_messages_post_size: 400 otherwise, "
                     "as in Zaqar (refused from Content-Length, or while a chunked "
                     "body streams in).",
-                    "content": {JSON: {"schema": schema("NewMessages")}},
+                    "content": {shared.JSON: {"schema": shared.schema("NewMessages")}},
                 },
             ),
             "get": {
-                **operation(
+                **shared.operation(
                     "listMessages",
                     "A page of messages after a marker, or the messages named by ids; "
                     "with wait, a long poll; with Accept: text/event-stream, a live stream",
                     {
                         "200": message_list_or_stream(s),
-                        **errors("404"),
-                        "503": ref("responses", "UnavailableOrTooManyFollowers"),
+                        **shared.errors("404"),
+                        "503": shared.ref("responses", "UnavailableOrTooManyFollowers"),
                     },
                     parameters=[
-                        *common("Queue"),
-                        *query(document, s, "GET", messages),
-                        ref("parameters", "LastEventId"),
+                        *shared.common("Queue"),
+                        *shared.query(document, s, "GET", messages),
+                        shared.ref("parameters", "LastEventId"),
                     ],
                 ),
                 "description": "A plain list answers at once. With wait=S a page that would "
@@ -165,48 +155,48 @@ def _paths(document: Document, s: Settings) -> dict[str, Schema]:
                 "400 there too, and include_delayed is ignored (a delayed message appears "
                 "once due).",
             },
-            "delete": operation(
+            "delete": shared.operation(
                 "deleteMessages",
                 "Delete the messages named by ids, or pop some",
                 {
-                    "200": response("The popped messages.", schema("PoppedMessages")),
-                    "204": done(),
-                    **errors(),
+                    "200": shared.response("The popped messages.", shared.schema("PoppedMessages")),
+                    "204": shared.done(),
+                    **shared.errors(),
                 },
-                parameters=[*common("Queue"), *query(document, s, "DELETE", messages)],
+                parameters=[
+                    *shared.common("Queue"),
+                    *shared.query(document, s, "DELETE", messages),
+                ],
             ),
         },
         message: {
-            "get": operation(
+            "get": shared.operation(
                 "getMessage",
                 "One message",
-                {"200": response("The message.", schema("Message")), **errors("404")},
-                parameters=common("Queue", "MessageId"),
+                shared.ok("The message.", "Message", "404"),
+                parameters=shared.common("Queue", "MessageId"),
             ),
-            "delete": operation(
+            "delete": shared.operation(
                 "deleteMessage",
                 "Delete one message (a claimed one needs its claim_id)",
-                {"204": done(), **errors("403")},
+                {"204": shared.done(), **shared.errors("403")},
                 parameters=[
-                    *common("Queue", "MessageId"),
-                    *query(document, s, "DELETE", message),
+                    *shared.common("Queue", "MessageId"),
+                    *shared.query(document, s, "DELETE", message),
                 ],
             ),
         },
         message + "/release": {
             "post": {
-                **operation(
+                **shared.operation(
                     "releaseMessage",
                     "Take one message out of its claim, claimable again after a delay",
-                    {"204": done(), **errors("404")},
+                    {"204": shared.done(), **shared.errors("404")},
                     parameters=[
-                        *common("Queue", "MessageId"),
-                        *query(document, s, "POST", message + "/release"),
+                        *shared.common("Queue", "MessageId"),
+                        *shared.query(document, s, "POST", message + "/release"),
                     ],
-                    body={
-                        "required": False,
-                        "content": {JSON: {"schema": schema("ReleaseOptions")}},
-                    },
+                    body=shared.json_body("ReleaseOptions", required=False),
                 ),
                 "description": "A feedsvc extension. The rest of the claim is untouched; "
                 "the message keeps its claim count (it counts towards _max_claim_count "
@@ -221,8 +211,8 @@ def add(document: Document, s: Settings) -> None:
     components = document["components"]
     components["schemas"] |= _schemas(rules, s)
     components["parameters"] |= {
-        "MessageLimit": parameter(rules.message_limit),
-        "MessageMarker": parameter(rules.message_marker),
-        "Ids": parameter(rules.ids),
+        "MessageLimit": shared.parameter(rules.message_limit),
+        "MessageMarker": shared.parameter(rules.message_marker),
+        "Ids": shared.parameter(rules.ids),
     }
     document["paths"] |= _paths(document, s)

@@ -5,24 +5,8 @@ from __future__ import annotations
 
 from feedsvc.api import spec
 from feedsvc.api import validation as v
-from feedsvc.api.openapi.shared import (
-    ANY_JSON,
-    JSON,
-    LOCATION,
-    Document,
-    Schema,
-    common,
-    done,
-    errors,
-    field,
-    integer,
-    obj,
-    operation,
-    parameter,
-    ref,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 from feedsvc.storage.base import RESERVED_FIELDS
 
@@ -35,13 +19,13 @@ MAX_MESSAGES = (
 
 
 def _schemas(s: Settings) -> dict[str, Schema]:
-    fields = {rule.name: field(rule, with_default=False) for rule in spec.rules(s).metadata}
+    fields = {rule.name: shared.field(rule, with_default=False) for rule in spec.rules(s).metadata}
     fields["_max_messages"]["description"] = MAX_MESSAGES
-    summary = obj(
+    summary = shared.obj(
         {
             "id": {"type": "string", "pattern": spec.ID_PATTERN},
             "href": {"type": "string"},
-            "age": integer(0),
+            "age": shared.integer(0),
             "created": {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"},
         },
         ["id", "href", "age", "created"],
@@ -61,7 +45,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                     "pattern": spec.NAME_PATTERN,
                 },
                 "_retry_policy": {
-                    "anyOf": [schema("RetryPolicy"), {"type": "null"}],
+                    "anyOf": [shared.schema("RetryPolicy"), {"type": "null"}],
                     "description": "The default retry policy of the queue's subscriptions.",
                 },
                 "_enable_encrypt_messages": {
@@ -77,36 +61,36 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             },
         },
         "QueueMetadataShown": {
-            "allOf": [schema("QueueMetadata")],
+            "allOf": [shared.schema("QueueMetadata")],
             # _max_messages is shown only when set (Zaqar has no such field)
             "required": [name for name in RESERVED_FIELDS if name != "_max_messages"],
         },
-        "QueueList": obj(
+        "QueueList": shared.obj(
             {
                 "queues": {
                     "type": "array",
                     "maxItems": s.max_queues_per_page,
-                    "items": obj(
+                    "items": shared.obj(
                         {
                             "name": {"type": "string", "pattern": spec.NAME_PATTERN},
                             "href": {"type": "string"},
-                            "metadata": schema("QueueMetadataShown"),
+                            "metadata": shared.schema("QueueMetadataShown"),
                         },
                         ["name", "href"],
                     ),
                 },
-                "links": {"type": "array", "maxItems": 1, "items": schema("Link")},
-                "count": integer(0),
+                "links": {"type": "array", "maxItems": 1, "items": shared.schema("Link")},
+                "count": shared.integer(0),
             },
             ["queues", "links"],
         ),
-        "QueueStats": obj(
+        "QueueStats": shared.obj(
             {
-                "messages": obj(
+                "messages": shared.obj(
                     {
-                        "claimed": integer(0),
-                        "free": integer(0),
-                        "total": integer(0),
+                        "claimed": shared.integer(0),
+                        "free": shared.integer(0),
+                        "total": shared.integer(0),
                         "oldest": summary,
                         "newest": summary,
                     },
@@ -125,7 +109,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                         "properties": {
                             "op": {"type": "string", "enum": ["add", "replace"]},
                             "path": metadata_path,
-                            "value": ANY_JSON,
+                            "value": shared.ANY_JSON,
                         },
                         "required": ["op", "path", "value"],
                     },
@@ -157,86 +141,80 @@ def _schemas(s: Settings) -> dict[str, Schema]:
 
 
 def _paths(s: Settings) -> dict[str, Schema]:
-    query = [parameter(p) for p in spec.rules(s).query("GET", QUEUES)]
+    query = [shared.parameter(p) for p in spec.rules(s).query("GET", QUEUES)]
     queue = QUEUE
     return {
         "/v2/queues": {
-            "get": operation(
+            "get": shared.operation(
                 "listQueues",
                 "The project's queues, by name",
-                {
-                    "200": response("A page of queues.", schema("QueueList")),
-                    **errors(),
-                },
+                shared.ok("A page of queues.", "QueueList"),
                 parameters=[
-                    *common(),
+                    *shared.common(),
                     *query,
                 ],
             )
         },
         queue: {
-            "put": operation(
+            "put": shared.operation(
                 "createQueue",
                 "Create a queue (an existing queue is left as it is)",
                 {
-                    "201": response("Created.", headers=LOCATION),
-                    "204": response("It already existed.", headers=LOCATION),
-                    "403": ref("responses", "OverQuota"),
-                    **errors(),
+                    "201": shared.response("Created.", headers=shared.LOCATION),
+                    "204": shared.response("It already existed.", headers=shared.LOCATION),
+                    "403": shared.ref("responses", "OverQuota"),
+                    **shared.errors(),
                 },
-                parameters=common("Queue"),
+                parameters=shared.common("Queue"),
                 body={
                     "required": False,
                     "description": "Optional metadata.",
-                    "content": {JSON: {"schema": schema("QueueMetadata")}},
+                    "content": {shared.JSON: {"schema": shared.schema("QueueMetadata")}},
                 },
             ),
-            "get": operation(
+            "get": shared.operation(
                 "getQueue",
                 "The queue's metadata (the defaults when it does not exist)",
-                {"200": response("Metadata.", schema("QueueMetadataShown")), **errors()},
-                parameters=common("Queue"),
+                shared.ok("Metadata.", "QueueMetadataShown"),
+                parameters=shared.common("Queue"),
             ),
-            "patch": operation(
+            "patch": shared.operation(
                 "updateQueue",
                 "Change the queue's metadata with a json-patch",
-                {
-                    "200": response("The new metadata.", schema("QueueMetadataShown")),
-                    **errors("404", "409", "415"),
-                },
-                parameters=common("Queue"),
+                shared.ok("The new metadata.", "QueueMetadataShown", "404", "409", "415"),
+                parameters=shared.common("Queue"),
                 body={
                     "required": True,
-                    "content": {v.JSON_PATCH: {"schema": schema("JsonPatch")}},
+                    "content": {v.JSON_PATCH: {"schema": shared.schema("JsonPatch")}},
                 },
             ),
-            "delete": operation(
+            "delete": shared.operation(
                 "deleteQueue",
                 "Delete the queue with its messages, claims and subscriptions"
                 " (all at once; their records are swept in the background)",
-                {"204": done(), **errors()},
-                parameters=common("Queue"),
+                {"204": shared.done(), **shared.errors()},
+                parameters=shared.common("Queue"),
             ),
         },
         queue + "/purge": {
-            "post": operation(
+            "post": shared.operation(
                 "purgeQueue",
                 "Delete every message and claim; keep the queue",
-                {"204": done(), **errors()},
-                parameters=common("Queue"),
+                {"204": shared.done(), **shared.errors()},
+                parameters=shared.common("Queue"),
                 body={
                     "required": False,
                     "description": "Without a body, messages are purged.",
-                    "content": {JSON: {"schema": schema("Purge")}},
+                    "content": {shared.JSON: {"schema": shared.schema("Purge")}},
                 },
             )
         },
         queue + "/stats": {
-            "get": operation(
+            "get": shared.operation(
                 "getQueueStats",
                 "Live message counts",
-                {"200": response("Counts.", schema("QueueStats")), **errors()},
-                parameters=common("Queue"),
+                shared.ok("Counts.", "QueueStats"),
+                parameters=shared.common("Queue"),
             )
         },
     }

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from feedsvc.api.openapi import shared
 from feedsvc.api.openapi.admin import ADMIN_PREFIX
 from feedsvc.api.openapi.home import UNAUTHENTICATED
-from feedsvc.api.openapi.shared import Document, ref, response, schema
+from feedsvc.api.openapi.shared import Document
 from feedsvc.config import Settings
 
 
@@ -38,19 +39,19 @@ def add(document: Document, settings: Settings) -> None:
         }
     # the admin routes' own scheme (openapi_admin.py) stays
     components.setdefault("securitySchemes", {}).update(schemes)
-    components["responses"]["Unauthorized"] = response(
+    components["responses"]["Unauthorized"] = shared.response(
         "No bearer token, or one that does not hold (RFC 6750: "
         'WWW-Authenticate: Bearer error="invalid_token").',
-        schema("Error"),
+        shared.schema("Error"),
         headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     )
-    components["responses"]["InsufficientScope"] = response(
+    components["responses"]["InsufficientScope"] = shared.response(
         "The token's scope does not allow this action on this queue or topic "
         '(WWW-Authenticate: Bearer error="insufficient_scope").',
-        schema("Error"),
+        shared.schema("Error"),
         headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     )
-    project = ref("parameters", "ProjectId")
+    project = shared.ref("parameters", "ProjectId")
     for path, item in document["paths"].items():
         if path in UNAUTHENTICATED:
             continue
@@ -60,13 +61,13 @@ def add(document: Document, settings: Settings) -> None:
             if settings.auth_token_file or settings.jwt_on():
                 for operation in item.values():
                     operation["security"] += [{name: []} for name in schemes]
-                    operation["responses"]["401"] = ref("responses", "Unauthorized")
+                    operation["responses"]["401"] = shared.ref("responses", "Unauthorized")
             continue
         for operation in item.values():
             operation["security"] = [{name: []} for name in schemes]
-            operation["responses"]["401"] = ref("responses", "Unauthorized")
-            operation["responses"].setdefault("403", ref("responses", "InsufficientScope"))
+            operation["responses"]["401"] = shared.ref("responses", "Unauthorized")
+            operation["responses"].setdefault("403", shared.ref("responses", "InsufficientScope"))
             operation["parameters"] = [
-                ref("parameters", "ProjectIdFromToken") if p == project else p
+                shared.ref("parameters", "ProjectIdFromToken") if p == project else p
                 for p in operation["parameters"]
             ]

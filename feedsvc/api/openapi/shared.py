@@ -166,6 +166,11 @@ def errors(*statuses: str) -> dict[str, Schema]:
     return {status: ref("responses", _ERRORS[status]) for status in statuses}
 
 
+def ok(description: str, name: str, *statuses: str) -> dict[str, Schema]:
+    """A 200 whose body is schema name, and the errors (these and every route's)."""
+    return {"200": response(description, schema(name)), **errors(*statuses)}
+
+
 def json_body(name: str, required: bool = True, description: str | None = None) -> Schema:
     out: Schema = {"required": required}
     if description is not None:

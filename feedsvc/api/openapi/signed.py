@@ -4,18 +4,8 @@ headers of the operations a URL can allow (``feedsvc.api.signed_urls``)."""
 from __future__ import annotations
 
 from feedsvc.api import signed_urls
-from feedsvc.api.openapi.shared import (
-    Document,
-    Schema,
-    common,
-    errors,
-    json_body,
-    obj,
-    operation,
-    ref,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 
 # Operations a pre-signed URL can allow: those below .../messages, .../claims
@@ -54,7 +44,7 @@ def add(document: Document, s: Settings) -> None:
             },
         },
     }
-    components["schemas"]["SignedURL"] = obj(
+    components["schemas"]["SignedURL"] = shared.obj(
         {
             "paths": {
                 "type": "array",
@@ -101,29 +91,26 @@ def add(document: Document, s: Settings) -> None:
             "--auth-token it then needs no bearer token. Otherwise it is 404.",
             "schema": {"type": "string"},
         }
-    components["responses"]["NotFoundOrNotSigned"] = response(
+    components["responses"]["NotFoundOrNotSigned"] = shared.response(
         "No such resource (in this project and queue); or the request carries URL-* "
         "headers that do not allow it (another method or path, expired, a wrong "
         "signature, or the service has no --signed-url-key).",
-        schema("Error"),
+        shared.schema("Error"),
     )
-    signed_headers = [ref("parameters", name) for name in headers]
+    signed_headers = [shared.ref("parameters", name) for name in headers]
     for prefix in SIGNABLE:
         for route, item in document["paths"].items():
             if route == prefix or route.startswith(prefix + "/"):
                 for op in item.values():
                     op["parameters"] = [*op["parameters"], *signed_headers]
-                    op["responses"]["404"] = ref("responses", "NotFoundOrNotSigned")
+                    op["responses"]["404"] = shared.ref("responses", "NotFoundOrNotSigned")
     document["paths"]["/v2/queues/{queue}/share"] = {
-        "post": operation(
+        "post": shared.operation(
             "shareQueue",
             "Make a pre-signed URL: what a client holding it may do, without a token",
-            {
-                "200": response("The signed URL.", schema("SignedURL")),
-                **errors(),
-            },
-            parameters=common("Queue"),
-            body=json_body(
+            shared.ok("The signed URL.", "SignedURL"),
+            parameters=shared.common("Queue"),
+            body=shared.json_body(
                 "ShareOptions",
                 description="{} takes the defaults. Without --signed-url-key the "
                 "answer is 400, as in Zaqar.",

@@ -4,18 +4,8 @@ policy (``feedsvc.api.subscriptions``, ``feedsvc.delivery.retry``)."""
 from __future__ import annotations
 
 from feedsvc.api import subscription_rules as rules
-from feedsvc.api.openapi.shared import (
-    LOCATION,
-    Document,
-    Schema,
-    common,
-    done,
-    errors,
-    json_body,
-    query,
-    response,
-    schema,
-)
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.api.subscriptions import EXISTING_HEADER, SUBSCRIPTION_ID
 from feedsvc.config import Settings
 from feedsvc.delivery import retry, subscribers
@@ -24,7 +14,7 @@ QUEUE = "/v2/queues/{queue}"
 
 
 def _created() -> Schema:
-    out = response("Created.", schema("SubscriptionCreated"), headers=LOCATION)
+    out = shared.response("Created.", shared.schema("SubscriptionCreated"), headers=shared.LOCATION)
     out["headers"][EXISTING_HEADER] = {
         "required": False,
         "description": "On a repeated POST of an unconfirmed subscriber: the subscription "
@@ -93,7 +83,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                 f"one the HTTP client owns: {forbidden} (400).",
             },
             "post_data": {"type": "string"},
-            "_retry_policy": {"anyOf": [schema("RetryPolicy"), {"type": "null"}]},
+            "_retry_policy": {"anyOf": [shared.schema("RetryPolicy"), {"type": "null"}]},
             "subject": {"type": "string", "maxLength": subscribers.MAX_SUBJECT_LENGTH},
             "from": {"type": "string"},
         },
@@ -167,7 +157,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             "additionalProperties": False,
             "required": ["subscriptions", "links"],
             "properties": {
-                "subscriptions": {"type": "array", "items": schema("Subscription")},
+                "subscriptions": {"type": "array", "items": shared.schema("Subscription")},
                 "links": {"type": "array", "maxItems": 1, "items": {"type": "object"}},
             },
         },
@@ -185,7 +175,7 @@ def add(document: Document, s: Settings) -> None:
         "description": "A subscription id (a UUID); any other value is 404.",
         "schema": {"type": "string", "pattern": SUBSCRIPTION_ID.pattern},
     }
-    item = common("Queue", "SubscriptionId")
+    item = shared.common("Queue", "SubscriptionId")
     subscriptions = QUEUE + "/subscriptions"
     document["paths"][subscriptions] = {
         "post": {
@@ -195,22 +185,25 @@ def add(document: Document, s: Settings) -> None:
             f"while it is unconfirmed (Zaqar's answer) and {EXISTING_HEADER}: true, the "
             "subscription left as it was (its ttl and options are changed by PATCH); 409 "
             "once confirmed.",
-            "parameters": common("Queue"),
-            "requestBody": json_body(
+            "parameters": shared.common("Queue"),
+            "requestBody": shared.json_body(
                 "NewSubscription", description="The subscriber, ttl and options."
             ),
             "responses": {
                 "201": _created(),
-                **errors("409"),
+                **shared.errors("409"),
             },
         },
         "get": {
             "operationId": "listSubscriptions",
             "summary": "The queue's subscriptions by id",
-            "parameters": [*common("Queue"), *query(document, s, "GET", subscriptions)],
+            "parameters": [
+                *shared.common("Queue"),
+                *shared.query(document, s, "GET", subscriptions),
+            ],
             "responses": {
-                "200": response("A page.", schema("SubscriptionList")),
-                **errors(),
+                "200": shared.response("A page.", shared.schema("SubscriptionList")),
+                **shared.errors(),
             },
         },
     }
@@ -220,22 +213,22 @@ def add(document: Document, s: Settings) -> None:
             "summary": "A live subscription and its delivery state",
             "parameters": item,
             "responses": {
-                "200": response("The subscription.", schema("Subscription")),
-                **errors("404"),
+                "200": shared.response("The subscription.", shared.schema("Subscription")),
+                **shared.errors("404"),
             },
         },
         "patch": {
             "operationId": "updateSubscription",
             "summary": "Change the subscriber, ttl (restarted from now) or options",
             "parameters": item,
-            "requestBody": json_body("SubscriptionPatch", description="What to change."),
-            "responses": {"204": done(LOCATION), **errors("404", "409")},
+            "requestBody": shared.json_body("SubscriptionPatch", description="What to change."),
+            "responses": {"204": shared.done(shared.LOCATION), **shared.errors("404", "409")},
         },
         "delete": {
             "operationId": "deleteSubscription",
             "summary": "Unsubscribe (no error if it is gone)",
             "parameters": item,
-            "responses": {"204": done(), **errors()},
+            "responses": {"204": shared.done(), **shared.errors()},
         },
     }
     document["paths"][subscriptions + "/{subscription_id}/confirm"] = {
@@ -245,7 +238,9 @@ def add(document: Document, s: Settings) -> None:
             "unconfirmed subscriber is sent only its confirmation request, which carries a "
             "pre-signed URL for this call.",
             "parameters": item,
-            "requestBody": json_body("Confirmation", description="confirmed: true or false."),
-            "responses": {"204": done(LOCATION), **errors("404")},
+            "requestBody": shared.json_body(
+                "Confirmation", description="confirmed: true or false."
+            ),
+            "responses": {"204": shared.done(shared.LOCATION), **shared.errors("404")},
         }
     }

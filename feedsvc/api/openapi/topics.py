@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from feedsvc.api.openapi.shared import Document, schema
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document
 from feedsvc.config import Settings
 
 # What topic operations show instead of a queue's: topics have their own
@@ -44,7 +45,7 @@ def add(document: Document, s: Settings) -> None:
     topic |= {"name": "topic", "description": topic["description"].replace("Queue", "Topic")}
     components["parameters"]["Topic"] = topic
     components["schemas"]["TopicMetadataShown"] = {
-        "allOf": [schema("QueueMetadata")],
+        "allOf": [shared.schema("QueueMetadata")],
         "required": list(TOPIC_RESERVED),
     }
     components["schemas"]["TopicList"] = _as_topic(components["schemas"]["QueueList"])
