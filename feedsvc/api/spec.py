@@ -24,11 +24,11 @@ from feedsvc.config import MAX_QUOTA, Settings
 #: A queue's or topic's name. "." and ".." are refused: HTTP clients (curl,
 #: requests) resolve them out of a URL path, so such a queue could be made
 #: but never reached.
-NAME_PATTERN = r"^(?!\.\.?$)[a-zA-Z0-9_.-]{1,64}$"
 MAX_NAME_LENGTH = 64
+NAME_PATTERN = rf"^(?!\.\.?$)[a-zA-Z0-9_.-]{{1,{MAX_NAME_LENGTH}}}$"
 #: A queue list marker is a place in the sorted names, not a queue that must
 #: exist, so it may be any string that could sort among them.
-QUEUE_MARKER_PATTERN = r"^[a-zA-Z0-9_.-]{1,64}$"
+QUEUE_MARKER_PATTERN = rf"^[a-zA-Z0-9_.-]{{1,{MAX_NAME_LENGTH}}}$"
 #: Ids are made by the service (24 lowercase hex digits); anything else cannot
 #: exist, which also keeps every id from forming another key.
 ID_PATTERN = r"^[0-9a-f]{24}$"
