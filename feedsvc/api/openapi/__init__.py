@@ -4,7 +4,8 @@ The document is built from the running service's :class:`~feedsvc.config.Setting
 by the parts below, one module per route group, each adding its paths and
 components: ``shared`` (what all use), ``home``, ``queues``, ``live`` (long
 polls and event streams), ``messages``, ``claims``, ``subscriptions``,
-``admin``, then the parts that rewrite what came before: ``topics`` (the
+``admin``, then the parts that change what came before: ``consumers``
+(message headers on the message schemas), ``topics`` (the
 queue operations on topics), ``signed`` (pre-signed URLs) and ``security``
 (bearer tokens). Every query parameter and numeric body field is rendered
 from ``feedsvc.api.spec``, the same objects validation reads them with, so
@@ -30,6 +31,7 @@ from feedsvc import __version__
 from feedsvc.api.openapi import (
     admin,
     claims,
+    consumers,
     home,
     live,
     messages,
@@ -59,6 +61,7 @@ PARTS: list[Callable[[Document, Settings], None]] = [
     claims.add,
     subscriptions.add,
     admin.add,
+    consumers.add,
     topics.add,
     signed.add,
     security.add,
