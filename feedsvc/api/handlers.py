@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from feedsvc import tracing
+from feedsvc.api import spec
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
 from feedsvc.api.traced import carriers, consumed, request_context, stamp
@@ -46,7 +47,6 @@ from feedsvc.storage.base import (
 )
 
 API_VERSION = "2"
-DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
 UPDATED = "2014-09-24T04:06:47Z"
 MEDIA_TYPES = [{"base": "application/json", "type": "application/vnd.openstack.messaging-v2+json"}]
 
@@ -105,6 +105,10 @@ def feed_path(request: web.Request, name: str) -> str:
 
 def _settings(request: web.Request) -> Settings:
     return request.app[SETTINGS]
+
+
+def _rules(request: web.Request) -> spec.Rules:
+    return spec.rules(request.app[SETTINGS])
 
 
 def _now(request: web.Request) -> int:
@@ -302,14 +306,13 @@ async def bench_page(request: web.Request) -> web.Response:
 
 async def list_queues(request: web.Request) -> web.Response:
     settings = _settings(request)
+    rules = spec.rules(settings)
     project, _ = v.caller(request)
     query = request.query
-    marker = v.queue_marker(query)
-    limit = v.bounded_int(
-        query, "limit", settings.default_queues_per_page, 1, settings.max_queues_per_page
-    )
-    detailed = v.flag(query, "detailed")
-    with_count = v.flag(query, "with_count")
+    marker = v.queue_marker(query, rules.queue_marker)
+    limit = v.integer(query, rules.queue_limit)
+    detailed = v.flag(query, rules.detailed)
+    with_count = v.flag(query, rules.with_count)
     store = feed_store(request)
     topic = is_topic(request)
     queues = await store.list_queues(project, marker, limit, detailed)
@@ -451,13 +454,13 @@ def posted_response(base: str, ids: list[str]) -> web.Response:
 
 async def get_messages(request: web.Request) -> web.Response:
     """GET .../messages: a page after a marker, or the messages named by ?ids=."""
-    settings = _settings(request)
+    rules = _rules(request)
     project, client = v.caller(request)
     queue = v.queue_name(request)
     query = request.query
     store = feed_store(request)
-    ids = v.id_list(query, "ids", settings.max_messages_per_page)
-    tail = v.from_tail(query)
+    ids = v.id_list(query, rules.ids)
+    tail = v.from_tail(query, rules.start, rules.message_marker)
     now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
@@ -479,21 +482,15 @@ async def get_messages(request: web.Request) -> web.Response:
 
 def list_query_of(request: web.Request, client: str) -> ListQuery:
     """A list request's marker, limit and filters."""
-    settings = _settings(request)
+    rules = _rules(request)
     query = request.query
     return ListQuery(
         client_id=client,
-        marker=v.message_marker(query),
-        limit=v.bounded_int(
-            query,
-            "limit",
-            settings.default_messages_per_page,
-            1,
-            settings.max_messages_per_page,
-        ),
-        echo=v.flag(query, "echo"),
-        include_claimed=v.flag(query, "include_claimed"),
-        include_delayed=v.flag(query, "include_delayed"),
+        marker=v.message_marker(query, rules.message_marker),
+        limit=v.integer(query, rules.message_limit),
+        echo=v.flag(query, rules.echo),
+        include_claimed=v.flag(query, rules.include_claimed),
+        include_delayed=v.flag(query, rules.include_delayed),
         check_marker=True,
     )
 
@@ -554,7 +551,7 @@ async def delete_message(request: web.Request) -> web.Response:
     message_id = request.match_info["message_id"]
     # A malformed claim_id is passed on: it holds no message, so deleting an
     # existing message with it is a 400 and deleting a missing one a 204.
-    claim_id = request.query.get("claim_id") or None
+    claim_id = v.text(request.query, _rules(request).claim_id)
     if v.is_id(message_id):
         await feed_store(request).delete_message(project, queue, message_id, claim_id)
     return web.Response(status=204)
@@ -567,8 +564,8 @@ async def release_message(request: web.Request) -> web.Response:
     project, _ = v.caller(request)
     queue = v.queue_name(request)
     message_id = request.match_info["message_id"]
-    claim_id = request.query.get("claim_id")
-    if not claim_id:
+    claim_id = v.text(request.query, _rules(request).release_claim_id)
+    if claim_id is None:
         raise BadRequest("Give the claim_id of the claim that holds the message.")
     delay = v.release_delay(await read_body(request), _settings(request))
     if not v.is_id(message_id):
@@ -580,15 +577,15 @@ async def release_message(request: web.Request) -> web.Response:
 
 
 async def delete_messages(request: web.Request) -> web.Response:
-    settings = _settings(request)
+    rules = _rules(request)
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    ids = v.id_list(request.query, "ids", settings.max_messages_per_page)
-    pop = request.query.get("pop")
+    ids = v.id_list(request.query, rules.ids)
+    pop = request.query.get(rules.pop.name)
     if ids is not None and pop is not None:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
-        limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
+        limit = v.integer(request.query, rules.pop)
         if tracing.ENABLED:
             with tracing.span("receive", queue) as span:
                 popped = await feed_store(request).pop_messages(project, queue, limit)
@@ -614,14 +611,9 @@ async def post_claim(request: web.Request) -> web.Response:
     settings = _settings(request)
     project, _ = v.caller(request)
     queue = v.queue_name(request)
-    limit = v.bounded_int(
-        request.query,
-        "limit",
-        min(DEFAULT_CLAIM_LIMIT, settings.max_messages_per_claim_or_pop),
-        1,
-        settings.max_messages_per_claim_or_pop,
-    )
-    seconds = v.wait_seconds(request.query)
+    rules = _rules(request)
+    limit = v.integer(request.query, rules.claim_limit)
+    seconds = v.wait_seconds(request.query, rules.claim_wait)
     ttl, grace = v.claim_options(await read_body(request), settings)
     store = feed_store(request)
     terms = (ttl, grace, limit)
