@@ -24,6 +24,7 @@ from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
 from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
+from feedsvc.api.openapi_browser import add_query_credentials
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
 from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
@@ -1341,6 +1342,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     _signed_urls(document)
     if settings.auth_token or settings.auth_token_file or settings.jwt_on():
         _require_tokens(document, settings)
+    add_query_credentials(document, settings)
     return document
 
 
