@@ -201,7 +201,7 @@
     item.dataset.missed = String(gap.missed);
     if (gap.first) item.dataset.first = gap.first;
     const plural = gap.missed === 1 ? "message" : "messages";
-    item.append(element("span", "", `gap: ${gap.missed} ${plural} gone (expired or deleted) before the next one`));
+    item.append(element("span", "", `gap: ${gap.missed} ${plural} expired or deleted, never shown here`));
     return item;
   }
 
