@@ -405,3 +405,29 @@ async def test_query_credentials_never_reach_a_log(
         text = record.getMessage() + " " + " ".join(str(v) for v in vars(record).values())
         for secret in secrets:
             assert secret not in text, (secret, record.name, record.getMessage())
+
+
+async def test_a_malformed_request_line_is_logged_without_its_query_credentials(
+    logged_service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp's parser quotes the request line it refuses; that line is
+    logged (feedsvc.api.protocol), so its credentials are redacted."""
+    caplog.set_level(logging.DEBUG)
+    host, port = logged_service.removeprefix("http://").split(":")
+    secrets = ["tok-" + uuid.uuid4().hex, "sig-" + uuid.uuid4().hex]
+    heads = [
+        f"GET /v2/queues/q/messages?access_token={secrets[0]}\x01 HTTP/1.1\r\n\r\n",
+        f"GET /v2/queues/q/messages?limit=1&URL-Signature={secrets[1]} HTTP/1.1 x\r\n\r\n",
+    ]
+    for head in heads:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head.encode())
+        answer = await reader.read(200)
+        assert answer.split(b" ", 2)[1] == b"400", answer
+        writer.close()
+    logged = [r for r in caplog.records if "malformed request" in r.getMessage()]
+    assert len(logged) == len(heads), [r.getMessage() for r in caplog.records]
+    assert all(REDACTED in r.getMessage() for r in logged), [r.getMessage() for r in logged]
+    for record in caplog.records:
+        for secret in secrets:
+            assert secret not in record.getMessage(), record.getMessage()
