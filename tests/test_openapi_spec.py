@@ -38,7 +38,17 @@ Client = TestClient[web.Request, web.Application]
 UNDESCRIBED = ("/metrics", "/console", "/bench/")
 #: Query parameters a middleware reads on every route, before any handler
 #: (described on the operations, read by no handler): none yet.
-READ_BY_MIDDLEWARE: set[str] = set()
+#: Query parameters read before the handler (middleware): a pre-signed URL's
+#: parts in the query (signed_urls.mark_signed) and access_token
+#: (identity.authorize), both for an EventSource, which sends no headers.
+READ_BY_MIDDLEWARE: set[str] = {
+    "URL-Signature",
+    "URL-Expires",
+    "URL-Methods",
+    "URL-Paths",
+    "X-Project-ID",
+    "access_token",
+}
 ID = "0" * 24
 
 

@@ -108,9 +108,19 @@ SIGNED_PROJECT = web.RequestKey("signed_project", str)
 IDENTITY: web.RequestKey[Identity | None] = web.RequestKey("identity")
 
 
+#: The methods that may leave Client-ID out: reads (an EventSource cannot
+#: send it). A write's Client-ID is its messages' author, so it stays required.
+CLIENT_ID_OPTIONAL = ("GET", "HEAD")
+#: The client id of a read without Client-ID: no message's author (every
+#: post has one), so ``echo`` has nothing to hide from it.
+NO_CLIENT = ""
+
+
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; a form body is refused first,
-    then Client-ID is checked, as Zaqar does.
+    then Client-ID is checked, as Zaqar does. A GET or HEAD may leave
+    Client-ID out (client id :data:`NO_CLIENT`: it sees every message, echo
+    or not); one it sends must be well formed.
 
     With authentication on (``feedsvc.api.identity``), the project is the
     bearer token's, whatever X-Project-ID says, unless the request's
@@ -119,7 +129,10 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     health do not ask for a caller at all).
     """
     refuse_form_body(request)
-    client = client_id(request)
+    if request.method in CLIENT_ID_OPTIONAL and "Client-ID" not in request.headers:
+        client = NO_CLIENT
+    else:
+        client = client_id(request)
     signed = request[SIGNED_PROJECT]
     if signed:
         return signed, client

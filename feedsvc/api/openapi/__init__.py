@@ -7,8 +7,10 @@ polls and event streams), ``messages``, ``claims``, ``subscriptions``,
 ``admin``, then the parts that change what came before: ``consumers``
 (message headers on the message schemas), ``topics`` (the
 queue operations on topics), ``redrive`` (a dead-letter queue's redrive,
-queues only), ``signed`` (pre-signed URLs) and ``security``
-(bearer tokens). Every query parameter and numeric body field is rendered
+queues only), ``signed`` (pre-signed URLs), ``security``
+(bearer tokens) and ``browser`` (what an EventSource may send instead of
+headers: Client-ID optional on reads, credentials in the query). Every
+query parameter and numeric body field is rendered
 from ``feedsvc.api.spec``, the same objects validation reads them with, so
 the bounds stated are the ones enforced.
 
@@ -31,6 +33,7 @@ from aiohttp import web
 from feedsvc import __version__
 from feedsvc.api.openapi import (
     admin,
+    browser,
     claims,
     consumers,
     home,
@@ -68,6 +71,7 @@ PARTS: list[Callable[[Document, Settings], None]] = [
     redrive.add,
     signed.add,
     security.add,
+    browser.add,
 ]
 
 
