@@ -3,9 +3,9 @@ them, in the fewest round trips the protocol allows (WATCH and the reads in
 one write, MULTI..EXEC in a second), retried after a jittered, growing,
 bounded back-off that gives the pool slot back while it sleeps.
 
-Part of the transport (:class:`~feedsvc.storage.transport.Transport` mixes it
-in); the drivers call ``optimistic()`` or, for a loop of their own,
-``attempt()`` and ``backoff()`` inside ``write_slot()``.
+The transport holds one (``Transport.transactions``), made with what it
+needs of the transport; the drivers call ``optimistic()`` or, for a loop of
+their own, ``attempt()`` and ``backoff()`` inside ``write_slot()``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import redis.exceptions as rexc
 from redis.asyncio.connection import AbstractConnection
 
-from feedsvc.config import Settings
 from feedsvc.errors import TooMuchContention
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Command
@@ -49,15 +48,30 @@ async def send(conn: AbstractConnection, *commands: Command) -> list[Any]:
 
 
 class OptimisticTransactions:
-    _settings: Settings
-    _servers: Servers
-    _gate: Gate
-    _wait: Command | None
-    counters: StoreCounters
-    memory_policy: MemoryPolicyGuard
+    """The WATCH engine of one transport: its servers, its pool slots and
+    their gate, its counters and memory policy, ``retries`` attempts at most
+    (``--watch-retries``), and ``wait`` (WAIT for replicas, with
+    ``replicated`` to judge its reply) sent after every EXEC, if set."""
 
-    def slot(self) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
+    def __init__(
+        self,
+        servers: Servers,
+        slot: Callable[[], AbstractAsyncContextManager[None]],
+        gate: Gate,
+        counters: StoreCounters,
+        memory_policy: MemoryPolicyGuard,
+        retries: int,
+        wait: Command | None,
+        replicated: Callable[[list[Any]], list[Any]],
+    ) -> None:
+        self._servers = servers
+        self.slot = slot
+        self._gate = gate
+        self.counters = counters
+        self.memory_policy = memory_policy
+        self._retries = retries
+        self._wait = wait
+        self._replicated = replicated
 
     @asynccontextmanager
     async def write_slot(self) -> AsyncIterator[None]:
@@ -68,9 +82,6 @@ class OptimisticTransactions:
             await self.memory_policy.admit_write()
         async with self.slot():
             yield
-
-    def _replicated(self, replies: list[Any]) -> list[Any]:
-        raise NotImplementedError
 
     async def optimistic(
         self,
@@ -159,10 +170,8 @@ class OptimisticTransactions:
         tries. The slot is given back while sleeping: a crowd of conflicting
         writers must not starve everyone else of connections."""
         self.counters.watch_retries += 1
-        if attempt + 1 >= self._settings.watch_retries:
+        if attempt + 1 >= self._retries:
             self.counters.watch_conflicts_exhausted += 1
-            raise TooMuchContention(
-                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
-            )
+            raise TooMuchContention(f"Gave up after {self._retries} conflicting attempts; retry.")
         ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
         await self._gate.pause(random.uniform(0, ceiling))

@@ -15,9 +15,11 @@ It owns:
 * **exchanges**: commands written at once, replies read in order with error
   replies as values, routed per command to the node owning its slot, with
   MOVED followed a few times;
-* the **WATCH engine**: optimistic transactions (WATCH + reads in one write,
-  MULTI..EXEC in a second) with jittered, bounded retries that give the pool
-  slot back while they sleep;
+* the **WATCH engine** (``transactions``, an ``optimistic.py``
+  :class:`~feedsvc.storage.optimistic.OptimisticTransactions` made from the
+  transport's servers, slots and counters): optimistic transactions (WATCH +
+  reads in one write, MULTI..EXEC in a second) with jittered, bounded
+  retries that give the pool slot back while they sleep;
 * the **memory-policy guard** (``memory_policy.py``): writes wait for a
   read of every primary's maxmemory-policy after a start, a reconnect or a
   failover, and are refused while Redis may evict; a ticker reads it again
@@ -174,6 +176,13 @@ def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
     return Redis(connection_pool=pool), None
 
 
+def raise_error_reply(replies: list[Any]) -> None:
+    """Raise the first error reply among replies, if there is one."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
 def replicated(replies: list[Any], wanted: int, counters: StoreCounters) -> list[Any]:
     """Replies to a batch that ended with WAIT, less its reply; NotReplicated
     if fewer than wanted replicas confirmed the batch's writes in time."""
@@ -227,7 +236,7 @@ async def trouble(
     return None
 
 
-class Transport(OptimisticTransactions):
+class Transport:
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
@@ -260,6 +269,16 @@ class Transport(OptimisticTransactions):
             self._wait = ("WAIT", settings.min_replicas_ack, timeout_ms)
         elif not self.cluster:
             self._direct = self._servers.default_node().coalescer
+        self.transactions = OptimisticTransactions(
+            self._servers,
+            self.slot,
+            self._gate,
+            self.counters,
+            self.memory_policy,
+            settings.watch_retries,
+            self._wait,
+            self._replicated,
+        )
 
     def open(self) -> None:
         """Start reading the memory policy now and then, and, behind
@@ -449,9 +468,7 @@ class Transport(OptimisticTransactions):
         """Like call, but an error reply raises (translated like any other)."""
         replies = await self.call(commands, idempotent)
         async with self.errors():
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
+            raise_error_reply(replies)
         return replies
 
     async def transaction(self, commands: Sequence[Command]) -> list[Any]:
@@ -459,9 +476,7 @@ class Transport(OptimisticTransactions):
         replies = await self.call_checked([("MULTI",), *commands, ("EXEC",)])
         executed: list[Any] = replies[-1]
         async with self.errors():
-            for reply in executed:
-                if isinstance(reply, Exception):
-                    raise reply
+            raise_error_reply(executed)
         return executed
 
     async def ping(self) -> None:
@@ -480,9 +495,7 @@ class Transport(OptimisticTransactions):
         for node in self._servers.primaries():
             [replies] = await self._exchange([(node, list(commands))])
             async with self.errors():
-                for reply in replies:
-                    if isinstance(reply, Exception):
-                        raise reply
+                raise_error_reply(replies)
 
     async def _connected(self, conn: AbstractConnection) -> None:
         await self._policy.connected(conn)  # see PolicyReader.connected
