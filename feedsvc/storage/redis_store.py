@@ -23,7 +23,7 @@ from typing import Any, Self
 import orjson
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import StoreSettings
 from feedsvc.errors import (
     MarkerNotGivenOut,
     PostTooLarge,
@@ -167,7 +167,7 @@ class ProcessParts:
     quotas: ProjectQuotas
 
     @classmethod
-    def make(cls, transport: Transport, settings: Settings, clock: Clock) -> ProcessParts:
+    def make(cls, transport: Transport, settings: StoreSettings, clock: Clock) -> ProcessParts:
         sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
         opener = BodyOpener(sealer, transport.counters)
         builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
@@ -199,7 +199,7 @@ class RedisStore(FeedSpace, ABC):
     def __init__(
         self,
         transport: Transport,
-        settings: Settings,
+        settings: StoreSettings,
         clock: Clock,
         kind: Kind = "queue",
         queues: RedisStore | None = None,

@@ -51,7 +51,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import RedisSettings
 from feedsvc.errors import (
     NotReplicated,
     PoolExhausted,
@@ -135,12 +135,12 @@ READS = READ_ONLY | frozenset(
 MOVED_RESENDS = 3
 
 
-def pool_slots(settings: Settings) -> int:
+def pool_slots(settings: RedisSettings) -> int:
     """Connections the pool may open: --pool-size, less the coalescer's own."""
     return settings.pool_size - 1 if settings.coalesce else settings.pool_size
 
 
-def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
+def _client(settings: RedisSettings) -> tuple[Redis | RedisCluster, Sentinel | None]:
     """redis-py retries failed commands by default; a retried index script or
     transaction could write twice, so retries are off and a failure becomes a
     503 that the client may retry knowingly. (Scripts and transactions never
@@ -237,7 +237,7 @@ async def trouble(
 
 
 class Transport:
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+    def __init__(self, settings: RedisSettings, clock: Clock) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
         self._follower: asyncio.Task[None] | None = None

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import orjson
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import StoreSettings
 from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
@@ -142,7 +142,7 @@ def _replayed(seen: Any, now: int) -> list[str] | None:
     return first_ids if int(until) > now else None
 
 
-def _body_commands(posting: Posting, settings: Settings) -> list[Command]:
+def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
     """The bodies of a posting, written ahead of its transaction. Until the
     transaction sets the exact expiry, a body that never gets indexed (a
     crash, a 503 after too many conflicts) expires by itself, at the
@@ -160,7 +160,7 @@ def _post_plan(
     postings: list[Posting],
     tokens: list[str],
     now: int,
-    settings: Settings,
+    settings: StoreSettings,
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
     full: Callable[[str, bytes], QueueFull],
@@ -268,7 +268,7 @@ class WatchStore(RedisStore):
     def __init__(
         self,
         transport: Transport,
-        settings: Settings,
+        settings: StoreSettings,
         clock: Clock,
         kind: Kind = "queue",
         queues: WatchStore | None = None,

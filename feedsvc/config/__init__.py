@@ -4,24 +4,36 @@ Every setting is a field of :class:`Settings`; its metadata carries the help
 text, so ``feedsvc serve --help`` documents every setting and every setting
 can be given either as ``--pool-size 64`` or as ``FEEDSVC_POOL_SIZE=64``
 (a flag wins over the environment). The limits default to Zaqar's.
+
+The flags are flat, the settings are in sections: one dataclass each
+(:class:`RedisSettings`, :class:`MessageSettings`, ... and
+:class:`~feedsvc.config.subscriptions.SubscriptionSettings` in a module of
+its own), and :class:`Settings` inherits them all. Only ``create_app`` and
+the command line take the whole; every subsystem names the section it reads
+(the storage drivers :class:`StoreSettings`, the transport
+:class:`RedisSettings`, delivery :class:`SubscriptionSettings`, tokens
+:class:`AccessSettings`, the rate limiter :class:`ClientSettings`, logging
+:class:`LogSettings`), is handed the Settings as that type, and ``mypy
+--strict`` refuses a read of any other section's field.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from feedsvc.config.fields import opt, section
+from feedsvc.config.subscriptions import SubscriptionSettings, smtp_address, subscriber_networks
+
 ENV_PREFIX = "FEEDSVC_"
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
@@ -87,420 +99,28 @@ class SentinelURL:
         )
 
 
-# The section of ``serve --help`` that the settings declared next belong to:
-# Settings' body calls _section() before each run of fields, and _opt() files
-# each field under the latest one, so a new setting takes its neighbours'.
-_current_section = ["options"]
-
-
-def _section(title: str) -> None:
-    _current_section[0] = title
-
-
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    metadata = {"help": help, "section": _current_section[0], **extra}
-    return field(default=default, metadata=metadata)
-
-
 @dataclass(frozen=True)
 class ServiceSettings:
     """The service section of Settings (and of ``serve --help``)."""
 
-    _section("service")
-    host: str = _opt("127.0.0.1", "address to listen on")
-    port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
-    workers: str = _opt(
+    section("service")
+    host: str = opt("127.0.0.1", "address to listen on")
+    port: int = opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
+    workers: str = opt(
         "1", "event-loop processes sharing the port: a number, or 'auto' for one per CPU"
     )
-    shutdown_grace: float = _opt(
+    shutdown_grace: float = opt(
         30.0,
         "seconds a stopping process (SIGTERM) gives requests in flight to finish",
         minimum=0.0,
     )
-    ready_file: Path | None = _opt(
+    ready_file: Path | None = opt(
         None,
         "once the service accepts connections (with --workers, once every worker does), "
         "write {url, host, port, pid, workers, redis_url} as JSON to this path, atomically "
         "(it holds the real port with --port 0); removed when the service stops",
     )
-    loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
-
-
-@dataclass(frozen=True)
-class RedisSettings:
-    """The Redis section of Settings (and of ``serve --help``)."""
-
-    _section("Redis")
-    redis_url: str | None = _opt(
-        None,
-        "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
-        "rediss+cluster:// for a Redis Cluster, any node as the seed; "
-        "redis+sentinel://host:port[,host:port...]/service or rediss+sentinel:// for "
-        "a master found through Redis Sentinel); unset = start an embedded "
-        "redis-server in --data-dir",
-    )
-    data_dir: Path = _opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
-    redis_fsync: str = _opt(
-        "everysec",
-        "appendfsync of the embedded Redis: 'always' makes every 201 survive kill -9 of Redis",
-        choices=("always", "everysec", "no"),
-    )
-    driver: str = _opt(
-        "lua",
-        "storage driver: lua (EVALSHA scripts), watch (WATCH/MULTI/EXEC, posts to a queue "
-        "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
-        choices=DRIVER_NAMES,
-    )
-    pool_size: int = _opt(
-        32,
-        "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",
-        minimum=2,
-    )
-    pool_timeout: float = _opt(
-        2.0,
-        "seconds a request may wait for a free Redis connection, or for room among the "
-        "coalesced calls in flight (then 503)",
-        minimum=0.001,
-    )
-    redis_timeout: float = _opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)
-    redis_connect_timeout: float = _opt(
-        1.0,
-        "seconds to wait for a Redis connection to open (then 503)",
-        minimum=0.001,
-    )
-    min_replicas_ack: int = _opt(
-        0,
-        "answer a write only once this many replicas have it (Redis WAIT), so a failover "
-        "cannot lose it; 0 = don't wait (replication is asynchronous: a failover may lose "
-        "the last acknowledged writes)",
-        minimum=0,
-    )
-    replica_ack_timeout: float = _opt(
-        1.0,
-        "seconds --min-replicas-ack waits for the replicas (then 503: the write may or may "
-        "not be kept)",
-        minimum=0.001,
-    )
-    allow_evicting_redis: bool = _opt(
-        False,
-        "serve on a Redis whose maxmemory-policy may evict feedsvc's keys (anything but "
-        "noeviction), which can lose acknowledged messages without a word; without it "
-        "feedsvc refuses to start on such a Redis (exit 2) and refuses writes (503) if "
-        "one becomes so; with it /v2/health and the feedsvc_redis_may_evict metric say so",
-    )
-    coalesce: bool = _opt(
-        True,
-        "share pipelines between concurrent requests (auto-pipelining); "
-        "--no-coalesce sends each request's commands on their own",
-    )
-    watch_retries: int = _opt(
-        50, "watch driver: attempts per write before answering 503", minimum=1
-    )
-
-
-@dataclass(frozen=True)
-class MessageSettings:
-    """The messages, claims and their limits section of Settings (and of ``serve --help``)."""
-
-    _section("messages, claims and their limits")
-    idempotency_window: int = _opt(
-        3600,
-        "seconds during which a POST repeated with the same Idempotency-Key (and "
-        "Client-ID) returns the first post's result instead of posting again",
-        minimum=1,
-    )
-    max_messages_post_size: int = _opt(262144, "largest POST body in bytes", minimum=1)
-    min_message_ttl: int = _opt(60, "smallest message ttl in seconds", minimum=1)
-    max_message_ttl: int = _opt(1209600, "largest message ttl in seconds", minimum=1)
-    default_message_ttl: int = _opt(3600, "message ttl when none is given", minimum=1)
-    max_message_delay: int = _opt(900, "largest message delay in seconds", minimum=0)
-    min_claim_ttl: int = _opt(60, "smallest claim ttl in seconds", minimum=1)
-    max_claim_ttl: int = _opt(43200, "largest claim ttl in seconds", minimum=1)
-    default_claim_ttl: int = _opt(300, "claim ttl when none is given", minimum=1)
-    min_claim_grace: int = _opt(60, "smallest claim grace in seconds", minimum=0)
-    max_claim_grace: int = _opt(43200, "largest claim grace in seconds", minimum=0)
-    default_claim_grace: int = _opt(60, "claim grace when none is given", minimum=0)
-    max_messages_per_page: int = _opt(20, "largest 'limit' of a message list", minimum=1)
-    default_messages_per_page: int = _opt(
-        10, "'limit' of a message list when none is given", minimum=1
-    )
-    max_messages_per_claim_or_pop: int = _opt(
-        20, "largest 'limit' of a claim and 'pop' of a delete", minimum=1
-    )
-    max_queues_per_page: int = _opt(20, "largest 'limit' of a queue list", minimum=1)
-    default_queues_per_page: int = _opt(10, "'limit' of a queue list when none is given", minimum=1)
-    max_messages_per_post: int = _opt(
-        1000,
-        "most messages in one POST (Zaqar has no count limit, only the body size; "
-        "this bounds the time one index script runs)",
-        minimum=1,
-    )
-    scan_limit: int = _opt(
-        1000,
-        "most index entries one list request scans past filtered-out messages "
-        "before answering with a forward 'next' link",
-        minimum=1,
-    )
-
-
-@dataclass(frozen=True)
-class AccessSettings:
-    """The access and encryption section of Settings (and of ``serve --help``)."""
-
-    _section("access and encryption")
-    auth_token: str | None = _opt(
-        None,
-        "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...], each granting its whole "
-        "project: when set, queue routes need 'Authorization: Bearer TOKEN' (else 401) and "
-        "the project is the token's, not X-Project-ID's. A flag shows in ps: prefer "
-        "--auth-token-file",
-    )
-    auth_token_file: Path | None = _opt(
-        None,
-        "file of static bearer tokens, one 'TOKEN PROJECT SCOPE...' per line (scopes as "
-        "a JWT's, e.g. '*:*' or 'read:orders-*'; # starts a comment); read again on SIGHUP "
-        "by every worker (a file that does not parse keeps the tokens in force)",
-    )
-    jwt_jwks_url: str | None = _opt(
-        None,
-        "accept JWT bearer tokens (OIDC / OAuth2 access tokens) signed by the keys of this "
-        "JWKS URL (http:// or https://): fetched at start, again on an unknown kid (at most "
-        "every 10 s) and every --jwt-jwks-refresh seconds; needs --jwt-issuer and "
-        "--jwt-audience",
-    )
-    jwt_key_file: Path | None = _opt(
-        None,
-        "accept JWT bearer tokens signed by the public key in this PEM file (instead of "
-        "--jwt-jwks-url); needs --jwt-issuer and --jwt-audience",
-    )
-    jwt_issuer: str | None = _opt(None, "the iss a JWT must carry")
-    jwt_audience: str | None = _opt(None, "the aud a JWT must carry (one of, if a list)")
-    jwt_algorithms: str = _opt(
-        "RS256,ES256,PS256,EdDSA",
-        "signature algorithms a JWT may use, comma-separated; asymmetric ones only "
-        "(RS*, PS*, ES*, EdDSA): never none, never an HMAC keyed by a public key",
-    )
-    jwt_leeway: float = _opt(
-        30.0, "seconds of clock skew allowed on a JWT's exp and nbf", minimum=0.0, maximum=300.0
-    )
-    jwt_project_claim: str = _opt(
-        "project", "the JWT claim that names the project (it wins over X-Project-ID)"
-    )
-    jwt_jwks_refresh: float = _opt(
-        60.0,
-        "seconds between fetches of --jwt-jwks-url: a key added or removed at the issuer "
-        "counts within this",
-        minimum=1.0,
-        maximum=86400.0,
-    )
-    cors_origin: str | None = _opt(
-        None,
-        "a browser origin (scheme://host[:port]) allowed to call the API cross-origin; "
-        "repeat the flag (or comma-separate in the environment) for several; '*' allows "
-        "any origin, for GET and HEAD without credentials only",
-        repeat=True,
-    )
-    signed_url_key: str | None = _opt(
-        None,
-        "secret key of pre-signed URLs (POST /v2/queues/{name}/share), HMAC-SHA256 as "
-        "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
-        "are 404. Prefer the environment variable: a flag shows in ps",
-    )
-    message_encryption_key: str | None = _opt(
-        None,
-        "secret of encrypted queues (_enable_encrypt_messages: true): message bodies "
-        "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
-        "message_encryption_key; at least 16 characters, a long random string; unset = "
-        "no queue can be made encrypted (400). To rotate it, name the old one in "
-        "--message-encryption-old-keys (docs/security.md: Encrypted queues). Prefer the "
-        "environment variable",
-    )
-    message_encryption_old_keys: str | None = _opt(
-        None,
-        "earlier --message-encryption-key values, comma-separated (so keys without "
-        "commas): tried after the current key to open bodies sealed before a "
-        "rotation, never used to seal",
-    )
-
-
-@dataclass(frozen=True)
-class QuotaSettings:
-    """The quotas and admin API section of Settings (and of ``serve --help``)."""
-
-    _section("quotas and the admin API")
-    project_max_messages: int = _opt(
-        0,
-        "live messages a project may hold across its queues and topics (0: no limit); "
-        "a post over it is 403. The admin API sets it per project",
-        minimum=0,
-        maximum=MAX_QUOTA,
-    )
-    project_max_queues: int = _opt(
-        0,
-        "queues and topics a project may have (0: no limit); creating one more is 403. "
-        "The admin API sets it per project",
-        minimum=0,
-        maximum=MAX_QUOTA,
-    )
-    admin_token: str | None = _opt(
-        None,
-        "bearer token of the admin API (/v2/admin/...), at least 16 characters; unset = "
-        "no admin API (404). Prefer --admin-token-file or the environment variable: a "
-        "flag shows in ps",
-    )
-    admin_token_file: Path | None = _opt(
-        None, "file whose first line is the admin token (instead of --admin-token)"
-    )
-
-
-@dataclass(frozen=True)
-class SubscriptionSettings:
-    """The subscriptions section of Settings (and of ``serve --help``)."""
-
-    _section("subscriptions")
-    default_subscription_ttl: int = _opt(
-        3600, "subscription ttl in seconds when none is given", minimum=60
-    )
-    max_subscriptions_per_page: int = _opt(20, "largest 'limit' of a subscription list", minimum=1)
-    require_confirmation: bool = _opt(
-        False,
-        "as Zaqar's [notification] require_confirmation: a new subscriber is sent a "
-        "confirmation request (a pre-signed PUT .../confirm; needs --signed-url-key) and "
-        "nothing else until it confirms",
-    )
-    subscriber_allow: str | None = _opt(
-        None,
-        "CIDRs webhooks may reach although private, loopback, link-local or otherwise "
-        "not public, e.g. 10.1.0.0/16,127.0.0.1/32 (the rest of those ranges stays refused)",
-    )
-    smtp_server: str | None = _opt(
-        None,
-        "host:port of the SMTP server that mailto: subscribers are sent through "
-        "(plain SMTP, STARTTLS when the server offers it); unset = mailto deliveries fail",
-    )
-    smtp_sender: str = _opt(
-        "feedsvc@localhost",
-        "envelope sender and default From: of notification mails (a subscription's "
-        "options.from sets its From:)",
-    )
-    deliver: bool = _opt(
-        True,
-        "run the subscription delivery worker in this process; --no-deliver makes an "
-        "API-only process (some process must deliver)",
-    )
-    delivery_lease: float = _opt(
-        30.0,
-        "seconds a worker holds a subscription it delivers (renewed while it works); "
-        "a crashed worker's subscriptions are taken over after this",
-        minimum=0.5,
-    )
-    delivery_timeout: float = _opt(
-        10.0,
-        "seconds one webhook or mail attempt may take (must be below half of --delivery-lease)",
-        minimum=0.1,
-    )
-    delivery_sweep: float = _opt(
-        10.0,
-        "seconds between each process's sweeps for subscriptions with work and no "
-        "live worker (new messages wake delivery at once, without a sweep)",
-        minimum=0.1,
-    )
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """The clients, long polls and streams section of Settings (and of ``serve --help``)."""
-
-    _section("clients, long polls and streams")
-    client_timeout: float = _opt(
-        10.0,
-        "seconds a client may take to send a request's headers, and its body "
-        "(then the connection is closed, or 408)",
-        minimum=0.1,
-    )
-    keepalive_timeout: float = _opt(
-        75.0, "seconds an idle keep-alive connection is kept open", minimum=0.1
-    )
-    stream_heartbeat: float = _opt(
-        15.0, "seconds between heartbeat comments on an event stream", minimum=0.1
-    )
-    stream_lifetime: float = _opt(
-        600.0,
-        "seconds an event stream stays open (give or take a tenth), then the client "
-        "reconnects with Last-Event-ID",
-        minimum=1.0,
-    )
-    stream_retry: int = _opt(
-        2000, "milliseconds an event stream tells its client to wait before reconnecting", minimum=0
-    )
-    stream_buffer_kib: int = _opt(
-        256,
-        "KiB of events waiting to be sent to a slow event stream before it is cut off "
-        "(it resumes from its last event id)",
-        minimum=1,
-    )
-    max_followers: int = _opt(
-        10000,
-        "event streams and long polls one process serves at once (503 with Retry-After beyond)",
-        minimum=1,
-    )
-    project_rate: float = _opt(
-        0.0,
-        "requests/s each project may make to its queues and topics, over all processes and "
-        "hosts (429 beyond; its limits hash overrides it); 0 = no limit",
-        minimum=0,
-        maximum=1_000_000,
-    )
-    project_burst: int = _opt(
-        0, "requests at once above --project-rate; 0 = one second's worth", minimum=0, maximum=10**7
-    )
-
-
-@dataclass(frozen=True)
-class LogSettings:
-    """The logs and benchmarks section of Settings (and of ``serve --help``)."""
-
-    _section("logs and benchmarks")
-    access_log: bool = _opt(False, "log every request (costs throughput)")
-    bench_routes: bool = _opt(
-        False,
-        "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
-        "benchmarks compare against in the same process and event loop; and the "
-        "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
-        "POST /bench/post, GET /bench/page)",
-    )
-    log_format: str = _opt(
-        "text", "log lines as plain text or as JSON objects", choices=("text", "json")
-    )
-    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    metrics_queues: str | None = _opt(
-        None,
-        f"PROJECT/QUEUE[,...] (at most {MAX_METRICS_QUEUES}): the queues whose depth, claimed, "
-        "oldest age, dead letters and followers /metrics reports; no other queue is a label",
-    )
-    metrics_queue_refresh: float = _opt(
-        5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
-    )
-
-
-# dataclasses gather a class's fields from its bases last to first: the
-# sections are listed in reverse so that fields (and --help) keep their order
-@dataclass(frozen=True)
-class Settings(
-    LogSettings,
-    ClientSettings,
-    SubscriptionSettings,
-    QuotaSettings,
-    AccessSettings,
-    MessageSettings,
-    RedisSettings,
-    ServiceSettings,
-):
-    """Every setting, flat (a flag each), declared by section: a subsystem
-    that needs one section only can say so by taking that section's type."""
-
-    def __post_init__(self) -> None:
-        _check(self)
+    loop: str = opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
 
     def worker_count(self) -> int:
         if self.workers == "auto":
@@ -513,6 +133,76 @@ class Settings(
             raise ValueError(f"--workers must be a number >= 1 or 'auto', got {self.workers!r}")
         return count
 
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """The Redis section of Settings (and of ``serve --help``)."""
+
+    section("Redis")
+    redis_url: str | None = opt(
+        None,
+        "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
+        "rediss+cluster:// for a Redis Cluster, any node as the seed; "
+        "redis+sentinel://host:port[,host:port...]/service or rediss+sentinel:// for "
+        "a master found through Redis Sentinel); unset = start an embedded "
+        "redis-server in --data-dir",
+    )
+    data_dir: Path = opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
+    redis_fsync: str = opt(
+        "everysec",
+        "appendfsync of the embedded Redis: 'always' makes every 201 survive kill -9 of Redis",
+        choices=("always", "everysec", "no"),
+    )
+    driver: str = opt(
+        "lua",
+        "storage driver: lua (EVALSHA scripts), watch (WATCH/MULTI/EXEC, posts to a queue "
+        "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
+        choices=DRIVER_NAMES,
+    )
+    pool_size: int = opt(
+        32,
+        "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",
+        minimum=2,
+    )
+    pool_timeout: float = opt(
+        2.0,
+        "seconds a request may wait for a free Redis connection, or for room among the "
+        "coalesced calls in flight (then 503)",
+        minimum=0.001,
+    )
+    redis_timeout: float = opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)
+    redis_connect_timeout: float = opt(
+        1.0,
+        "seconds to wait for a Redis connection to open (then 503)",
+        minimum=0.001,
+    )
+    min_replicas_ack: int = opt(
+        0,
+        "answer a write only once this many replicas have it (Redis WAIT), so a failover "
+        "cannot lose it; 0 = don't wait (replication is asynchronous: a failover may lose "
+        "the last acknowledged writes)",
+        minimum=0,
+    )
+    replica_ack_timeout: float = opt(
+        1.0,
+        "seconds --min-replicas-ack waits for the replicas (then 503: the write may or may "
+        "not be kept)",
+        minimum=0.001,
+    )
+    allow_evicting_redis: bool = opt(
+        False,
+        "serve on a Redis whose maxmemory-policy may evict feedsvc's keys (anything but "
+        "noeviction), which can lose acknowledged messages without a word; without it "
+        "feedsvc refuses to start on such a Redis (exit 2) and refuses writes (503) if "
+        "one becomes so; with it /v2/health and the feedsvc_redis_may_evict metric say so",
+    )
+    coalesce: bool = opt(
+        True,
+        "share pipelines between concurrent requests (auto-pipelining); "
+        "--no-coalesce sends each request's commands on their own",
+    )
+    watch_retries: int = opt(50, "watch driver: attempts per write before answering 503", minimum=1)
+
     def redis_cluster(self) -> bool:
         """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
         return self.redis_url is not None and self.redis_url.startswith(CLUSTER_SCHEMES)
@@ -522,6 +212,131 @@ class Settings(
         if self.redis_url is None or not self.redis_url.startswith(SENTINEL_SCHEMES):
             return None
         return SentinelURL.parse(self.redis_url)
+
+
+@dataclass(frozen=True)
+class MessageSettings:
+    """The messages, claims and their limits section of Settings (and of ``serve --help``)."""
+
+    section("messages, claims and their limits")
+    idempotency_window: int = opt(
+        3600,
+        "seconds during which a POST repeated with the same Idempotency-Key (and "
+        "Client-ID) returns the first post's result instead of posting again",
+        minimum=1,
+    )
+    max_messages_post_size: int = opt(262144, "largest POST body in bytes", minimum=1)
+    min_message_ttl: int = opt(60, "smallest message ttl in seconds", minimum=1)
+    max_message_ttl: int = opt(1209600, "largest message ttl in seconds", minimum=1)
+    default_message_ttl: int = opt(3600, "message ttl when none is given", minimum=1)
+    max_message_delay: int = opt(900, "largest message delay in seconds", minimum=0)
+    min_claim_ttl: int = opt(60, "smallest claim ttl in seconds", minimum=1)
+    max_claim_ttl: int = opt(43200, "largest claim ttl in seconds", minimum=1)
+    default_claim_ttl: int = opt(300, "claim ttl when none is given", minimum=1)
+    min_claim_grace: int = opt(60, "smallest claim grace in seconds", minimum=0)
+    max_claim_grace: int = opt(43200, "largest claim grace in seconds", minimum=0)
+    default_claim_grace: int = opt(60, "claim grace when none is given", minimum=0)
+    max_messages_per_page: int = opt(20, "largest 'limit' of a message list", minimum=1)
+    default_messages_per_page: int = opt(
+        10, "'limit' of a message list when none is given", minimum=1
+    )
+    max_messages_per_claim_or_pop: int = opt(
+        20, "largest 'limit' of a claim and 'pop' of a delete", minimum=1
+    )
+    max_queues_per_page: int = opt(20, "largest 'limit' of a queue list", minimum=1)
+    default_queues_per_page: int = opt(10, "'limit' of a queue list when none is given", minimum=1)
+    max_messages_per_post: int = opt(
+        1000,
+        "most messages in one POST (Zaqar has no count limit, only the body size; "
+        "this bounds the time one index script runs)",
+        minimum=1,
+    )
+    scan_limit: int = opt(
+        1000,
+        "most index entries one list request scans past filtered-out messages "
+        "before answering with a forward 'next' link",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    """The access and encryption section of Settings (and of ``serve --help``)."""
+
+    section("access and encryption")
+    auth_token: str | None = opt(
+        None,
+        "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...], each granting its whole "
+        "project: when set, queue routes need 'Authorization: Bearer TOKEN' (else 401) and "
+        "the project is the token's, not X-Project-ID's. A flag shows in ps: prefer "
+        "--auth-token-file",
+    )
+    auth_token_file: Path | None = opt(
+        None,
+        "file of static bearer tokens, one 'TOKEN PROJECT SCOPE...' per line (scopes as "
+        "a JWT's, e.g. '*:*' or 'read:orders-*'; # starts a comment); read again on SIGHUP "
+        "by every worker (a file that does not parse keeps the tokens in force)",
+    )
+    jwt_jwks_url: str | None = opt(
+        None,
+        "accept JWT bearer tokens (OIDC / OAuth2 access tokens) signed by the keys of this "
+        "JWKS URL (http:// or https://): fetched at start, again on an unknown kid (at most "
+        "every 10 s) and every --jwt-jwks-refresh seconds; needs --jwt-issuer and "
+        "--jwt-audience",
+    )
+    jwt_key_file: Path | None = opt(
+        None,
+        "accept JWT bearer tokens signed by the public key in this PEM file (instead of "
+        "--jwt-jwks-url); needs --jwt-issuer and --jwt-audience",
+    )
+    jwt_issuer: str | None = opt(None, "the iss a JWT must carry")
+    jwt_audience: str | None = opt(None, "the aud a JWT must carry (one of, if a list)")
+    jwt_algorithms: str = opt(
+        "RS256,ES256,PS256,EdDSA",
+        "signature algorithms a JWT may use, comma-separated; asymmetric ones only "
+        "(RS*, PS*, ES*, EdDSA): never none, never an HMAC keyed by a public key",
+    )
+    jwt_leeway: float = opt(
+        30.0, "seconds of clock skew allowed on a JWT's exp and nbf", minimum=0.0, maximum=300.0
+    )
+    jwt_project_claim: str = opt(
+        "project", "the JWT claim that names the project (it wins over X-Project-ID)"
+    )
+    jwt_jwks_refresh: float = opt(
+        60.0,
+        "seconds between fetches of --jwt-jwks-url: a key added or removed at the issuer "
+        "counts within this",
+        minimum=1.0,
+        maximum=86400.0,
+    )
+    cors_origin: str | None = opt(
+        None,
+        "a browser origin (scheme://host[:port]) allowed to call the API cross-origin; "
+        "repeat the flag (or comma-separate in the environment) for several; '*' allows "
+        "any origin, for GET and HEAD without credentials only",
+        repeat=True,
+    )
+    signed_url_key: str | None = opt(
+        None,
+        "secret key of pre-signed URLs (POST /v2/queues/{name}/share), HMAC-SHA256 as "
+        "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
+        "are 404. Prefer the environment variable: a flag shows in ps",
+    )
+    message_encryption_key: str | None = opt(
+        None,
+        "secret of encrypted queues (_enable_encrypt_messages: true): message bodies "
+        "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
+        "message_encryption_key; at least 16 characters, a long random string; unset = "
+        "no queue can be made encrypted (400). To rotate it, name the old one in "
+        "--message-encryption-old-keys (docs/security.md: Encrypted queues). Prefer the "
+        "environment variable",
+    )
+    message_encryption_old_keys: str | None = opt(
+        None,
+        "earlier --message-encryption-key values, comma-separated (so keys without "
+        "commas): tried after the current key to open bodies sealed before a "
+        "rotation, never used to seal",
+    )
 
     def old_encryption_keys(self) -> list[str]:
         raw = self.message_encryption_old_keys or ""
@@ -550,6 +365,36 @@ class Settings(
         raw = self.cors_origin or ""
         return frozenset(o for o in (item.strip() for item in raw.split(",")) if o)
 
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    """The quotas and admin API section of Settings (and of ``serve --help``)."""
+
+    section("quotas and the admin API")
+    project_max_messages: int = opt(
+        0,
+        "live messages a project may hold across its queues and topics (0: no limit); "
+        "a post over it is 403. The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    project_max_queues: int = opt(
+        0,
+        "queues and topics a project may have (0: no limit); creating one more is 403. "
+        "The admin API sets it per project",
+        minimum=0,
+        maximum=MAX_QUOTA,
+    )
+    admin_token: str | None = opt(
+        None,
+        "bearer token of the admin API (/v2/admin/...), at least 16 characters; unset = "
+        "no admin API (404). Prefer --admin-token-file or the environment variable: a "
+        "flag shows in ps",
+    )
+    admin_token_file: Path | None = opt(
+        None, "file whose first line is the admin token (instead of --admin-token)"
+    )
+
     def admin_secret(self) -> str | None:
         """The admin API's token (None: no admin API), from the flag or the file."""
         if self.admin_token_file is not None:
@@ -565,6 +410,107 @@ class Settings(
         if len(token) < 16:
             raise ValueError("the admin token must be at least 16 characters long")
         return token
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The clients, long polls and streams section of Settings (and of ``serve --help``)."""
+
+    section("clients, long polls and streams")
+    client_timeout: float = opt(
+        10.0,
+        "seconds a client may take to send a request's headers, and its body "
+        "(then the connection is closed, or 408)",
+        minimum=0.1,
+    )
+    keepalive_timeout: float = opt(
+        75.0, "seconds an idle keep-alive connection is kept open", minimum=0.1
+    )
+    stream_heartbeat: float = opt(
+        15.0, "seconds between heartbeat comments on an event stream", minimum=0.1
+    )
+    stream_lifetime: float = opt(
+        600.0,
+        "seconds an event stream stays open (give or take a tenth), then the client "
+        "reconnects with Last-Event-ID",
+        minimum=1.0,
+    )
+    stream_retry: int = opt(
+        2000, "milliseconds an event stream tells its client to wait before reconnecting", minimum=0
+    )
+    stream_buffer_kib: int = opt(
+        256,
+        "KiB of events waiting to be sent to a slow event stream before it is cut off "
+        "(it resumes from its last event id)",
+        minimum=1,
+    )
+    max_followers: int = opt(
+        10000,
+        "event streams and long polls one process serves at once (503 with Retry-After beyond)",
+        minimum=1,
+    )
+    project_rate: float = opt(
+        0.0,
+        "requests/s each project may make to its queues and topics, over all processes and "
+        "hosts (429 beyond; its limits hash overrides it); 0 = no limit",
+        minimum=0,
+        maximum=1_000_000,
+    )
+    project_burst: int = opt(
+        0, "requests at once above --project-rate; 0 = one second's worth", minimum=0, maximum=10**7
+    )
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """The logs and benchmarks section of Settings (and of ``serve --help``)."""
+
+    section("logs and benchmarks")
+    access_log: bool = opt(False, "log every request (costs throughput)")
+    bench_routes: bool = opt(
+        False,
+        "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
+        "benchmarks compare against in the same process and event loop; and the "
+        "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
+        "POST /bench/post, GET /bench/page)",
+    )
+    log_format: str = opt(
+        "text", "log lines as plain text or as JSON objects", choices=("text", "json")
+    )
+    log_level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    metrics_queues: str | None = opt(
+        None,
+        f"PROJECT/QUEUE[,...] (at most {MAX_METRICS_QUEUES}): the queues whose depth, claimed, "
+        "oldest age, dead letters and followers /metrics reports; no other queue is a label",
+    )
+    metrics_queue_refresh: float = opt(
+        5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
+    )
+
+
+# dataclasses gather a class's fields from its bases last to first: the
+# sections are listed in reverse so that fields (and --help) keep their order
+@dataclass(frozen=True)
+class StoreSettings(QuotaSettings, AccessSettings, MessageSettings, RedisSettings):
+    """What the storage drivers read: Redis, the message limits, the project
+    quotas and, of the access section, the message encryption keys."""
+
+
+@dataclass(frozen=True)
+class Settings(
+    LogSettings,
+    ClientSettings,
+    SubscriptionSettings,
+    StoreSettings,
+    ServiceSettings,
+):
+    """Every setting, flat (a flag each), declared by section. Only the app
+    and the command line take it whole; they hand each subsystem its
+    section by type (a Settings is each of its sections), so a subsystem
+    reads only the section(s) it names, and mypy holds it to that."""
+
+    def __post_init__(self) -> None:
+        _check(self)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -676,21 +622,6 @@ def _check_access(settings: Settings) -> None:
             )
 
 
-def subscriber_networks(allow: str | None) -> list[IPNetwork]:
-    """The networks of --subscriber-allow."""
-    if not allow:
-        return []
-    out: list[IPNetwork] = []
-    for item in allow.split(","):
-        try:
-            out.append(ipaddress.ip_network(item.strip(), strict=False))
-        except ValueError:
-            raise ValueError(
-                f"--subscriber-allow must be CIDR[,CIDR...], got {item.strip()!r}"
-            ) from None
-    return out
-
-
 def metrics_queue_names(queues: str | None) -> list[tuple[str, str]]:
     """(project, queue) pairs of --metrics-queues, in order, each once.
 
@@ -711,16 +642,6 @@ def metrics_queue_names(queues: str | None) -> list[tuple[str, str]]:
             f"--metrics-queues names at most {MAX_METRICS_QUEUES} queues, got {len(pairs)}"
         )
     return list(pairs)
-
-
-def smtp_address(server: str | None) -> tuple[str, int] | None:
-    """(host, port) of --smtp-server."""
-    if not server:
-        return None
-    host, colon, port = server.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--smtp-server must be host:port, got {server!r}")
-    return host.strip("[]"), int(port)
 
 
 def _flag(name: str) -> str:
