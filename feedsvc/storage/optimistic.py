@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
@@ -47,31 +48,21 @@ async def send(conn: AbstractConnection, *commands: Command) -> list[Any]:
     return [await conn.read_response() for _ in commands]
 
 
+@dataclass(slots=True)
 class OptimisticTransactions:
     """The WATCH engine of one transport: its servers, its pool slots and
     their gate, its counters and memory policy, ``retries`` attempts at most
     (``--watch-retries``), and ``wait`` (WAIT for replicas, with
     ``replicated`` to judge its reply) sent after every EXEC, if set."""
 
-    def __init__(
-        self,
-        servers: Servers,
-        slot: Callable[[], AbstractAsyncContextManager[None]],
-        gate: Gate,
-        counters: StoreCounters,
-        memory_policy: MemoryPolicyGuard,
-        retries: int,
-        wait: Command | None,
-        replicated: Callable[[list[Any]], list[Any]],
-    ) -> None:
-        self._servers = servers
-        self.slot = slot
-        self._gate = gate
-        self.counters = counters
-        self.memory_policy = memory_policy
-        self._retries = retries
-        self._wait = wait
-        self._replicated = replicated
+    servers: Servers
+    slot: Callable[[], AbstractAsyncContextManager[None]]
+    gate: Gate
+    counters: StoreCounters
+    memory_policy: MemoryPolicyGuard
+    retries: int
+    wait: Command | None
+    replicated: Callable[[list[Any]], list[Any]]
 
     @asynccontextmanager
     async def write_slot(self) -> AsyncIterator[None]:
@@ -132,7 +123,7 @@ class OptimisticTransactions:
     async def _redirected(self, redirect: Exception) -> None:
         self.counters.cluster_redirects += 1
         if isinstance(redirect, rexc.AskError):
-            await self._servers.redirected(redirect)
+            await self.servers.redirected(redirect)
 
     async def _converse(
         self,
@@ -141,8 +132,8 @@ class OptimisticTransactions:
         plan: Plan[T],
         before: Sequence[Command] = (),
     ) -> tuple[bool, T | None]:
-        await self._servers.ready()
-        async with self._servers.node_for(watch[0]).connection() as conn:
+        await self.servers.ready()
+        async with self.servers.node_for(watch[0]).connection() as conn:
             replies = await send(conn, *before, ("WATCH", *watch), *reads)
             try:
                 writes, result = plan(replies[len(before) + 1 :])
@@ -153,7 +144,7 @@ class OptimisticTransactions:
                 await send(conn, ("UNWATCH",))
                 return True, result
             self.counters.watch_transactions += 1
-            wait = [] if self._wait is None else [self._wait]
+            wait = [] if self.wait is None else [self.wait]
             done = await send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
             executed = done[-1 - len(wait)]
             if executed is None:
@@ -162,7 +153,7 @@ class OptimisticTransactions:
                 if isinstance(reply, Exception):
                     raise reply
             if wait:
-                self._replicated(done)
+                self.replicated(done)
             return True, result
 
     async def backoff(self, attempt: int) -> None:
@@ -170,8 +161,8 @@ class OptimisticTransactions:
         tries. The slot is given back while sleeping: a crowd of conflicting
         writers must not starve everyone else of connections."""
         self.counters.watch_retries += 1
-        if attempt + 1 >= self._retries:
+        if attempt + 1 >= self.retries:
             self.counters.watch_conflicts_exhausted += 1
-            raise TooMuchContention(f"Gave up after {self._retries} conflicting attempts; retry.")
+            raise TooMuchContention(f"Gave up after {self.retries} conflicting attempts; retry.")
         ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
-        await self._gate.pause(random.uniform(0, ceiling))
+        await self.gate.pause(random.uniform(0, ceiling))

@@ -205,19 +205,23 @@ class RedisStore(FeedSpace, ABC):
         queues: RedisStore | None = None,
     ) -> None:
         """A store of one kind of feed; a topic view (``topics()``) is made
-        with ``kind="topic"`` and the queue store whose parts it shares (a
-        driver's too, such as the watch driver's one combiner per process)."""
+        with ``kind="topic"`` and the queue store whose parts it shares."""
         super().__init__(kind)
-        self._transport = transport
-        self._settings = settings
-        self._clock = clock
+        self._transport, self._settings, self._clock = transport, settings, clock
         self._topic_view: Self | None = None
         parts = ProcessParts.make(transport, settings, clock) if queues is None else queues.parts
         self.parts: ProcessParts = parts
         self._opener, self._sealing = parts.opener, parts.sealing
         self.follower_counts, self.rate_limits = parts.follower_counts, parts.rate_limits
         self.quotas = parts.quotas
-        self.claims = ClaimUpkeep(kind, transport, clock, parts.opener, parts.quotas)
+        claims = self.claims = ClaimUpkeep(kind, transport, clock, parts.opener, parts.quotas)
+        # a claim, once made, is answered by the claim upkeep itself
+        self.get_claim, self.renew_claim = claims.get_claim, claims.renew_claim
+        self.release_claim, self.release_message = claims.release_claim, claims.release_message
+        self._share(queues)
+
+    def _share(self, queues: RedisStore | None) -> None:
+        """A driver's own per-process parts: made here, or taken from ``queues``."""
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -262,33 +266,11 @@ class RedisStore(FeedSpace, ABC):
     async def close(self) -> None:
         await self._transport.close()
 
-    @abstractmethod
-    async def try_claim(
-        self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | Unclaimable:
-        """Each driver makes claims its own way (a script, or a transaction)."""
-
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | None:
         claim = await self.try_claim(project, queue, ttl, grace, limit)
         return claim if isinstance(claim, Claim) else None
-
-    async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
-        return await self.claims.get_claim(project, queue, claim_id)
-
-    async def renew_claim(
-        self, project: str, queue: str, claim_id: str, ttl: int, grace: int
-    ) -> None:
-        await self.claims.renew_claim(project, queue, claim_id, ttl, grace)
-
-    async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
-        await self.claims.release_claim(project, queue, claim_id)
-
-    async def release_message(
-        self, project: str, queue: str, message_id: str, claim_id: str, delay: int
-    ) -> None:
-        await self.claims.release_message(project, queue, message_id, claim_id, delay)
 
     def _claim_scan_limit(self) -> int:
         """How many index entries a claim or pop may look at to find free messages."""
@@ -432,6 +414,12 @@ class RedisStore(FeedSpace, ABC):
             finally:
                 await self.quotas.release(held, posted)
         raise AssertionError("a post of sealed bodies cannot need sealing")
+
+    @abstractmethod
+    async def try_claim(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | Unclaimable:
+        """Each driver makes claims its own way (a script, or a transaction)."""
 
     @abstractmethod
     async def _post(

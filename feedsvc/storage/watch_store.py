@@ -43,7 +43,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
 from feedsvc.errors import (
     InvalidClaim,
@@ -265,17 +264,12 @@ class WatchStore(RedisStore):
     # where a post's bodies are written: ahead of the transaction (tuned) or in it
     bodies_in_transaction = False
 
-    def __init__(
-        self,
-        transport: Transport,
-        settings: StoreSettings,
-        clock: Clock,
-        kind: Kind = "queue",
-        queues: WatchStore | None = None,
-    ) -> None:
-        super().__init__(transport, settings, clock, kind, queues)
+    def _share(self, queues: RedisStore | None) -> None:
+        """One combiner per process: a topic view's posts join the queue store's."""
         self._combiner: Combiner[Posting, list[str]] = (
-            queues._combiner if queues else Combiner(self._index_combined, MAX_COMBINED_POSTS)
+            queues._combiner
+            if isinstance(queues, WatchStore)
+            else Combiner(self._index_combined, MAX_COMBINED_POSTS)
         )
 
     async def close(self) -> None:
