@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from feedsvc.config.fields import opt, section
+# The sections declared here call the helpers by the short names they have
+# always had here, so flags added to them elsewhere merge as they are.
+from feedsvc.config.fields import opt as _opt
+from feedsvc.config.fields import section as _section
 from feedsvc.config.subscriptions import SubscriptionSettings, smtp_address, subscriber_networks
 
 ENV_PREFIX = "FEEDSVC_"
@@ -103,24 +106,24 @@ class SentinelURL:
 class ServiceSettings:
     """The service section of Settings (and of ``serve --help``)."""
 
-    section("service")
-    host: str = opt("127.0.0.1", "address to listen on")
-    port: int = opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
-    workers: str = opt(
+    _section("service")
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8888, "TCP port to listen on", minimum=0, maximum=65535)
+    workers: str = _opt(
         "1", "event-loop processes sharing the port: a number, or 'auto' for one per CPU"
     )
-    shutdown_grace: float = opt(
+    shutdown_grace: float = _opt(
         30.0,
         "seconds a stopping process (SIGTERM) gives requests in flight to finish",
         minimum=0.0,
     )
-    ready_file: Path | None = opt(
+    ready_file: Path | None = _opt(
         None,
         "once the service accepts connections (with --workers, once every worker does), "
         "write {url, host, port, pid, workers, redis_url} as JSON to this path, atomically "
         "(it holds the real port with --port 0); removed when the service stops",
     )
-    loop: str = opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
+    loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
 
     def worker_count(self) -> int:
         if self.workers == "auto":
@@ -138,8 +141,8 @@ class ServiceSettings:
 class RedisSettings:
     """The Redis section of Settings (and of ``serve --help``)."""
 
-    section("Redis")
-    redis_url: str | None = opt(
+    _section("Redis")
+    redis_url: str | None = _opt(
         None,
         "Redis URL (redis://, rediss://, unix://; redis+cluster://host:port or "
         "rediss+cluster:// for a Redis Cluster, any node as the seed; "
@@ -147,61 +150,63 @@ class RedisSettings:
         "a master found through Redis Sentinel); unset = start an embedded "
         "redis-server in --data-dir",
     )
-    data_dir: Path = opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
-    redis_fsync: str = opt(
+    data_dir: Path = _opt(Path("feedsvc-data"), "data directory of the embedded Redis (AOF files)")
+    redis_fsync: str = _opt(
         "everysec",
         "appendfsync of the embedded Redis: 'always' makes every 201 survive kill -9 of Redis",
         choices=("always", "everysec", "no"),
     )
-    driver: str = opt(
+    driver: str = _opt(
         "lua",
         "storage driver: lua (EVALSHA scripts), watch (WATCH/MULTI/EXEC, posts to a queue "
         "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
         choices=DRIVER_NAMES,
     )
-    pool_size: int = opt(
+    pool_size: int = _opt(
         32,
         "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",
         minimum=2,
     )
-    pool_timeout: float = opt(
+    pool_timeout: float = _opt(
         2.0,
         "seconds a request may wait for a free Redis connection, or for room among the "
         "coalesced calls in flight (then 503)",
         minimum=0.001,
     )
-    redis_timeout: float = opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)
-    redis_connect_timeout: float = opt(
+    redis_timeout: float = _opt(5.0, "seconds to wait for a Redis reply (then 503)", minimum=0.001)
+    redis_connect_timeout: float = _opt(
         1.0,
         "seconds to wait for a Redis connection to open (then 503)",
         minimum=0.001,
     )
-    min_replicas_ack: int = opt(
+    min_replicas_ack: int = _opt(
         0,
         "answer a write only once this many replicas have it (Redis WAIT), so a failover "
         "cannot lose it; 0 = don't wait (replication is asynchronous: a failover may lose "
         "the last acknowledged writes)",
         minimum=0,
     )
-    replica_ack_timeout: float = opt(
+    replica_ack_timeout: float = _opt(
         1.0,
         "seconds --min-replicas-ack waits for the replicas (then 503: the write may or may "
         "not be kept)",
         minimum=0.001,
     )
-    allow_evicting_redis: bool = opt(
+    allow_evicting_redis: bool = _opt(
         False,
         "serve on a Redis whose maxmemory-policy may evict feedsvc's keys (anything but "
         "noeviction), which can lose acknowledged messages without a word; without it "
         "feedsvc refuses to start on such a Redis (exit 2) and refuses writes (503) if "
         "one becomes so; with it /v2/health and the feedsvc_redis_may_evict metric say so",
     )
-    coalesce: bool = opt(
+    coalesce: bool = _opt(
         True,
         "share pipelines between concurrent requests (auto-pipelining); "
         "--no-coalesce sends each request's commands on their own",
     )
-    watch_retries: int = opt(50, "watch driver: attempts per write before answering 503", minimum=1)
+    watch_retries: int = _opt(
+        50, "watch driver: attempts per write before answering 503", minimum=1
+    )
 
     def redis_cluster(self) -> bool:
         """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
@@ -218,40 +223,40 @@ class RedisSettings:
 class MessageSettings:
     """The messages, claims and their limits section of Settings (and of ``serve --help``)."""
 
-    section("messages, claims and their limits")
-    idempotency_window: int = opt(
+    _section("messages, claims and their limits")
+    idempotency_window: int = _opt(
         3600,
         "seconds during which a POST repeated with the same Idempotency-Key (and "
         "Client-ID) returns the first post's result instead of posting again",
         minimum=1,
     )
-    max_messages_post_size: int = opt(262144, "largest POST body in bytes", minimum=1)
-    min_message_ttl: int = opt(60, "smallest message ttl in seconds", minimum=1)
-    max_message_ttl: int = opt(1209600, "largest message ttl in seconds", minimum=1)
-    default_message_ttl: int = opt(3600, "message ttl when none is given", minimum=1)
-    max_message_delay: int = opt(900, "largest message delay in seconds", minimum=0)
-    min_claim_ttl: int = opt(60, "smallest claim ttl in seconds", minimum=1)
-    max_claim_ttl: int = opt(43200, "largest claim ttl in seconds", minimum=1)
-    default_claim_ttl: int = opt(300, "claim ttl when none is given", minimum=1)
-    min_claim_grace: int = opt(60, "smallest claim grace in seconds", minimum=0)
-    max_claim_grace: int = opt(43200, "largest claim grace in seconds", minimum=0)
-    default_claim_grace: int = opt(60, "claim grace when none is given", minimum=0)
-    max_messages_per_page: int = opt(20, "largest 'limit' of a message list", minimum=1)
-    default_messages_per_page: int = opt(
+    max_messages_post_size: int = _opt(262144, "largest POST body in bytes", minimum=1)
+    min_message_ttl: int = _opt(60, "smallest message ttl in seconds", minimum=1)
+    max_message_ttl: int = _opt(1209600, "largest message ttl in seconds", minimum=1)
+    default_message_ttl: int = _opt(3600, "message ttl when none is given", minimum=1)
+    max_message_delay: int = _opt(900, "largest message delay in seconds", minimum=0)
+    min_claim_ttl: int = _opt(60, "smallest claim ttl in seconds", minimum=1)
+    max_claim_ttl: int = _opt(43200, "largest claim ttl in seconds", minimum=1)
+    default_claim_ttl: int = _opt(300, "claim ttl when none is given", minimum=1)
+    min_claim_grace: int = _opt(60, "smallest claim grace in seconds", minimum=0)
+    max_claim_grace: int = _opt(43200, "largest claim grace in seconds", minimum=0)
+    default_claim_grace: int = _opt(60, "claim grace when none is given", minimum=0)
+    max_messages_per_page: int = _opt(20, "largest 'limit' of a message list", minimum=1)
+    default_messages_per_page: int = _opt(
         10, "'limit' of a message list when none is given", minimum=1
     )
-    max_messages_per_claim_or_pop: int = opt(
+    max_messages_per_claim_or_pop: int = _opt(
         20, "largest 'limit' of a claim and 'pop' of a delete", minimum=1
     )
-    max_queues_per_page: int = opt(20, "largest 'limit' of a queue list", minimum=1)
-    default_queues_per_page: int = opt(10, "'limit' of a queue list when none is given", minimum=1)
-    max_messages_per_post: int = opt(
+    max_queues_per_page: int = _opt(20, "largest 'limit' of a queue list", minimum=1)
+    default_queues_per_page: int = _opt(10, "'limit' of a queue list when none is given", minimum=1)
+    max_messages_per_post: int = _opt(
         1000,
         "most messages in one POST (Zaqar has no count limit, only the body size; "
         "this bounds the time one index script runs)",
         minimum=1,
     )
-    scan_limit: int = opt(
+    scan_limit: int = _opt(
         1000,
         "most index entries one list request scans past filtered-out messages "
         "before answering with a forward 'next' link",
@@ -263,66 +268,66 @@ class MessageSettings:
 class AccessSettings:
     """The access and encryption section of Settings (and of ``serve --help``)."""
 
-    section("access and encryption")
-    auth_token: str | None = opt(
+    _section("access and encryption")
+    auth_token: str | None = _opt(
         None,
         "static bearer tokens, TOKEN=PROJECT[,TOKEN=PROJECT...], each granting its whole "
         "project: when set, queue routes need 'Authorization: Bearer TOKEN' (else 401) and "
         "the project is the token's, not X-Project-ID's. A flag shows in ps: prefer "
         "--auth-token-file",
     )
-    auth_token_file: Path | None = opt(
+    auth_token_file: Path | None = _opt(
         None,
         "file of static bearer tokens, one 'TOKEN PROJECT SCOPE...' per line (scopes as "
         "a JWT's, e.g. '*:*' or 'read:orders-*'; # starts a comment); read again on SIGHUP "
         "by every worker (a file that does not parse keeps the tokens in force)",
     )
-    jwt_jwks_url: str | None = opt(
+    jwt_jwks_url: str | None = _opt(
         None,
         "accept JWT bearer tokens (OIDC / OAuth2 access tokens) signed by the keys of this "
         "JWKS URL (http:// or https://): fetched at start, again on an unknown kid (at most "
         "every 10 s) and every --jwt-jwks-refresh seconds; needs --jwt-issuer and "
         "--jwt-audience",
     )
-    jwt_key_file: Path | None = opt(
+    jwt_key_file: Path | None = _opt(
         None,
         "accept JWT bearer tokens signed by the public key in this PEM file (instead of "
         "--jwt-jwks-url); needs --jwt-issuer and --jwt-audience",
     )
-    jwt_issuer: str | None = opt(None, "the iss a JWT must carry")
-    jwt_audience: str | None = opt(None, "the aud a JWT must carry (one of, if a list)")
-    jwt_algorithms: str = opt(
+    jwt_issuer: str | None = _opt(None, "the iss a JWT must carry")
+    jwt_audience: str | None = _opt(None, "the aud a JWT must carry (one of, if a list)")
+    jwt_algorithms: str = _opt(
         "RS256,ES256,PS256,EdDSA",
         "signature algorithms a JWT may use, comma-separated; asymmetric ones only "
         "(RS*, PS*, ES*, EdDSA): never none, never an HMAC keyed by a public key",
     )
-    jwt_leeway: float = opt(
+    jwt_leeway: float = _opt(
         30.0, "seconds of clock skew allowed on a JWT's exp and nbf", minimum=0.0, maximum=300.0
     )
-    jwt_project_claim: str = opt(
+    jwt_project_claim: str = _opt(
         "project", "the JWT claim that names the project (it wins over X-Project-ID)"
     )
-    jwt_jwks_refresh: float = opt(
+    jwt_jwks_refresh: float = _opt(
         60.0,
         "seconds between fetches of --jwt-jwks-url: a key added or removed at the issuer "
         "counts within this",
         minimum=1.0,
         maximum=86400.0,
     )
-    cors_origin: str | None = opt(
+    cors_origin: str | None = _opt(
         None,
         "a browser origin (scheme://host[:port]) allowed to call the API cross-origin; "
         "repeat the flag (or comma-separate in the environment) for several; '*' allows "
         "any origin, for GET and HEAD without credentials only",
         repeat=True,
     )
-    signed_url_key: str | None = opt(
+    signed_url_key: str | None = _opt(
         None,
         "secret key of pre-signed URLs (POST /v2/queues/{name}/share), HMAC-SHA256 as "
         "Zaqar's [signed_url] secret_key; unset = no URLs are made and signed requests "
         "are 404. Prefer the environment variable: a flag shows in ps",
     )
-    message_encryption_key: str | None = opt(
+    message_encryption_key: str | None = _opt(
         None,
         "secret of encrypted queues (_enable_encrypt_messages: true): message bodies "
         "are stored AES-256-GCM-encrypted under its SHA-256, as Zaqar's [transport] "
@@ -331,7 +336,7 @@ class AccessSettings:
         "--message-encryption-old-keys (docs/security.md: Encrypted queues). Prefer the "
         "environment variable",
     )
-    message_encryption_old_keys: str | None = opt(
+    message_encryption_old_keys: str | None = _opt(
         None,
         "earlier --message-encryption-key values, comma-separated (so keys without "
         "commas): tried after the current key to open bodies sealed before a "
@@ -370,28 +375,28 @@ class AccessSettings:
 class QuotaSettings:
     """The quotas and admin API section of Settings (and of ``serve --help``)."""
 
-    section("quotas and the admin API")
-    project_max_messages: int = opt(
+    _section("quotas and the admin API")
+    project_max_messages: int = _opt(
         0,
         "live messages a project may hold across its queues and topics (0: no limit); "
         "a post over it is 403. The admin API sets it per project",
         minimum=0,
         maximum=MAX_QUOTA,
     )
-    project_max_queues: int = opt(
+    project_max_queues: int = _opt(
         0,
         "queues and topics a project may have (0: no limit); creating one more is 403. "
         "The admin API sets it per project",
         minimum=0,
         maximum=MAX_QUOTA,
     )
-    admin_token: str | None = opt(
+    admin_token: str | None = _opt(
         None,
         "bearer token of the admin API (/v2/admin/...), at least 16 characters; unset = "
         "no admin API (404). Prefer --admin-token-file or the environment variable: a "
         "flag shows in ps",
     )
-    admin_token_file: Path | None = opt(
+    admin_token_file: Path | None = _opt(
         None, "file whose first line is the admin token (instead of --admin-token)"
     )
 
@@ -416,47 +421,47 @@ class QuotaSettings:
 class ClientSettings:
     """The clients, long polls and streams section of Settings (and of ``serve --help``)."""
 
-    section("clients, long polls and streams")
-    client_timeout: float = opt(
+    _section("clients, long polls and streams")
+    client_timeout: float = _opt(
         10.0,
         "seconds a client may take to send a request's headers, and its body "
         "(then the connection is closed, or 408)",
         minimum=0.1,
     )
-    keepalive_timeout: float = opt(
+    keepalive_timeout: float = _opt(
         75.0, "seconds an idle keep-alive connection is kept open", minimum=0.1
     )
-    stream_heartbeat: float = opt(
+    stream_heartbeat: float = _opt(
         15.0, "seconds between heartbeat comments on an event stream", minimum=0.1
     )
-    stream_lifetime: float = opt(
+    stream_lifetime: float = _opt(
         600.0,
         "seconds an event stream stays open (give or take a tenth), then the client "
         "reconnects with Last-Event-ID",
         minimum=1.0,
     )
-    stream_retry: int = opt(
+    stream_retry: int = _opt(
         2000, "milliseconds an event stream tells its client to wait before reconnecting", minimum=0
     )
-    stream_buffer_kib: int = opt(
+    stream_buffer_kib: int = _opt(
         256,
         "KiB of events waiting to be sent to a slow event stream before it is cut off "
         "(it resumes from its last event id)",
         minimum=1,
     )
-    max_followers: int = opt(
+    max_followers: int = _opt(
         10000,
         "event streams and long polls one process serves at once (503 with Retry-After beyond)",
         minimum=1,
     )
-    project_rate: float = opt(
+    project_rate: float = _opt(
         0.0,
         "requests/s each project may make to its queues and topics, over all processes and "
         "hosts (429 beyond; its limits hash overrides it); 0 = no limit",
         minimum=0,
         maximum=1_000_000,
     )
-    project_burst: int = opt(
+    project_burst: int = _opt(
         0, "requests at once above --project-rate; 0 = one second's worth", minimum=0, maximum=10**7
     )
 
@@ -465,25 +470,25 @@ class ClientSettings:
 class LogSettings:
     """The logs and benchmarks section of Settings (and of ``serve --help``)."""
 
-    section("logs and benchmarks")
-    access_log: bool = opt(False, "log every request (costs throughput)")
-    bench_routes: bool = opt(
+    _section("logs and benchmarks")
+    access_log: bool = _opt(False, "log every request (costs throughput)")
+    bench_routes: bool = _opt(
         False,
         "serve GET /bench/hello, a JSON handler without Redis: the baseline the "
         "benchmarks compare against in the same process and event loop; and the "
         "rungs of their ladder between it and a real POST and GET (GET /bench/ping, "
         "POST /bench/post, GET /bench/page)",
     )
-    log_format: str = opt(
+    log_format: str = _opt(
         "text", "log lines as plain text or as JSON objects", choices=("text", "json")
     )
-    log_level: str = opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    metrics_queues: str | None = opt(
+    log_level: str = _opt("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    metrics_queues: str | None = _opt(
         None,
         f"PROJECT/QUEUE[,...] (at most {MAX_METRICS_QUEUES}): the queues whose depth, claimed, "
         "oldest age, dead letters and followers /metrics reports; no other queue is a label",
     )
-    metrics_queue_refresh: float = opt(
+    metrics_queue_refresh: float = _opt(
         5.0, "seconds a --metrics-queues reading serves /metrics", minimum=0.0, maximum=300.0
     )
 
