@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from feedsvc import __version__
+from feedsvc import __version__, tracing
 from feedsvc.access import Authenticator
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
@@ -79,6 +79,8 @@ async def serve(
     :class:`feedsvc.process.drain.Drain`'s. ``embedded_redis`` reports the embedded
     Redis in /v2/health.
     """
+    # per process (a worker's exporter threads do not survive the fork)
+    tracing.configure()
     app = create_app(settings, embedded_redis=embedded_redis)
     # answers requests too malformed to reach a route as JSON, like other errors
     runner = FeedAppRunner(
@@ -140,6 +142,7 @@ async def serve(
         await drain.run()
         await runner.cleanup()
         young_collections.stop()
+        tracing.disable()  # the spans still buffered are exported
 
 
 def run_serve(settings: Settings) -> int:
@@ -148,6 +151,7 @@ def run_serve(settings: Settings) -> int:
     raise_open_files_limit()  # a client is a descriptor (workers inherit it)
     try:
         Authenticator(settings, SYSTEM_CLOCK)  # the token and key files read, or exit 2
+        tracing.check()  # the OTEL_* variables ask for what is installed, or exit 2
     except ValueError as exc:
         return refuse(UnusableSetting(str(exc)))
     if settings.auth_token:

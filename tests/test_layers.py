@@ -23,14 +23,14 @@ LAYERS: list[tuple[str, ...]] = [
     # the signal that the process drains
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config.*", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
-    ("feedsvc.log_counter",),
+    ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
     # bearer tokens: their identities and scopes, JWTs and the issuer's keys
     ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
-    # live followers' shared reads, and each process's share of the projects'
-    # request rates, over the storage interface
-    ("feedsvc.live", "feedsvc.rate_limiter"),
+    # live followers' shared reads, each process's share of the projects'
+    # request rates, and its redriver, over the storage interface
+    ("feedsvc.live", "feedsvc.rate_limiter", "feedsvc.redriver"),
     # subscriptions' delivery workers (webhooks, mail), over the storage interface
     ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
@@ -65,6 +65,9 @@ ROOT_MODULES = {
     "feedsvc.drain_signal",
     # the rate limiter, api and app: a log line per interval for floods
     "feedsvc.log_counter",
+    # api and delivery: a message's headers (their rules) and its trace spans
+    "feedsvc.message_headers",
+    "feedsvc.tracing",
     # api, app and cli: the app's typed state keys
     "feedsvc.appkeys",
     # Floors of their own, still at the root (docs/design.md, "The house"):
@@ -74,6 +77,9 @@ ROOT_MODULES = {
     "feedsvc.jwt_keys",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    # and each process's redriver of dead-letter queues (a floor over storage
+    # with the two above)
+    "feedsvc.redriver",
 }
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
@@ -85,6 +91,7 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.storage.base",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    "feedsvc.redriver",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
     "feedsvc.log_counter",

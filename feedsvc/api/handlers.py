@@ -17,8 +17,10 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
+from feedsvc import tracing
 from feedsvc.api import validation as v
 from feedsvc.api.home import HOME_DOCUMENT
+from feedsvc.api.traced import carriers, consumed, request_context, stamp
 from feedsvc.appkeys import CLOCK, DRAINING, EMBEDDED_REDIS, SETTINGS, STORE
 from feedsvc.config import Settings
 from feedsvc.drain_signal import DrainSignal
@@ -127,6 +129,21 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
     if message.claim_id is not None:
         # how often it was claimed, this claim included (a feedsvc extension)
         shown["claim_count"] = message.claim_count
+    if message.headers is not None:  # a feedsvc extension: only when it has some
+        shown["headers"] = orjson.Fragment(message.headers)
+    return shown
+
+
+def popped_json(message: Message, now: int) -> dict[str, Any]:
+    """A popped message as Zaqar shows it (no href: it is gone), with its headers."""
+    shown = {
+        "id": message.id,
+        "ttl": message.ttl,
+        "age": message.age(now),
+        "body": orjson.Fragment(message.body),
+    }
+    if message.headers is not None:
+        shown["headers"] = orjson.Fragment(message.headers)
     return shown
 
 
@@ -401,9 +418,22 @@ async def post_messages(request: web.Request) -> web.Response:
     v.post_length(request, settings)
     raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
-    ids = await feed_store(request).post_messages(
-        project, queue, client, messages, len(raw), idempotency_key
-    )
+    store = feed_store(request)
+    if tracing.ENABLED:
+        # the request's W3C context parents the publish span, whose context
+        # then goes into the messages that carry none (consumers link to it)
+        context = request_context(request)
+        with tracing.span(
+            "publish", queue, producer=True, parent=context, links=carriers(messages)
+        ) as span:
+            if context:
+                stamp(messages, tracing.carrier_of(span))
+            ids = await store.post_messages(
+                project, queue, client, messages, len(raw), idempotency_key
+            )
+            tracing.message_ids(span, ids)
+    else:
+        ids = await store.post_messages(project, queue, client, messages, len(raw), idempotency_key)
     return posted_response(f"{feed_path(request, queue)}/messages", ids)
 
 
@@ -559,16 +589,14 @@ async def delete_messages(request: web.Request) -> web.Response:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
-        popped = await feed_store(request).pop_messages(project, queue, limit)
+        if tracing.ENABLED:
+            with tracing.span("receive", queue) as span:
+                popped = await feed_store(request).pop_messages(project, queue, limit)
+                consumed(span, popped)
+        else:
+            popped = await feed_store(request).pop_messages(project, queue, limit)
         now = _now(request)
-        return json_response(
-            {
-                "messages": [
-                    {"id": m.id, "ttl": m.ttl, "age": m.age(now), "body": orjson.Fragment(m.body)}
-                    for m in popped
-                ]
-            }
-        )
+        return json_response({"messages": [popped_json(m, now) for m in popped]})
     if ids is None:
         raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
     await feed_store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])
@@ -596,10 +624,14 @@ async def post_claim(request: web.Request) -> web.Response:
     seconds = v.wait_seconds(request.query)
     ttl, grace = v.claim_options(await read_body(request), settings)
     store = feed_store(request)
-    claim = await store.claim_messages(project, queue, ttl, grace, limit)
-    if claim is None and seconds:
-        draining = request.app[DRAINING]
-        claim = await _claim_waiting(store, project, queue, (ttl, grace, limit), seconds, draining)
+    terms = (ttl, grace, limit)
+    if tracing.ENABLED:
+        with tracing.span("receive", queue) as span:
+            claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
+            if claim is not None:
+                consumed(span, claim.messages)
+    else:
+        claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
@@ -612,6 +644,23 @@ async def post_claim(request: web.Request) -> web.Response:
         content_type="application/json",
         headers={"Location": _claim_href(queue, claim.id)},
     )
+
+
+async def _claim_now_or_later(
+    store: FeedStore,
+    project: str,
+    queue: str,
+    terms: tuple[int, int, int],
+    seconds: float,
+    request: web.Request,
+) -> Claim | None:
+    """A claim at once, else (with wait=) once something is claimable."""
+    ttl, grace, limit = terms
+    claim = await store.claim_messages(project, queue, ttl, grace, limit)
+    if claim is None and seconds:
+        draining = request.app[DRAINING]
+        claim = await _claim_waiting(store, project, queue, terms, seconds, draining)
+    return claim
 
 
 async def _claim_waiting(

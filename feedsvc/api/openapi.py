@@ -24,6 +24,8 @@ from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
 from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
+from feedsvc.api.openapi_consumers import add_consumers
+from feedsvc.api.openapi_redrive import add_redrive
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
 from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
@@ -1337,7 +1339,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }
     add_subscriptions(document, settings)
     add_admin(document)
+    add_consumers(document)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
+    add_redrive(document)  # queues only
     _signed_urls(document)
     if settings.auth_token or settings.auth_token_file or settings.jwt_on():
         _require_tokens(document, settings)

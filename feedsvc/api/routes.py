@@ -8,7 +8,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import AbstractRoute
 
 from feedsvc.access import ADMIN as ADMIN_ACTION
-from feedsvc.api import admin, console, metrics, openapi, signed_urls, streams
+from feedsvc.api import admin, console, metrics, openapi, redrive, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
 from feedsvc.appkeys import ROUTE_ACTIONS
@@ -77,6 +77,10 @@ ROUTES: list[Route] = [
     ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim, "claim"),
     ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim, "claim"),
     ("POST", QUEUE + "/messages/{message_id}/release", h.release_message, "claim"),
+    # a dead-letter queue's redrive; "to" another queue needs post there too
+    ("POST", QUEUE + "/redrive", redrive.start_redrive, "manage"),
+    ("GET", QUEUE + "/redrive", redrive.get_redrive, "manage"),
+    ("DELETE", QUEUE + "/redrive", redrive.cancel_redrive, "manage"),
     *[(method, TOPIC + path, handler, action) for method, path, handler, action in FEED],
     ("GET", "/v2/topics", h.list_queues, "read"),
     *[(method, ADMIN + path, handler, action) for method, path, handler, action in ADMIN_ROUTES],

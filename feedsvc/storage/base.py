@@ -26,7 +26,9 @@ into the Lua scripts too)::
                                  fixed-width fields, seq (0 until indexed),
                                  ttl s, created ms, expires ms, due ms
                                  (delay), claim expires ms, times claimed,
-                                 claim id; then the client id, a newline,
+                                 claim id; then the client id (and, after
+                                 a space, the message's headers as a JSON
+                                 object, if it has any), a newline,
                                  the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
                                  AES-256-GCM of them); PEXPIREAT expires
@@ -37,6 +39,12 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+    Q:dlo                hash    of a dead-letter queue: message id -> the queue
+                                 it was dead-lettered from (storage/redrive.py)
+    Q:rd                 hash    a dead-letter queue's redrive: state, window,
+                                 counts, pace, lease (storage/redrive.py)
+    Q:rdm:<id>           string  a redrive copied dead letter <id> here; PX past it
+    fs:redrives          set     JSON [project, queue] of redrives that may run
     Q:fol                hash    process token -> "<followers> <valid until ms>"
                                  for the queues --metrics-queues names (see
                                  follower_counts.py); expires by itself
@@ -125,11 +133,13 @@ def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
 
 @dataclass(slots=True)  # not frozen, as Message below: one per message posted
 class NewMessage:
-    """A message as posted: the body already encoded as JSON."""
+    """A message as posted: the body already encoded as JSON, and its headers
+    (an object of strings, docs/consumers.md) too; b"": none."""
 
     body: bytes
     ttl: int | None = None
     delay: int | None = None
+    headers: bytes = b""
 
 
 # Not frozen: a frozen dataclass costs three to four times as much to build
@@ -147,6 +157,8 @@ class Message:
     claim_id: str | None = None
     claim_count: int = 0
     author: str | None = None  # the poster's client id, where a list needs it
+    # its headers, the JSON object as posted (docs/consumers.md); None: none
+    headers: bytes | None = None
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)
@@ -415,6 +427,41 @@ class DeliveryState(Protocol):
         """Write position, attempts, due and last error (if any) if the lease
         is still this token's; count outcome "delivered" or "failed" ("": a
         retry was scheduled); clear_control: the confirmation request is done."""
+        ...
+
+
+MAX_REDRIVE_RATE = 1000  # the largest max_per_second of a redrive
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    """A dead-letter queue's redrive as it stands (``storage/redrive.py``)."""
+
+    state: str  # running, done, cancelled
+    moved: int
+    skipped: int  # left there: held by a claim, or no known source and no "to"
+    remaining: int  # dead letters still to consider
+    max_per_second: int
+    to: str | None  # None: each back to the queue it came from
+    started_at: int  # ms
+    updated_at: int  # ms
+
+
+class RedriveStore(Protocol):
+    """Dead-letter queues' redrives: one per queue at a time, its progress in
+    Redis, moved on in paced steps by whichever process holds its lease."""
+
+    async def start(self, project: str, queue: str, max_per_second: int, to: str | None) -> Redrive:
+        """QueueNotFound if no such queue, RedriveRunning if one runs."""
+        ...
+
+    async def get(self, project: str, queue: str) -> Redrive | None: ...
+    async def cancel(self, project: str, queue: str) -> Redrive | None: ...
+    async def running(self, limit: int) -> list[tuple[str, str]]: ...
+
+    async def step(self, project: str, queue: str, owner: str) -> int | None:
+        """One bounded, paced batch if owner holds (or may take) the lease:
+        how many moved; None when it is not running."""
         ...
 
 
@@ -721,6 +768,11 @@ class FeedStore(Protocol):
     @property
     def rate_limits(self) -> RateLimitStore:
         """Projects' request-rate buckets (``--project-rate``)."""
+        ...
+
+    @property
+    def redrives(self) -> RedriveStore:
+        """The redrives of dead-letter queues."""
         ...
 
 

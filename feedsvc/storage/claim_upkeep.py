@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from feedsvc.clock import Clock
+from feedsvc.config import MessageSettings
 from feedsvc.errors import (
     ClaimDoesNotHold,
     ClaimNotFound,
@@ -39,19 +40,22 @@ T = TypeVar("T")
 
 class ClaimUpkeep(FeedSpace):
     """Everything a claim of one kind of feed needs after it was made: the
-    transport to Redis, the clock, the opener of sealed bodies, and the
-    project quotas (a dead-letter queue made here is a new queue)."""
+    transport to Redis, the claim limits (how long a dead letter may be
+    stretched), the clock, the opener of sealed bodies, and the project
+    quotas (a dead-letter queue made here is a new queue)."""
 
     def __init__(
         self,
         kind: Kind,
         transport: Transport,
+        settings: MessageSettings,
         clock: Clock,
         opener: BodyOpener,
         quotas: ProjectQuotas,
     ) -> None:
         super().__init__(kind)
         self._transport = transport
+        self._settings = settings
         self._clock = clock
         self._opener = opener
         self._quotas = quotas
@@ -217,20 +221,28 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            last, exists, *seqs = replies
+            last, exists, origins_ttl, *seqs = replies
             seq = r.parse_seq(last) if last is not None else now * 1000
             writes: list[Command] = []
+            latest = 0
             for message, have in zip(parked, seqs, strict=True):
                 if have:
                     continue
                 seq += 1
                 author = message.author.decode()
-                header = r.posted(author, message.ttl, now, seq, delay=0, count=message.count)
+                header = r.posted(author, message.ttl, now, seq, 0, message.count, message.headers)
                 writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, header.expires, message.id))
+                # where it came from, for a redrive (storage/redrive.py)
+                writes.append(("HSET", target.origins, message.id, queue))
+                latest = max(latest, header.expires)
             if not writes:
                 return None, None
+            # kept while any dead letter may be (a claim can stretch one's life)
+            keep = latest + (self._settings.max_claim_ttl + self._settings.max_claim_grace) * 1000
+            if int(origins_ttl) < 0 or now + int(origins_ttl) < keep:
+                writes.append(("PEXPIREAT", target.origins, keep))
             writes.append(("SET", target.seq, seq))
             if last is None:  # where the counter started (see list.lua's missed)
                 writes.append(("HSET", target.meta, r.SEQ_BASE, now * 1000))
@@ -257,11 +269,13 @@ class ClaimUpkeep(FeedSpace):
                 [
                     target.seq,
                     target.meta,
+                    target.origins,
                     *(k for m in parked for k in r.message_keys(target, m.id)),
                 ],
                 [
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
+                    ("PTTL", target.origins),
                     *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
                 ],
                 copy,

@@ -135,11 +135,14 @@ class LuaStore(RedisStore):
         await self._transport.call_checked([("ZREM", self._registry(project), queue)])
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "0"]):
             pass
+        # a dead-letter queue's redrive and its messages' origins (storage/redrive.py)
+        await self._transport.call_checked([("DEL", keys.redrive, keys.origins)])
 
     async def purge_queue(self, project: str, queue: str) -> None:
         keys = self._keys(project, queue)
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "1"]):
             pass
+        await self._transport.call_checked([("DEL", keys.origins)])
 
     async def _post(
         self,
@@ -173,7 +176,9 @@ class LuaStore(RedisStore):
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
-            commands += r.body_commands(keys, message_id, client_id, message.body, orphan_ttl)
+            commands += r.body_commands(
+                keys, message_id, client_id, message.body, orphan_ttl, message.headers
+            )
             all_keys.append(keys.record(message_id))
             args += [
                 message_id,

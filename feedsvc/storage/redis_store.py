@@ -55,6 +55,7 @@ from feedsvc.storage.follower_counts import RedisFollowerCounts
 from feedsvc.storage.keys import KINDS, FeedSpace, Kind, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
+from feedsvc.storage.redrive import RedisRedrives
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
@@ -156,7 +157,7 @@ class ProcessParts:
     """What a store and its topic view share, one of each per process: the
     opener of sealed bodies and what was learned of queues' sealing,
     follower counts, subscriptions (the same layout under each kind's keys)
-    and their one delivery state, rate limits and project quotas."""
+    and their one delivery state, rate limits, project quotas and redrives."""
 
     opener: BodyOpener
     sealing: SealingMemory
@@ -165,11 +166,13 @@ class ProcessParts:
     deliveries: RedisDeliveries
     rate_limits: RedisRateLimits
     quotas: ProjectQuotas
+    redrives: RedisRedrives
 
     @classmethod
     def make(cls, transport: Transport, settings: StoreSettings, clock: Clock) -> ProcessParts:
         sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
         opener = BodyOpener(sealer, transport.counters)
+        quotas = ProjectQuotas(transport, settings, clock)
         builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
         return cls(
             opener,
@@ -180,7 +183,8 @@ class ProcessParts:
                 transport, clock, builders, functools.partial(open_for_delivery, opener)
             ),
             RedisRateLimits(transport),
-            ProjectQuotas(transport, settings, clock),
+            quotas,
+            RedisRedrives(transport, settings, clock, quotas),
         )
 
 
@@ -213,8 +217,10 @@ class RedisStore(FeedSpace, ABC):
         self.parts: ProcessParts = parts
         self._opener, self._sealing = parts.opener, parts.sealing
         self.follower_counts, self.rate_limits = parts.follower_counts, parts.rate_limits
-        self.quotas = parts.quotas
-        claims = self.claims = ClaimUpkeep(kind, transport, clock, parts.opener, parts.quotas)
+        self.quotas, self.redrives = parts.quotas, parts.redrives
+        claims = self.claims = ClaimUpkeep(
+            kind, transport, settings, clock, parts.opener, parts.quotas
+        )
         # a claim, once made, is answered by the claim upkeep itself
         self.get_claim, self.renew_claim = claims.get_claim, claims.renew_claim
         self.release_claim, self.release_message = claims.release_claim, claims.release_message
