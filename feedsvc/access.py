@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import AccessSettings
 from feedsvc.errors import Unauthorized
 from feedsvc.jwt_keys import JwtVerifier
 from feedsvc.keystone import KeystoneValidator
@@ -152,7 +152,7 @@ def read_token_file(path: Path) -> dict[str, Identity]:
 class Authenticator:
     """Bearer token -> :class:`Identity`, from every source the settings name."""
 
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+    def __init__(self, settings: AccessSettings, clock: Clock) -> None:
         self._settings = settings
         self._flag_tokens = {
             token: Identity(project, ALL) for token, project in settings.auth_tokens().items()

@@ -23,7 +23,7 @@ from feedsvc.api.query_secrets import AccessLogger
 from feedsvc.app import create_app
 from feedsvc.appkeys import AUTHENTICATOR, DRAINING
 from feedsvc.clock import SYSTEM_CLOCK
-from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
+from feedsvc.config import LogSettings, Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.embedded_redis.server import RedisServerError, RedisServerNotFound
 from feedsvc.embedded_redis.supervisor import EmbeddedRedis
 from feedsvc.process.drain import CUT_OFF_WAIT, Drain
@@ -255,7 +255,7 @@ def json_formatter() -> logging.Formatter:
     )
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: LogSettings) -> None:
     handler = logging.StreamHandler()
     if settings.log_format == "json":
         handler.setFormatter(json_formatter())

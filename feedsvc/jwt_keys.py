@@ -28,7 +28,7 @@ import jwt
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import AccessSettings
 from feedsvc.errors import Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.access")
@@ -50,7 +50,7 @@ def load_key_file(path: Path) -> Any:
 
 
 class JwtVerifier:
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+    def __init__(self, settings: AccessSettings, clock: Clock) -> None:
         self._clock = clock
         self._url = settings.jwt_jwks_url
         self._refresh = settings.jwt_jwks_refresh

@@ -36,7 +36,7 @@ import asyncio
 import math
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import ClientSettings
 from feedsvc.errors import RateLimited, Unavailable
 from feedsvc.log_counter import LogCounter
 from feedsvc.storage.base import RateLimitStore
@@ -72,7 +72,7 @@ class ProjectRateLimiter:
     """Admits a project's requests within its rate, or raises RateLimited."""
 
     def __init__(
-        self, limits: RateLimitStore, settings: Settings, clock: Clock, trouble: LogCounter
+        self, limits: RateLimitStore, settings: ClientSettings, clock: Clock, trouble: LogCounter
     ) -> None:
         self._limits = limits
         self._rate = settings.project_rate

@@ -12,7 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from feedsvc.api import subscription_rules
-from feedsvc.config import Settings, subscriber_networks
+from feedsvc.config import Settings
+from feedsvc.config.subscriptions import subscriber_networks
 from feedsvc.delivery.guard import (
     GuardedResolver,
     RefusedAddress,

@@ -64,6 +64,10 @@ def test_claim_extension_never_shortens_a_life() -> None:
 
 
 def test_no_class_in_feedsvc_is_longer_than_300_lines() -> None:
+    """A class's own body, not what it inherits (docs/design.md, "Where
+    things go"): inheritance is kept for a family's shared half (RedisStore
+    and its drivers, each read once), and the way one class used to be spread
+    over files, mixins, is what the next test forbids."""
     long = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -72,6 +76,30 @@ def test_no_class_in_feedsvc_is_longer_than_300_lines() -> None:
                 if length > MAX_CLASS_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({length} lines)")
     assert not long, long
+
+
+def test_no_class_in_feedsvc_declares_attributes_it_does_not_set() -> None:
+    """No mixins: a class that declares an attribute without a value (a
+    host's attribute it expects to be set by whatever mixes it in) is a part
+    of another class in a file of its own; make it a collaborator with a
+    constructor instead. Dataclasses, NamedTuples and Protocols declare their
+    fields this way and are left out."""
+    declared = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            bases = [ast.unparse(b) for b in node.bases]
+            if any("dataclass" in d for d in decorators) or any(
+                b.endswith(("Protocol", "NamedTuple", "TypedDict")) for b in bases
+            ):
+                continue
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign) and statement.value is None:
+                    name = ast.unparse(statement.target)
+                    declared.append(f"{path.relative_to(ROOT)}:{node.name}.{name}")
+    assert not declared, declared
 
 
 def test_only_storage_names_a_driver() -> None:

@@ -548,7 +548,7 @@ async def test_a_conflict_backoff_gives_the_pool_slot_back(redis_url: str) -> No
             waiting = asyncio.create_task(other())
             await asyncio.sleep(0.01)
             assert not other_ran.is_set()  # the one slot is ours
-            await transport.backoff(6)
+            await transport.transactions.backoff(6)
             assert other_ran.is_set()  # it got the slot while we slept
             await waiting
         assert transport.stats()["pool_in_use"] == 0

@@ -315,7 +315,7 @@ async def test_dead_lettering_survives_a_stop_between_its_steps(
     # both steps again for the same message (a stop between copy and forget)
     assert isinstance(store, RedisStore)
     parked = Parked(message_id, b"0", WRITER.encode(), 300, 1)
-    await store._dead_letter(project, "q", "dlq", "cd" * 12, [parked])
+    await store.claims.dead_letter(project, "q", "dlq", "cd" * 12, [parked])
     dead = await store.list_messages(project, "dlq", ListQuery(READER, include_claimed=True))
     # the same copy: a reader past its marker does not get it again
     assert [(m.id, m.body, m.seq) for m in dead.messages] == [(message_id, b"0", first[0].seq)]

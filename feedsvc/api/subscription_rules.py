@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from feedsvc.config import Settings, subscriber_networks
+from feedsvc.config.subscriptions import SubscriptionSettings, subscriber_networks
 from feedsvc.delivery import retry, subscribers
 from feedsvc.delivery.guard import RefusedAddress, check_host, url_host
 from feedsvc.errors import BadRequest
@@ -32,7 +32,7 @@ def unparsable() -> BadRequest:
     return BadRequest("Request body could not be parsed.")
 
 
-def subscriber(value: Any, settings: Settings) -> str:
+def subscriber(value: Any, settings: SubscriptionSettings) -> str:
     if not isinstance(value, str) or not value:
         raise BadRequest("The subscriber must be a URI string.")
     scheme = value.partition(":")[0].lower() if ":" in value else ""
@@ -110,7 +110,7 @@ def options(value: Any) -> dict[str, Any] | None:
     return value
 
 
-def patching(document: Any, settings: Settings) -> tuple[str | None, int | None, Any]:
+def patching(document: Any, settings: SubscriptionSettings) -> tuple[str | None, int | None, Any]:
     """(subscriber, ttl, options) of a PATCH; None where not given."""
     if not document:
         raise BadRequest("No subscription to create.")
@@ -124,7 +124,7 @@ def patching(document: Any, settings: Settings) -> tuple[str | None, int | None,
     )
 
 
-def posting(document: Any, settings: Settings) -> tuple[str, int, dict[str, Any]]:
+def posting(document: Any, settings: SubscriptionSettings) -> tuple[str, int, dict[str, Any]]:
     """(subscriber, ttl, options) of a POST, defaults filled in."""
     if not isinstance(document, dict):
         raise BadRequest("Subscriptions must be a dict.")

@@ -40,7 +40,7 @@ from aiohttp.connector import AddrInfoType, SocketFactoryType
 from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
-from feedsvc.config import IPNetwork
+from feedsvc.config.subscriptions import IPNetwork
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 

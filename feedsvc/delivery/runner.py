@@ -25,7 +25,7 @@ from functools import partial
 
 from feedsvc import tracing
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config.subscriptions import SubscriptionSettings
 from feedsvc.delivery.retry import DEFAULTS, effective_policy
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
@@ -81,7 +81,7 @@ class Runner:
         self,
         store: FeedStore,
         senders: Senders,
-        settings: Settings,
+        settings: SubscriptionSettings,
         clock: Clock,
         counters: DeliveryCounters,
         parent: Parent,

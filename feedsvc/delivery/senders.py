@@ -40,7 +40,7 @@ import aiosmtplib
 import orjson
 from multidict import CIMultiDict
 
-from feedsvc.config import Settings, smtp_address, subscriber_networks
+from feedsvc.config.subscriptions import SubscriptionSettings, smtp_address, subscriber_networks
 from feedsvc.delivery import subscribers
 from feedsvc.delivery.guard import (
     RefusedAddress,
@@ -104,7 +104,7 @@ def _refusal(exc: BaseException) -> RefusedAddress | None:
 class Senders:
     """The HTTP client session (guarded) and the SMTP settings of one process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: SubscriptionSettings) -> None:
         self._settings = settings
         self._networks = subscriber_networks(settings.subscriber_allow)
         self._session: aiohttp.ClientSession | None = None

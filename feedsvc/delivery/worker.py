@@ -29,7 +29,7 @@ import contextlib
 import logging
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config.subscriptions import SubscriptionSettings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
@@ -46,7 +46,7 @@ SWEEP_STEP = 2000
 
 
 class Deliverer:
-    def __init__(self, store: FeedStore, settings: Settings, clock: Clock) -> None:
+    def __init__(self, store: FeedStore, settings: SubscriptionSettings, clock: Clock) -> None:
         self._store = store
         self._settings = settings
         self._clock = clock

@@ -5,6 +5,9 @@ Making a claim differs per driver (``try_claim``: a script, or a WATCH
 transaction); what happens to a claim afterwards is rare and uncontended, so both drivers run
 it as WATCH/MULTI transactions, which are correct against the lua driver's
 scripts too (a script touching a watched key aborts the transaction).
+
+A store holds one :class:`ClaimUpkeep` for its kind of feed (``store.claims``)
+and answers ``FeedStore``'s claim calls through it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import MessageSettings
 from feedsvc.errors import (
     ClaimDoesNotHold,
     ClaimNotFound,
@@ -23,9 +26,9 @@ from feedsvc.errors import (
     Unavailable,
 )
 from feedsvc.storage import record as r
-from feedsvc.storage.base import Claim, Unclaimable
+from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import FeedSpace, QueueKeys
+from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
@@ -36,24 +39,26 @@ T = TypeVar("T")
 
 
 class ClaimUpkeep(FeedSpace):
-    """Mixed into RedisStore: everything a claim needs after it was made."""
+    """Everything a claim of one kind of feed needs after it was made: the
+    transport to Redis, the claim limits (how long a dead letter may be
+    stretched), the clock, the opener of sealed bodies, and the project
+    quotas (a dead-letter queue made here is a new queue)."""
 
-    _transport: Transport
-    _settings: Settings
-    _clock: Clock
-    _opener: BodyOpener
-    quotas: ProjectQuotas
-
-    async def try_claim(
-        self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | Unclaimable:
-        raise NotImplementedError  # each driver makes claims its own way
-
-    async def claim_messages(
-        self, project: str, queue: str, ttl: int, grace: int, limit: int
-    ) -> Claim | None:
-        claim = await self.try_claim(project, queue, ttl, grace, limit)
-        return claim if isinstance(claim, Claim) else None
+    def __init__(
+        self,
+        kind: Kind,
+        transport: Transport,
+        settings: MessageSettings,
+        clock: Clock,
+        opener: BodyOpener,
+        quotas: ProjectQuotas,
+    ) -> None:
+        super().__init__(kind)
+        self._transport = transport
+        self._settings = settings
+        self._clock = clock
+        self._opener = opener
+        self._quotas = quotas
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = self._keys(project, queue)
@@ -77,17 +82,17 @@ class ClaimUpkeep(FeedSpace):
         transport = self._transport
         claim_key = keys.claim(claim_id)
         attempt = 0
-        async with transport.write_slot():
+        async with transport.transactions.write_slot():
             while True:
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []
                 watch = [claim_key, *(k for i in held for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
                 reads += r.read_commands(keys, held)
-                done, result = await transport.attempt(watch, reads, plan_for(held))
+                done, result = await transport.transactions.attempt(watch, reads, plan_for(held))
                 if done:
                     return result  # type: ignore[return-value]
-                await transport.backoff(attempt)
+                await transport.transactions.backoff(attempt)
                 attempt += 1
 
     async def renew_claim(
@@ -179,7 +184,7 @@ class ClaimUpkeep(FeedSpace):
         watch = [claim_key, *r.message_keys(keys, message_id)]
         reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
         reads += r.read_commands(keys, [message_id])
-        outcome = await self._transport.optimistic(watch, reads, plan)
+        outcome = await self._transport.transactions.optimistic(watch, reads, plan)
         if outcome == "gone":
             raise MessageNotFound(message_id)
         if outcome == "notheld":
@@ -188,7 +193,7 @@ class ClaimUpkeep(FeedSpace):
                 "it expired, was released, or is another claim's."
             )
 
-    async def _dead_letter(
+    async def dead_letter(
         self, project: str, queue: str, dlq: str, claim_id: str, parked: Sequence[r.Parked]
     ) -> None:
         """Move parked messages to the dead-letter queue (steps 2 and 3).
@@ -259,8 +264,8 @@ class ClaimUpkeep(FeedSpace):
         try:
             # a dead-letter queue not made yet is a new queue: listed first,
             # under the project's max_queues (over it, the messages stay)
-            await self.quotas.admit(project, "queue", dlq, 0)
-            await transport.optimistic(
+            await self._quotas.admit(project, "queue", dlq, 0)
+            await transport.transactions.optimistic(
                 [
                     target.seq,
                     target.meta,
@@ -275,7 +280,7 @@ class ClaimUpkeep(FeedSpace):
                 ],
                 copy,
             )
-            await transport.optimistic(
+            await transport.transactions.optimistic(
                 [k for m in parked for k in r.message_keys(source, m.id)],
                 [c for m in parked for c in r.holder_commands(source, m.id)],
                 forget,

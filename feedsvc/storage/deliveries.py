@@ -133,7 +133,7 @@ class RedisDeliveries:
                 return None, False
             return writes, True
 
-        result: bool = await self._transport.optimistic(watch, reads, plan)
+        result: bool = await self._transport.transactions.optimistic(watch, reads, plan)
         return result
 
     async def renew(self, parent: Parent, subscription_id: str, token: str, ms: int) -> bool:

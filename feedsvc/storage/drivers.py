@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedsvc.clock import SYSTEM_CLOCK, Clock
-from feedsvc.config import DRIVER_NAMES, Settings
+from feedsvc.config import DRIVER_NAMES, RedisSettings, StoreSettings
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.lua_store import LuaStore
@@ -27,14 +27,14 @@ DRIVERS: dict[str, Callable[..., FeedStore]] = {
 assert tuple(DRIVERS) == DRIVER_NAMES, "feedsvc.config.DRIVER_NAMES must list every driver"
 
 
-def make_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
+def make_store(settings: StoreSettings, clock: Clock = SYSTEM_CLOCK) -> FeedStore:
     """The driver settings.driver names, on settings.redis_url; call open() next."""
     if settings.redis_url is None:
         raise ValueError("make_store needs settings.redis_url")
     return DRIVERS[settings.driver](Transport(settings, clock), settings, clock)
 
 
-async def eviction_problems(settings: Settings) -> list[str] | None:
+async def eviction_problems(settings: RedisSettings) -> list[str] | None:
     """What ``feedsvc serve`` checks before serving: one line per Redis
     primary whose maxmemory-policy may evict feedsvc's keys (empty: none
     may), or None if Redis cannot be reached yet (then each process reads

@@ -204,11 +204,13 @@ def _queue_keys(project: str, queue: str, kind: Kind) -> QueueKeys:
 
 
 class FeedSpace:
-    """The key names of one kind of feed, for the stores (mixed into them):
-    a store's topic view (``FeedStore.topics()``) is the same store with
-    ``_kind = "topic"``, so every operation is written once for both."""
+    """The key names of one kind of feed, the base of the stores and their
+    claim upkeep: a store's topic view (``FeedStore.topics()``) is the same
+    store's class made with ``kind="topic"``, so every operation is written
+    once for both."""
 
-    _kind: Kind = "queue"
+    def __init__(self, kind: Kind) -> None:
+        self._kind: Kind = kind
 
     def _keys(self, project: str, name: str) -> QueueKeys:
         return QueueKeys.of(project, name, self._kind)

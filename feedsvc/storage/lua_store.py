@@ -286,7 +286,7 @@ class LuaStore(RedisStore):
             raise StorageUnavailable("The queue's dead-letter settings kept changing.")
         claim, parked = r.claim_reply(out, claim_id, ttl, grace, now)
         if parked:
-            await self._dead_letter(project, queue, dlq, claim_id, parked)
+            await self.claims.dead_letter(project, queue, dlq, claim_id, parked)
         return self._opener.claim(claim)
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:

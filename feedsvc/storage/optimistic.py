@@ -3,9 +3,9 @@ them, in the fewest round trips the protocol allows (WATCH and the reads in
 one write, MULTI..EXEC in a second), retried after a jittered, growing,
 bounded back-off that gives the pool slot back while it sleeps.
 
-Part of the transport (:class:`~feedsvc.storage.transport.Transport` mixes it
-in); the drivers call ``optimistic()`` or, for a loop of their own,
-``attempt()`` and ``backoff()`` inside ``write_slot()``.
+The transport holds one (``Transport.transactions``), made with what it
+needs of the transport; the drivers call ``optimistic()`` or, for a loop of
+their own, ``attempt()`` and ``backoff()`` inside ``write_slot()``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 from redis.asyncio.connection import AbstractConnection
 
-from feedsvc.config import Settings
 from feedsvc.errors import TooMuchContention
 from feedsvc.storage.base import StoreCounters
 from feedsvc.storage.coalescer import Command
@@ -48,16 +48,21 @@ async def send(conn: AbstractConnection, *commands: Command) -> list[Any]:
     return [await conn.read_response() for _ in commands]
 
 
+@dataclass(slots=True)
 class OptimisticTransactions:
-    _settings: Settings
-    _servers: Servers
-    _gate: Gate
-    _wait: Command | None
+    """The WATCH engine of one transport: its servers, its pool slots and
+    their gate, its counters and memory policy, ``retries`` attempts at most
+    (``--watch-retries``), and ``wait`` (WAIT for replicas, with
+    ``replicated`` to judge its reply) sent after every EXEC, if set."""
+
+    servers: Servers
+    slot: Callable[[], AbstractAsyncContextManager[None]]
+    gate: Gate
     counters: StoreCounters
     memory_policy: MemoryPolicyGuard
-
-    def slot(self) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
+    retries: int
+    wait: Command | None
+    replicated: Callable[[list[Any]], list[Any]]
 
     @asynccontextmanager
     async def write_slot(self) -> AsyncIterator[None]:
@@ -68,9 +73,6 @@ class OptimisticTransactions:
             await self.memory_policy.admit_write()
         async with self.slot():
             yield
-
-    def _replicated(self, replies: list[Any]) -> list[Any]:
-        raise NotImplementedError
 
     async def optimistic(
         self,
@@ -121,7 +123,7 @@ class OptimisticTransactions:
     async def _redirected(self, redirect: Exception) -> None:
         self.counters.cluster_redirects += 1
         if isinstance(redirect, rexc.AskError):
-            await self._servers.redirected(redirect)
+            await self.servers.redirected(redirect)
 
     async def _converse(
         self,
@@ -130,8 +132,8 @@ class OptimisticTransactions:
         plan: Plan[T],
         before: Sequence[Command] = (),
     ) -> tuple[bool, T | None]:
-        await self._servers.ready()
-        async with self._servers.node_for(watch[0]).connection() as conn:
+        await self.servers.ready()
+        async with self.servers.node_for(watch[0]).connection() as conn:
             replies = await send(conn, *before, ("WATCH", *watch), *reads)
             try:
                 writes, result = plan(replies[len(before) + 1 :])
@@ -142,7 +144,7 @@ class OptimisticTransactions:
                 await send(conn, ("UNWATCH",))
                 return True, result
             self.counters.watch_transactions += 1
-            wait = [] if self._wait is None else [self._wait]
+            wait = [] if self.wait is None else [self.wait]
             done = await send(conn, ("MULTI",), *writes, ("EXEC",), *wait)
             executed = done[-1 - len(wait)]
             if executed is None:
@@ -151,7 +153,7 @@ class OptimisticTransactions:
                 if isinstance(reply, Exception):
                     raise reply
             if wait:
-                self._replicated(done)
+                self.replicated(done)
             return True, result
 
     async def backoff(self, attempt: int) -> None:
@@ -159,10 +161,8 @@ class OptimisticTransactions:
         tries. The slot is given back while sleeping: a crowd of conflicting
         writers must not starve everyone else of connections."""
         self.counters.watch_retries += 1
-        if attempt + 1 >= self._settings.watch_retries:
+        if attempt + 1 >= self.retries:
             self.counters.watch_conflicts_exhausted += 1
-            raise TooMuchContention(
-                f"Gave up after {self._settings.watch_retries} conflicting attempts; retry."
-            )
+            raise TooMuchContention(f"Gave up after {self.retries} conflicting attempts; retry.")
         ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
-        await self._gate.pause(random.uniform(0, ceiling))
+        await self.gate.pause(random.uniform(0, ceiling))

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 
-from feedsvc.config import Settings
+from feedsvc.config import RedisSettings
 from feedsvc.errors import Unavailable
 from feedsvc.storage.memory_policy import (
     MemoryPolicyGuard,
@@ -45,7 +45,7 @@ class PolicyReader:
         servers: Servers,
         exchange: Exchange,
         errors: Callable[[], AbstractAsyncContextManager[None]],
-        settings: Settings,
+        settings: RedisSettings,
     ) -> None:
         self._redis = client
         self._servers = servers

@@ -28,7 +28,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import QuotaSettings
 from feedsvc.errors import ProjectMessagesFull, ProjectQueuesFull, StorageUnavailable
 from feedsvc.storage import record as r
 from feedsvc.storage.base import LIMIT_FIELDS, new_id
@@ -66,7 +66,7 @@ class Reservation:
 class ProjectQuotas:
     """Admission under the project quotas, and the admin API's storage."""
 
-    def __init__(self, transport: Transport, settings: Settings, clock: Clock) -> None:
+    def __init__(self, transport: Transport, settings: QuotaSettings, clock: Clock) -> None:
         self._transport = transport
         self._clock = clock
         self._max_messages = settings.project_max_messages

@@ -1,6 +1,7 @@
 """What both drivers share: their lifecycle and the paths that involve no
 choice between Lua and WATCH — queue metadata, queue listing, stats,
-messages by id — plus claim upkeep (inherited from ``claim_upkeep.py``).
+messages by id — and claim upkeep through its ``claims``
+(``claim_upkeep.py``).
 
 A driver is a :class:`RedisStore` subclass that adds the writes and the
 listing (``lua_store.py``, ``watch_store.py``). It talks to Redis only
@@ -10,11 +11,11 @@ records only through ``record.py``, and takes the time from its clock.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
@@ -22,7 +23,7 @@ from typing import Any, Self
 import orjson
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import StoreSettings
 from feedsvc.errors import (
     MarkerNotGivenOut,
     PostTooLarge,
@@ -34,6 +35,7 @@ from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
     RESERVED_FIELDS,
+    Claim,
     Follow,
     Message,
     MessageSummary,
@@ -42,6 +44,7 @@ from feedsvc.storage.base import (
     QueueInfo,
     QueueStats,
     StoreCounters,
+    Unclaimable,
     Unreadable,
     reserved_fields,
 )
@@ -49,7 +52,7 @@ from feedsvc.storage.claim_upkeep import ClaimUpkeep
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.deliveries import RedisDeliveries
 from feedsvc.storage.follower_counts import RedisFollowerCounts
-from feedsvc.storage.keys import KINDS, Kind, QueueKeys, registry_key
+from feedsvc.storage.keys import KINDS, FeedSpace, Kind, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.redrive import RedisRedrives
@@ -125,32 +128,106 @@ def queue_full(noun: str, queue: str, limit: bytes) -> QueueFull:
     )
 
 
-class RedisStore(ClaimUpkeep):
-    """Base of both drivers. Subclasses implement the writes and listing."""
+class SealingMemory:
+    """What this process last learned of each queue's encryption, trusted
+    for SEALING_MEMORY_MS (see ``RedisStore.post_messages``)."""
+
+    def __init__(self, transport: Transport, clock: Clock) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._known: dict[str, tuple[bool, int]] = {}  # queue prefix -> (sealed, learned at ms)
+
+    async def seals(self, keys: QueueKeys) -> bool:
+        now = self._clock.now_ms()
+        known = self._known.get(keys.prefix)
+        if known is not None and now - known[1] < SEALING_MEMORY_MS:
+            return known[0]
+        [flag] = await self._transport.call_checked([("HGET", keys.meta, r.ENCRYPTED)])
+        return self.learn(keys, flag == b"1")
+
+    def learn(self, keys: QueueKeys, sealed: bool) -> bool:
+        if len(self._known) >= SEALING_MEMORY_SIZE:
+            self._known.clear()
+        self._known[keys.prefix] = (sealed, self._clock.now_ms())
+        return sealed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessParts:
+    """What a store and its topic view share, one of each per process: the
+    opener of sealed bodies and what was learned of queues' sealing,
+    follower counts, subscriptions (the same layout under each kind's keys)
+    and their one delivery state, rate limits, project quotas and redrives."""
+
+    opener: BodyOpener
+    sealing: SealingMemory
+    follower_counts: RedisFollowerCounts
+    subscriptions: dict[str, RedisSubscriptions]
+    deliveries: RedisDeliveries
+    rate_limits: RedisRateLimits
+    quotas: ProjectQuotas
+    redrives: RedisRedrives
+
+    @classmethod
+    def make(cls, transport: Transport, settings: StoreSettings, clock: Clock) -> ProcessParts:
+        sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
+        opener = BodyOpener(sealer, transport.counters)
+        quotas = ProjectQuotas(transport, settings, clock)
+        builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
+        return cls(
+            opener,
+            SealingMemory(transport, clock),
+            RedisFollowerCounts(transport, clock),
+            {kind: RedisSubscriptions(transport, clock, kind, b) for kind, b in builders.items()},
+            RedisDeliveries(
+                transport, clock, builders, functools.partial(open_for_delivery, opener)
+            ),
+            RedisRateLimits(transport),
+            quotas,
+            RedisRedrives(transport, settings, clock, quotas),
+        )
+
+
+def open_for_delivery(
+    opener: BodyOpener, messages: list[Message], parent: Parent
+) -> list[Message | Unreadable]:
+    return opener.each(messages, "delivery", parent.kind, parent.project, parent.name)
+
+
+class RedisStore(FeedSpace, ABC):
+    """Base of both drivers. Subclasses implement the writes and listing;
+    claims after they are made are its ``claims``' (``claim_upkeep.py``)."""
 
     name = "redis"
 
-    def __init__(self, transport: Transport, settings: Settings, clock: Clock) -> None:
-        self._transport = transport
-        self._settings = settings
-        self._clock = clock
-        sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
-        self._opener = BodyOpener(sealer, transport.counters)
-        # queue prefix -> (bodies are sealed, learned at ms)
-        self._sealing: dict[str, tuple[bool, int]] = {}
+    def __init__(
+        self,
+        transport: Transport,
+        settings: StoreSettings,
+        clock: Clock,
+        kind: Kind = "queue",
+        queues: RedisStore | None = None,
+    ) -> None:
+        """A store of one kind of feed; a topic view (``topics()``) is made
+        with ``kind="topic"`` and the queue store whose parts it shares."""
+        super().__init__(kind)
+        self._transport, self._settings, self._clock = transport, settings, clock
         self._topic_view: Self | None = None
-        self.follower_counts = RedisFollowerCounts(transport, clock)
-        # subscriptions hang off queues and topics alike (the same layout
-        # under each kind's keys); one delivery state for both
-        builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
-        self._subscriptions = {
-            kind: RedisSubscriptions(transport, clock, kind, build)
-            for kind, build in builders.items()
-        }
-        self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
-        self.rate_limits = RedisRateLimits(transport)
-        self.quotas = ProjectQuotas(transport, settings, clock)
-        self.redrives = RedisRedrives(transport, settings, clock, self.quotas)
+        parts = ProcessParts.make(transport, settings, clock) if queues is None else queues.parts
+        self.parts: ProcessParts = parts
+        self._opener, self._sealing = parts.opener, parts.sealing
+        self.follower_counts, self.rate_limits = parts.follower_counts, parts.rate_limits
+        self.quotas, self.redrives = parts.quotas, parts.redrives
+        claims = self.claims = ClaimUpkeep(
+            kind, transport, settings, clock, parts.opener, parts.quotas
+        )
+        # a claim, once made, is answered by the claim upkeep itself
+        self.get_claim, self.renew_claim = claims.get_claim, claims.renew_claim
+        self.release_claim, self.release_message = claims.release_claim, claims.release_message
+        self._share(queues)
+
+    def _share(self, queues: RedisStore | None) -> None:
+        """A driver's own per-process parts: made here, or taken from ``queues``."""
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records
@@ -158,20 +235,20 @@ class RedisStore(ClaimUpkeep):
         if self._kind == "topic":
             return self
         if self._topic_view is None:
-            view = copy.copy(self)
-            view._kind = "topic"
-            self._topic_view = view
+            self._topic_view = type(self)(
+                self._transport, self._settings, self._clock, "topic", self
+            )
         return self._topic_view
 
     @property
     def subscriptions(self) -> RedisSubscriptions:
         """The subscriptions of this store's kind of feed (queues, or topics on
         the topic view)."""
-        return self._subscriptions[self._kind]
+        return self.parts.subscriptions[self._kind]
 
     @property
     def deliveries(self) -> RedisDeliveries:
-        return self._deliveries
+        return self.parts.deliveries
 
     @property
     def counters(self) -> StoreCounters:
@@ -194,6 +271,12 @@ class RedisStore(ClaimUpkeep):
 
     async def close(self) -> None:
         await self._transport.close()
+
+    async def claim_messages(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | None:
+        claim = await self.try_claim(project, queue, ttl, grace, limit)
+        return claim if isinstance(claim, Claim) else None
 
     def _claim_scan_limit(self) -> int:
         """How many index entries a claim or pop may look at to find free messages."""
@@ -310,7 +393,7 @@ class RedisStore(ClaimUpkeep):
         process made the queue encrypted in the last second.
         """
         keys = self._keys(project, queue)
-        sealed = await self._seals(keys)
+        sealed = await self._sealing.seals(keys)
         token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
         post = functools.partial(self._post, keys, project, queue, client_id)
         for _ in range(2):
@@ -332,12 +415,19 @@ class RedisStore(ClaimUpkeep):
                 return ids
             except MustSeal:
                 # nothing was indexed and the hold is gone: admitted again
-                self._learn_sealing(keys, True)
+                self._sealing.learn(keys, True)
                 sealed = True
             finally:
                 await self.quotas.release(held, posted)
         raise AssertionError("a post of sealed bodies cannot need sealing")
 
+    @abstractmethod
+    async def try_claim(
+        self, project: str, queue: str, ttl: int, grace: int, limit: int
+    ) -> Claim | Unclaimable:
+        """Each driver makes claims its own way (a script, or a transaction)."""
+
+    @abstractmethod
     async def _post(
         self,
         keys: QueueKeys,
@@ -354,30 +444,10 @@ class RedisStore(ClaimUpkeep):
         MustSeal if the queue is encrypted and not sealed. held: the room the
         post holds under its project's quota, which the post lets go of as
         it indexes when ``held.in_script``."""
-        raise NotImplementedError
 
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
         """A post over the queue's own _max_messages_post_size (limit, as read)."""
         return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
-
-    async def _seals(self, keys: QueueKeys) -> bool:
-        now = self._clock.now_ms()
-        known = self._sealing.get(keys.prefix)
-        if known is not None and now - known[1] < SEALING_MEMORY_MS:
-            return known[0]
-        [flag] = await self._transport.call_checked([("HGET", keys.meta, r.ENCRYPTED)])
-        return self._learn_sealing(keys, flag == b"1")
-
-    def _learn_sealing(self, keys: QueueKeys, sealed: bool) -> bool:
-        if len(self._sealing) >= SEALING_MEMORY_SIZE:
-            self._sealing.clear()
-        self._sealing[keys.prefix] = (sealed, self._clock.now_ms())
-        return sealed
-
-    def _open_for_delivery(
-        self, messages: list[Message], parent: Parent
-    ) -> list[Message | Unreadable]:
-        return self._opener.each(messages, "delivery", parent.kind, parent.project, parent.name)
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua
@@ -406,8 +476,8 @@ class RedisStore(ClaimUpkeep):
             return writes, updated
 
         reads: list[Command] = [("HMGET", keys.meta, r.CREATED, r.METADATA)]
-        result = await self._transport.optimistic([keys.meta], reads, plan)
+        result = await self._transport.transactions.optimistic([keys.meta], reads, plan)
         if result is None:
             raise QueueNotFound(queue, self._noun)
-        self._learn_sealing(keys, result.get(ENCRYPT_MESSAGES) is True)
+        self._sealing.learn(keys, result.get(ENCRYPT_MESSAGES) is True)
         return result

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import MessageSettings
 from feedsvc.errors import ProjectQueuesFull, QueueNotFound, RedriveRunning
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Redrive, new_id
@@ -162,7 +162,7 @@ class RedisRedrives:
     are not claimed, so nothing is dead-lettered from them)."""
 
     def __init__(
-        self, transport: Transport, settings: Settings, clock: Clock, quotas: ProjectQuotas
+        self, transport: Transport, settings: MessageSettings, clock: Clock, quotas: ProjectQuotas
     ) -> None:
         self._transport = transport
         self._settings = settings
@@ -200,7 +200,9 @@ class RedisRedrives:
             ("HMGET", keys.redrive, *FIELDS),
             ("GET", keys.seq),
         ]
-        outcome = await self._transport.optimistic([keys.meta, keys.redrive], reads, plan)
+        outcome = await self._transport.transactions.optimistic(
+            [keys.meta, keys.redrive], reads, plan
+        )
         if outcome == "missing":
             raise QueueNotFound(queue)
         if outcome == "running":
@@ -230,7 +232,9 @@ class RedisRedrives:
                 return None, None
             return [("HSET", keys.redrive, "state", CANCELLED, "updated", now)], None
 
-        await self._transport.optimistic([keys.redrive], [("HMGET", keys.redrive, *FIELDS)], plan)
+        await self._transport.transactions.optimistic(
+            [keys.redrive], [("HMGET", keys.redrive, *FIELDS)], plan
+        )
         found = await self.get(project, queue)
         if found is not None:
             await self._transport.call_checked([("SREM", REDRIVES_KEY, member(project, queue))])
@@ -331,7 +335,7 @@ class RedisRedrives:
             reads += r.read_commands(keys, ids)
         else:
             reads.append(("PING",))
-        return await self._transport.optimistic(watch, reads, plan)
+        return await self._transport.transactions.optimistic(watch, reads, plan)
 
     async def _copy(self, project: str, target: str, moves: list[Move], now: int) -> list[str]:
         """Step 2: the parked dead letters written into their target, once."""
@@ -376,7 +380,7 @@ class RedisRedrives:
             ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL),
             *(("EXISTS", to.redriven(m.row.id)) for m in moves),
         ]
-        await self._transport.optimistic(watch, reads, plan)
+        await self._transport.transactions.optimistic(watch, reads, plan)
         await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
         return [m.row.id for m in moves]
 
@@ -417,5 +421,5 @@ class RedisRedrives:
         watch = [keys.redrive, *(k for i in copied for k in r.message_keys(keys, i))]
         reads: list[Command] = [("HMGET", keys.redrive, *FIELDS)]
         reads += [c for i in copied for c in r.holder_commands(keys, i)]
-        moved: int = await self._transport.optimistic(watch, reads, plan)
+        moved: int = await self._transport.transactions.optimistic(watch, reads, plan)
         return moved

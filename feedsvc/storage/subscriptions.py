@@ -223,7 +223,7 @@ class RedisSubscriptions:
                     writes += [("DEL", keys.record(text(seen))), ("ZREM", keys.index, seen)]
                 return writes, sid
 
-            made = await self._transport.optimistic(
+            made = await self._transport.transactions.optimistic(
                 [keys.guard(subscriber)],
                 [("HGET", keys.subscribers, subscriber), ("GET", parent_keys.seq)],
                 plan,
@@ -325,7 +325,7 @@ class RedisSubscriptions:
                 return [("HSET", record, *flat(fields)), *writes], "done"
 
             watch = [record] if subscriber is None else [record, keys.guard(subscriber)]
-            outcome = await self._transport.optimistic(watch, reads, plan)
+            outcome = await self._transport.transactions.optimistic(watch, reads, plan)
             if outcome == "missing":
                 raise SubscriptionNotFound(subscription_id)
             if outcome == "done":
@@ -360,7 +360,7 @@ class RedisSubscriptions:
                 return writes, True
 
             watch = [record] if subscriber is None else [record, keys.guard(text(subscriber))]
-            if await self._transport.optimistic(watch, reads, plan):
+            if await self._transport.transactions.optimistic(watch, reads, plan):
                 return
 
     async def _set_if_live(self, parent: Parent, subscription_id: str, fields: Any) -> None:
@@ -379,7 +379,7 @@ class RedisSubscriptions:
             ("HMGET", record, *ROW),
             ("ZSCORE", self._subs(parent).index, subscription_id),
         ]
-        if not await self._transport.optimistic([record], reads, plan):
+        if not await self._transport.transactions.optimistic([record], reads, plan):
             raise SubscriptionNotFound(subscription_id)
 
     async def confirm(

@@ -15,9 +15,11 @@ It owns:
 * **exchanges**: commands written at once, replies read in order with error
   replies as values, routed per command to the node owning its slot, with
   MOVED followed a few times;
-* the **WATCH engine**: optimistic transactions (WATCH + reads in one write,
-  MULTI..EXEC in a second) with jittered, bounded retries that give the pool
-  slot back while they sleep;
+* the **WATCH engine** (``transactions``, an ``optimistic.py``
+  :class:`~feedsvc.storage.optimistic.OptimisticTransactions` made from the
+  transport's servers, slots and counters): optimistic transactions (WATCH +
+  reads in one write, MULTI..EXEC in a second) with jittered, bounded
+  retries that give the pool slot back while they sleep;
 * the **memory-policy guard** (``memory_policy.py``): writes wait for a
   read of every primary's maxmemory-policy after a start, a reconnect or a
   failover, and are refused while Redis may evict; a ticker reads it again
@@ -49,7 +51,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import RedisSettings
 from feedsvc.errors import (
     NotReplicated,
     PoolExhausted,
@@ -133,12 +135,12 @@ READS = READ_ONLY | frozenset(
 MOVED_RESENDS = 3
 
 
-def pool_slots(settings: Settings) -> int:
+def pool_slots(settings: RedisSettings) -> int:
     """Connections the pool may open: --pool-size, less the coalescer's own."""
     return settings.pool_size - 1 if settings.coalesce else settings.pool_size
 
 
-def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
+def _client(settings: RedisSettings) -> tuple[Redis | RedisCluster, Sentinel | None]:
     """redis-py retries failed commands by default; a retried index script or
     transaction could write twice, so retries are off and a failure becomes a
     503 that the client may retry knowingly. (Scripts and transactions never
@@ -172,6 +174,13 @@ def _client(settings: Settings) -> tuple[Redis | RedisCluster, Sentinel | None]:
         return master, manager
     pool = ConnectionPool.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **common)
     return Redis(connection_pool=pool), None
+
+
+def raise_error_reply(replies: list[Any]) -> None:
+    """Raise the first error reply among replies, if there is one."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
 
 
 def replicated(replies: list[Any], wanted: int, counters: StoreCounters) -> list[Any]:
@@ -227,8 +236,8 @@ async def trouble(
     return None
 
 
-class Transport(OptimisticTransactions):
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+class Transport:
+    def __init__(self, settings: RedisSettings, clock: Clock) -> None:
         self._settings = settings
         self._redis, self._sentinel = _client(settings)
         self._follower: asyncio.Task[None] | None = None
@@ -260,6 +269,16 @@ class Transport(OptimisticTransactions):
             self._wait = ("WAIT", settings.min_replicas_ack, timeout_ms)
         elif not self.cluster:
             self._direct = self._servers.default_node().coalescer
+        self.transactions = OptimisticTransactions(
+            self._servers,
+            self.slot,
+            self._gate,
+            self.counters,
+            self.memory_policy,
+            settings.watch_retries,
+            self._wait,
+            self._replicated,
+        )
 
     def open(self) -> None:
         """Start reading the memory policy now and then, and, behind
@@ -449,9 +468,7 @@ class Transport(OptimisticTransactions):
         """Like call, but an error reply raises (translated like any other)."""
         replies = await self.call(commands, idempotent)
         async with self.errors():
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
+            raise_error_reply(replies)
         return replies
 
     async def transaction(self, commands: Sequence[Command]) -> list[Any]:
@@ -459,9 +476,7 @@ class Transport(OptimisticTransactions):
         replies = await self.call_checked([("MULTI",), *commands, ("EXEC",)])
         executed: list[Any] = replies[-1]
         async with self.errors():
-            for reply in executed:
-                if isinstance(reply, Exception):
-                    raise reply
+            raise_error_reply(executed)
         return executed
 
     async def ping(self) -> None:
@@ -480,9 +495,7 @@ class Transport(OptimisticTransactions):
         for node in self._servers.primaries():
             [replies] = await self._exchange([(node, list(commands))])
             async with self.errors():
-                for reply in replies:
-                    if isinstance(reply, Exception):
-                        raise reply
+                raise_error_reply(replies)
 
     async def _connected(self, conn: AbstractConnection) -> None:
         await self._policy.connected(conn)  # see PolicyReader.connected

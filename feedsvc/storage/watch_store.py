@@ -43,8 +43,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from feedsvc.clock import Clock
-from feedsvc.config import Settings
+from feedsvc.config import StoreSettings
 from feedsvc.errors import (
     InvalidClaim,
     MessageIsClaimed,
@@ -142,7 +141,7 @@ def _replayed(seen: Any, now: int) -> list[str] | None:
     return first_ids if int(until) > now else None
 
 
-def _body_commands(posting: Posting, settings: Settings) -> list[Command]:
+def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
     """The bodies of a posting, written ahead of its transaction. Until the
     transaction sets the exact expiry, a body that never gets indexed (a
     crash, a 503 after too many conflicts) expires by itself, at the
@@ -160,7 +159,7 @@ def _post_plan(
     postings: list[Posting],
     tokens: list[str],
     now: int,
-    settings: Settings,
+    settings: StoreSettings,
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
     full: Callable[[str, bytes], QueueFull],
@@ -265,10 +264,12 @@ class WatchStore(RedisStore):
     # where a post's bodies are written: ahead of the transaction (tuned) or in it
     bodies_in_transaction = False
 
-    def __init__(self, transport: Transport, settings: Settings, clock: Clock) -> None:
-        super().__init__(transport, settings, clock)
-        self._combiner: Combiner[Posting, list[str]] = Combiner(
-            self._index_combined, MAX_COMBINED_POSTS
+    def _share(self, queues: RedisStore | None) -> None:
+        """One combiner per process: a topic view's posts join the queue store's."""
+        self._combiner: Combiner[Posting, list[str]] = (
+            queues._combiner
+            if isinstance(queues, WatchStore)
+            else Combiner(self._index_combined, MAX_COMBINED_POSTS)
         )
 
     async def close(self) -> None:
@@ -289,7 +290,7 @@ class WatchStore(RedisStore):
 
         registry = await self._registry_add(project, queue)
         reads: list[Command] = [registry, ("EXISTS", keys.meta)]
-        return await self._transport.optimistic([keys.meta], reads, plan)
+        return await self._transport.transactions.optimistic([keys.meta], reads, plan)
 
     async def delete_queue(self, project: str, queue: str) -> None:
         await self._transport.call_checked([("ZREM", self._registry(project), queue)])
@@ -379,7 +380,7 @@ class WatchStore(RedisStore):
         if before:  # the bodies written ahead, counted (the plan's last reply)
             reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
         try:
-            return await self._transport.optimistic(watch, reads, plan, before)
+            return await self._transport.transactions.optimistic(watch, reads, plan, before)
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
                 with contextlib.suppress(Unavailable):
@@ -413,7 +414,8 @@ class WatchStore(RedisStore):
             return r.forget_commands(keys, [message_id]), "ok"
 
         reads = r.read_commands(keys, [message_id])
-        outcome = await self._transport.optimistic(r.message_keys(keys, message_id), reads, plan)
+        watch = r.message_keys(keys, message_id)
+        outcome = await self._transport.transactions.optimistic(watch, reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
                 f"Message {message_id} is claimed; give its claim_id to delete it."
@@ -488,7 +490,7 @@ class WatchStore(RedisStore):
         free; where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
-        async with transport.write_slot():
+        async with transport.transactions.write_slot():
             while True:
                 now = self._clock.now_ms()
                 [meta] = await transport.call_checked(
@@ -505,10 +507,10 @@ class WatchStore(RedisStore):
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
                 reads += r.read_commands(keys, candidates)
                 run = _as_opened(candidates, opened, plan(candidates))
-                done, result = await transport.attempt(watch, reads, run)
+                done, result = await transport.transactions.attempt(watch, reads, run)
                 if done and result is not None:
                     return result
-                await transport.backoff(attempt)
+                await transport.transactions.backoff(attempt)
                 attempt += 1
 
     async def try_claim(
@@ -532,7 +534,7 @@ class WatchStore(RedisStore):
             return taken
         claim, parked, dlq = taken
         if dlq is not None:
-            await self._dead_letter(project, queue, dlq, claim_id, parked)
+            await self.claims.dead_letter(project, queue, dlq, claim_id, parked)
         return self._opener.claim(Unclaimable(None) if claim is None else claim)  # None: all parked
 
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
@@ -687,7 +689,7 @@ def _claim_plan(
     dlq: str | None,
 ) -> Plan[Taken]:
     """The claim transaction; its result is (the claim, the messages parked
-    for the dead-letter queue, that queue: see ClaimUpkeep._dead_letter)."""
+    for the dead-letter queue, that queue: see ClaimUpkeep.dead_letter)."""
     claim_expires = now + ttl * 1000
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, Taken]:

@@ -4,24 +4,39 @@ Every setting is a field of :class:`Settings`; its metadata carries the help
 text, so ``feedsvc serve --help`` documents every setting and every setting
 can be given either as ``--pool-size 64`` or as ``FEEDSVC_POOL_SIZE=64``
 (a flag wins over the environment). The limits default to Zaqar's.
+
+The flags are flat, the settings are in sections: one dataclass each
+(:class:`RedisSettings`, :class:`MessageSettings`, ... and
+:class:`~feedsvc.config.subscriptions.SubscriptionSettings` in a module of
+its own), and :class:`Settings` inherits them all. Only ``create_app`` and
+the command line take the whole; every subsystem names the section it reads
+(the storage drivers :class:`StoreSettings`, the transport
+:class:`RedisSettings`, delivery :class:`SubscriptionSettings`, tokens
+:class:`AccessSettings`, the rate limiter :class:`ClientSettings`, logging
+:class:`LogSettings`), is handed the Settings as that type, and ``mypy
+--strict`` refuses a read of any other section's field.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+# The sections declared here call the helpers by the short names they have
+# always had here, so flags added to them elsewhere merge as they are.
+from feedsvc.config.fields import opt as _opt
+from feedsvc.config.fields import section as _section
+from feedsvc.config.subscriptions import SubscriptionSettings, smtp_address, subscriber_networks
+
 ENV_PREFIX = "FEEDSVC_"
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
@@ -87,21 +102,6 @@ class SentinelURL:
         )
 
 
-# The section of ``serve --help`` that the settings declared next belong to:
-# Settings' body calls _section() before each run of fields, and _opt() files
-# each field under the latest one, so a new setting takes its neighbours'.
-_current_section = ["options"]
-
-
-def _section(title: str) -> None:
-    _current_section[0] = title
-
-
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    metadata = {"help": help, "section": _current_section[0], **extra}
-    return field(default=default, metadata=metadata)
-
-
 @dataclass(frozen=True)
 class ServiceSettings:
     """The service section of Settings (and of ``serve --help``)."""
@@ -124,6 +124,17 @@ class ServiceSettings:
         "(it holds the real port with --port 0); removed when the service stops",
     )
     loop: str = _opt("uvloop", "event loop", choices=("uvloop", "asyncio"))
+
+    def worker_count(self) -> int:
+        if self.workers == "auto":
+            return os.cpu_count() or 1
+        try:
+            count = int(self.workers)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"--workers must be a number >= 1 or 'auto', got {self.workers!r}")
+        return count
 
 
 @dataclass(frozen=True)
@@ -196,6 +207,16 @@ class RedisSettings:
     watch_retries: int = _opt(
         50, "watch driver: attempts per write before answering 503", minimum=1
     )
+
+    def redis_cluster(self) -> bool:
+        """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
+        return self.redis_url is not None and self.redis_url.startswith(CLUSTER_SCHEMES)
+
+    def redis_sentinel(self) -> SentinelURL | None:
+        """The sentinels and service --redis-url names (redis+sentinel://), if it does."""
+        if self.redis_url is None or not self.redis_url.startswith(SENTINEL_SCHEMES):
+            return None
+        return SentinelURL.parse(self.redis_url)
 
 
 @dataclass(frozen=True)
@@ -354,6 +375,33 @@ class AccessSettings:
         "rotation, never used to seal",
     )
 
+    def old_encryption_keys(self) -> list[str]:
+        raw = self.message_encryption_old_keys or ""
+        return [key for key in (k.strip() for k in raw.split(",")) if key]
+
+    def auth_tokens(self) -> dict[str, str]:
+        """token -> project, from auth_token (empty: authentication off)."""
+        if not self.auth_token:
+            return {}
+        tokens: dict[str, str] = {}
+        for pair in self.auth_token.split(","):
+            token, sep, project = pair.strip().partition("=")
+            if not sep or not token or not project or len(project) > 256:
+                raise ValueError("--auth-token must be TOKEN=PROJECT[,TOKEN=PROJECT...]")
+            tokens[token] = project
+        return tokens
+
+    def jwt_on(self) -> bool:
+        return self.jwt_jwks_url is not None or self.jwt_key_file is not None
+
+    def jwt_algorithm_list(self) -> list[str]:
+        return [name for name in (a.strip() for a in self.jwt_algorithms.split(",")) if name]
+
+    def cors_origins(self) -> frozenset[str]:
+        """The origins of --cors-origin ('*' among them when given)."""
+        raw = self.cors_origin or ""
+        return frozenset(o for o in (item.strip() for item in raw.split(",")) if o)
+
 
 @dataclass(frozen=True)
 class QuotaSettings:
@@ -384,59 +432,21 @@ class QuotaSettings:
         None, "file whose first line is the admin token (instead of --admin-token)"
     )
 
-
-@dataclass(frozen=True)
-class SubscriptionSettings:
-    """The subscriptions section of Settings (and of ``serve --help``)."""
-
-    _section("subscriptions")
-    default_subscription_ttl: int = _opt(
-        3600, "subscription ttl in seconds when none is given", minimum=60
-    )
-    max_subscriptions_per_page: int = _opt(20, "largest 'limit' of a subscription list", minimum=1)
-    require_confirmation: bool = _opt(
-        False,
-        "as Zaqar's [notification] require_confirmation: a new subscriber is sent a "
-        "confirmation request (a pre-signed PUT .../confirm; needs --signed-url-key) and "
-        "nothing else until it confirms",
-    )
-    subscriber_allow: str | None = _opt(
-        None,
-        "CIDRs webhooks may reach although private, loopback, link-local or otherwise "
-        "not public, e.g. 10.1.0.0/16,127.0.0.1/32 (the rest of those ranges stays refused)",
-    )
-    smtp_server: str | None = _opt(
-        None,
-        "host:port of the SMTP server that mailto: subscribers are sent through "
-        "(plain SMTP, STARTTLS when the server offers it); unset = mailto deliveries fail",
-    )
-    smtp_sender: str = _opt(
-        "feedsvc@localhost",
-        "envelope sender and default From: of notification mails (a subscription's "
-        "options.from sets its From:)",
-    )
-    deliver: bool = _opt(
-        True,
-        "run the subscription delivery worker in this process; --no-deliver makes an "
-        "API-only process (some process must deliver)",
-    )
-    delivery_lease: float = _opt(
-        30.0,
-        "seconds a worker holds a subscription it delivers (renewed while it works); "
-        "a crashed worker's subscriptions are taken over after this",
-        minimum=0.5,
-    )
-    delivery_timeout: float = _opt(
-        10.0,
-        "seconds one webhook or mail attempt may take (must be below half of --delivery-lease)",
-        minimum=0.1,
-    )
-    delivery_sweep: float = _opt(
-        10.0,
-        "seconds between each process's sweeps for subscriptions with work and no "
-        "live worker (new messages wake delivery at once, without a sweep)",
-        minimum=0.1,
-    )
+    def admin_secret(self) -> str | None:
+        """The admin API's token (None: no admin API), from the flag or the file."""
+        if self.admin_token_file is not None:
+            try:
+                lines = self.admin_token_file.read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(f"--admin-token-file: cannot read it: {exc}") from None
+            token = lines[0].strip() if lines else ""
+        else:
+            token = self.admin_token or ""
+        if not token:
+            return None
+        if len(token) < 16:
+            raise ValueError("the admin token must be at least 16 characters long")
+        return token
 
 
 @dataclass(frozen=True)
@@ -518,85 +528,26 @@ class LogSettings:
 # dataclasses gather a class's fields from its bases last to first: the
 # sections are listed in reverse so that fields (and --help) keep their order
 @dataclass(frozen=True)
+class StoreSettings(QuotaSettings, AccessSettings, MessageSettings, RedisSettings):
+    """What the storage drivers read: Redis, the message limits, the project
+    quotas and, of the access section, the message encryption keys."""
+
+
+@dataclass(frozen=True)
 class Settings(
     LogSettings,
     ClientSettings,
     SubscriptionSettings,
-    QuotaSettings,
-    AccessSettings,
-    MessageSettings,
-    RedisSettings,
+    StoreSettings,
     ServiceSettings,
 ):
-    """Every setting, flat (a flag each), declared by section: a subsystem
-    that needs one section only can say so by taking that section's type."""
+    """Every setting, flat (a flag each), declared by section. Only the app
+    and the command line take it whole; they hand each subsystem its
+    section by type (a Settings is each of its sections), so a subsystem
+    reads only the section(s) it names, and mypy holds it to that."""
 
     def __post_init__(self) -> None:
         _check(self)
-
-    def worker_count(self) -> int:
-        if self.workers == "auto":
-            return os.cpu_count() or 1
-        try:
-            count = int(self.workers)
-        except ValueError:
-            count = 0
-        if count < 1:
-            raise ValueError(f"--workers must be a number >= 1 or 'auto', got {self.workers!r}")
-        return count
-
-    def redis_cluster(self) -> bool:
-        """Whether --redis-url names a Redis Cluster (redis+cluster://)."""
-        return self.redis_url is not None and self.redis_url.startswith(CLUSTER_SCHEMES)
-
-    def redis_sentinel(self) -> SentinelURL | None:
-        """The sentinels and service --redis-url names (redis+sentinel://), if it does."""
-        if self.redis_url is None or not self.redis_url.startswith(SENTINEL_SCHEMES):
-            return None
-        return SentinelURL.parse(self.redis_url)
-
-    def old_encryption_keys(self) -> list[str]:
-        raw = self.message_encryption_old_keys or ""
-        return [key for key in (k.strip() for k in raw.split(",")) if key]
-
-    def auth_tokens(self) -> dict[str, str]:
-        """token -> project, from auth_token (empty: authentication off)."""
-        if not self.auth_token:
-            return {}
-        tokens: dict[str, str] = {}
-        for pair in self.auth_token.split(","):
-            token, sep, project = pair.strip().partition("=")
-            if not sep or not token or not project or len(project) > 256:
-                raise ValueError("--auth-token must be TOKEN=PROJECT[,TOKEN=PROJECT...]")
-            tokens[token] = project
-        return tokens
-
-    def jwt_on(self) -> bool:
-        return self.jwt_jwks_url is not None or self.jwt_key_file is not None
-
-    def jwt_algorithm_list(self) -> list[str]:
-        return [name for name in (a.strip() for a in self.jwt_algorithms.split(",")) if name]
-
-    def cors_origins(self) -> frozenset[str]:
-        """The origins of --cors-origin ('*' among them when given)."""
-        raw = self.cors_origin or ""
-        return frozenset(o for o in (item.strip() for item in raw.split(",")) if o)
-
-    def admin_secret(self) -> str | None:
-        """The admin API's token (None: no admin API), from the flag or the file."""
-        if self.admin_token_file is not None:
-            try:
-                lines = self.admin_token_file.read_text().splitlines()
-            except OSError as exc:
-                raise ValueError(f"--admin-token-file: cannot read it: {exc}") from None
-            token = lines[0].strip() if lines else ""
-        else:
-            token = self.admin_token or ""
-        if not token:
-            return None
-        if len(token) < 16:
-            raise ValueError("the admin token must be at least 16 characters long")
-        return token
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -720,21 +671,6 @@ def _check_access(settings: Settings) -> None:
             )
 
 
-def subscriber_networks(allow: str | None) -> list[IPNetwork]:
-    """The networks of --subscriber-allow."""
-    if not allow:
-        return []
-    out: list[IPNetwork] = []
-    for item in allow.split(","):
-        try:
-            out.append(ipaddress.ip_network(item.strip(), strict=False))
-        except ValueError:
-            raise ValueError(
-                f"--subscriber-allow must be CIDR[,CIDR...], got {item.strip()!r}"
-            ) from None
-    return out
-
-
 def metrics_queue_names(queues: str | None) -> list[tuple[str, str]]:
     """(project, queue) pairs of --metrics-queues, in order, each once.
 
@@ -755,16 +691,6 @@ def metrics_queue_names(queues: str | None) -> list[tuple[str, str]]:
             f"--metrics-queues names at most {MAX_METRICS_QUEUES} queues, got {len(pairs)}"
         )
     return list(pairs)
-
-
-def smtp_address(server: str | None) -> tuple[str, int] | None:
-    """(host, port) of --smtp-server."""
-    if not server:
-        return None
-    host, colon, port = server.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--smtp-server must be host:port, got {server!r}")
-    return host.strip("[]"), int(port)
 
 
 def _flag(name: str) -> str:
