@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from feedsvc.config import Settings
+from feedsvc.config import AccessSettings
 from feedsvc.errors import Forbidden, Unauthorized, Unavailable
 
 log = logging.getLogger("feedsvc.access")
@@ -80,7 +80,7 @@ def expires_at(token: dict[str, Any]) -> float:
 class KeystoneValidator:
     """X-Auth-Token -> (project, role names), cached; see the module docstring."""
 
-    def __init__(self, settings: Settings, scopes: dict[str, Scopes]) -> None:
+    def __init__(self, settings: AccessSettings, scopes: dict[str, Scopes]) -> None:
         assert settings.keystone_url is not None
         self.uri = settings.keystone_url
         self._api = v3_url(settings.keystone_url)
