@@ -66,16 +66,6 @@ FEED: list[FeedRoute] = [
     ("PUT", "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription, "manage"),
 ]
 
-# What only queues answer (topics have no claims and no share).
-QUEUE_ONLY: list[FeedRoute] = [
-    ("POST", "/share", signed_urls.share_queue, "manage"),
-    ("POST", "/claims", h.post_claim, "claim"),
-    ("GET", "/claims/{claim_id}", h.get_claim, "claim"),
-    ("PATCH", "/claims/{claim_id}", h.patch_claim, "claim"),
-    ("DELETE", "/claims/{claim_id}", h.delete_claim, "claim"),
-    ("POST", "/messages/{message_id}/release", h.release_message, "claim"),
-]
-
 
 def below(kind: Kind, prefix: str, routes: list[FeedRoute]) -> list[Route]:
     """routes under prefix (a queue's or a topic's path), each handler bound
@@ -95,7 +85,13 @@ ROUTES: list[Route] = [
     ("GET", "/v2/openapi.json", openapi.get_openapi, None),
     *below(QUEUES, QUEUE, FEED),
     ("GET", "/v2/queues", on_feeds(QUEUES, h.list_queues), "read"),  # after: see FEED
-    *below(QUEUES, QUEUE, QUEUE_ONLY),
+    # what only queues answer (topics have no claims and no share)
+    ("POST", QUEUE + "/share", on_feed(QUEUES, signed_urls.share_queue), "manage"),
+    ("POST", QUEUE + "/claims", on_feed(QUEUES, h.post_claim), "claim"),
+    ("GET", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.get_claim), "claim"),
+    ("PATCH", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.patch_claim), "claim"),
+    ("DELETE", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.delete_claim), "claim"),
+    ("POST", QUEUE + "/messages/{message_id}/release", on_feed(QUEUES, h.release_message), "claim"),
     *below(TOPICS, TOPIC, FEED),
     ("GET", "/v2/topics", on_feeds(TOPICS, h.list_queues), "read"),
     *[(method, ADMIN + path, handler, action) for method, path, handler, action in ADMIN_ROUTES],
