@@ -64,7 +64,10 @@ TOPICS = Kind("topic", "/v2/topics", "topics")
 KINDS = (QUEUES, TOPICS)
 
 
-@dataclass(frozen=True, slots=True)
+# Feeds and Feed are made on every request: not frozen, since a frozen
+# dataclass sets each field through object.__setattr__ (3.2 µs against
+# 1.2 µs here for six fields). Nothing assigns to them.
+@dataclass(slots=True)
 class Feeds:
     """The caller of a list of feeds: its project and client id, the kind
     listed and its store."""
@@ -75,7 +78,7 @@ class Feeds:
     store: FeedStore
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Feed(Feeds):
     """The caller of one queue or topic, its name (checked) and its path as
     hrefs show it (``/v2/queues/<name>``)."""
@@ -100,12 +103,24 @@ def name_of(request: web.Request) -> str | None:
     return info.get("queue") or info.get("topic")
 
 
-def resolve(request: web.Request, kind: Kind) -> Feed:
-    """The request's feed on a route of kind: BadRequest (or Unauthorized)
-    for a caller or a name that cannot be served."""
+def _caller(request: web.Request, kind: Kind) -> tuple[str, str, FeedStore]:
+    """(project, client id, store) of a request on kind: BadRequest (or
+    Unauthorized) for a caller that cannot be served."""
     project, client = v.caller(request)
+    return project, client, kind.store(request.app)
+
+
+def feeds_of(request: web.Request, kind: Kind) -> Feeds:
+    """The request's caller on a list of kind."""
+    return Feeds(kind, *_caller(request, kind))
+
+
+def resolve(request: web.Request, kind: Kind) -> Feed:
+    """The request's feed on a route of kind: the caller first, then the
+    name (BadRequest if it cannot be one), as Zaqar checks them."""
+    project, client, store = _caller(request, kind)
     name = v.feed_name(name_of(request) or "", kind.name)
-    return Feed(kind, project, client, kind.store(request.app), name, f"{kind.path}/{name}")
+    return Feed(kind, project, client, store, name, f"{kind.path}/{name}")
 
 
 FeedHandler = Callable[[web.Request, Feed], Awaitable[web.StreamResponse]]
@@ -126,8 +141,7 @@ def on_feeds(kind: Kind, handler: FeedsHandler) -> Handler:
     """The same for a list of feeds of kind (no name)."""
 
     async def resolved(request: web.Request) -> web.StreamResponse:
-        project, client = v.caller(request)
-        return await handler(request, Feeds(kind, project, client, kind.store(request.app)))
+        return await handler(request, feeds_of(request, kind))
 
     return _marked(resolved, kind, handler)
 
