@@ -9,7 +9,7 @@ coalescer, its Redis connection) and the answer feedsvc's handlers build
 adds to every request: no middleware (request id, metrics, error shaping,
 pre-signed URLs), no caller or name checks, no head clock, no drain hook.
 It keeps what makes feedsvc faster: the collector set up as feedsvc's
-(``feedsvc.process_setup``).
+(``feedsvc.process.setup``).
 
 Served beside the bare hello in one run (the ``floor`` part), its rates say
 how near half of a bare hello a POST and a GET could come if every feature
@@ -32,7 +32,7 @@ from feedsvc.api.validation import json_document, new_messages
 from feedsvc.appkeys import SETTINGS, STORE
 from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.config import parse_settings
-from feedsvc.process_setup import YoungCollections, settle_heap
+from feedsvc.process.setup import YoungCollections, settle_heap
 from feedsvc.storage.base import ListQuery
 from feedsvc.storage.drivers import make_store
 

@@ -54,7 +54,7 @@ import redis
 
 from bench.machine import CpuWindow, raise_open_files_limit, stop_process, wait_for_idle
 from bench.service import Service, SuiteLike
-from feedsvc.redis_server import pick_free_port
+from feedsvc.embedded_redis.server import pick_free_port
 
 HERE = Path(__file__).resolve().parent
 CLIENT_ID = "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d"

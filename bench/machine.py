@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import psutil
 
-from feedsvc import process_setup
+from feedsvc.process import setup as process_setup
 
 
 def raise_open_files_limit() -> int:

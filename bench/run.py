@@ -22,7 +22,8 @@ fanout (live followers over SSE; bench/live.py), wake (a long poll woken
 by a post), webhook (a subscription's webhook deliveries;
 bench/webhook.py), auth (POST and GET with a JWT against none;
 bench/auth.py), ratelimit (POST and GET with --project-rate against
-without, side by side). Needs ``wrk`` on PATH (Debian: apt install wrk).
+without, side by side), tracing (POST and GET with OpenTelemetry spans
+exported against tracing off; bench/tracing.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import redis
 from bench.machine import stop_process
 from bench.service import Service, WrkResult, service, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
@@ -461,6 +462,11 @@ class Suite:
 
         part_auth(self)
 
+    def part_tracing(self) -> None:
+        from bench.tracing import part_tracing
+
+        part_tracing(self)
+
     def part_webhook(self) -> None:
         from bench.webhook import part_webhook
 
@@ -647,7 +653,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
     "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth", "ratelimit",
-    "quotas",
+    "quotas", "tracing",
 ]  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bench.machine import CpuWindow
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.testing import ServiceProcess
 
 HERE = Path(__file__).resolve().parent

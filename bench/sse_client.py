@@ -38,7 +38,7 @@ from typing import cast
 
 import numpy as np
 
-from feedsvc import process_setup
+from feedsvc.process import setup as process_setup
 
 EVENT = re.compile(
     rb"id: (\d+)\r?\nevent: message\r?\n"

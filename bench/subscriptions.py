@@ -32,7 +32,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from bench.service import PRODUCER, Service
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 
 QUEUE = "many"
 MESSAGES = 3

@@ -50,7 +50,7 @@ from redis.asyncio import Redis
 
 from feedsvc.app import create_app
 from feedsvc.config import Settings
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 
 Client = TestClient[web.Request, web.Application]
 CLAIM = {"ttl": 60, "grace": 60}

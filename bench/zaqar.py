@@ -36,7 +36,7 @@ from pathlib import Path
 
 from bench.machine import process_tree
 from bench.service import PRODUCER, WrkResult, WrkSuite, service, wrk
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 
 DEFAULT_HOME = Path.home() / ".cache" / "feedsvc-bench" / "zaqar"
 REQUIREMENTS = ("zaqar[redis]==23.0.1", "gunicorn")

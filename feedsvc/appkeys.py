@@ -29,7 +29,7 @@ from feedsvc.storage.base import FeedStore
 SETTINGS = web.AppKey("settings", Settings)
 #: "now" for every handler (ages, expiry shown to clients); a test may pass a ManualClock.
 CLOCK: web.AppKey[Clock] = web.AppKey("clock")
-#: Set when this process begins to drain (``feedsvc.drain``): waiters end on it.
+#: Set when this process begins to drain (``feedsvc.process.drain``): waiters end on it.
 DRAINING = web.AppKey("draining", DrainSignal)
 #: Set by the storage cleanup context once the store is open; absent before.
 STORE = web.AppKey("store", FeedStore)
@@ -58,6 +58,6 @@ METRICS_CHILDREN = web.AppKey("metrics_children", dict[tuple[str, str, int], Any
 #: Errors answered in floods (a follower refused, a write given up on
 #: contention), by class: each counted and logged a line per interval.
 COUNTED_ERRORS: web.AppKey[dict[type[Exception], LogCounter]] = web.AppKey("counted_errors")
-#: The embedded Redis's report for /v2/health (``feedsvc.embedded``); absent
+#: The embedded Redis's report for /v2/health (``feedsvc.embedded_redis.supervisor``); absent
 #: when the service runs on a Redis it did not start.
 EMBEDDED_REDIS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("embedded_redis")

@@ -16,20 +16,20 @@ from typing import Any
 
 from aiohttp import web
 
-from feedsvc import __version__
+from feedsvc import __version__, tracing
 from feedsvc.access import Authenticator
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import AUTHENTICATOR, DRAINING
 from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.config import Settings, UnusableSetting, add_arguments, settings_from
-from feedsvc.drain import CUT_OFF_WAIT, Drain
-from feedsvc.embedded import EmbeddedRedis
-from feedsvc.process_setup import YoungCollections, raise_open_files_limit, settle_heap
-from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
-from feedsvc.redis_server import RedisServerError, RedisServerNotFound
+from feedsvc.embedded_redis.server import RedisServerError, RedisServerNotFound
+from feedsvc.embedded_redis.supervisor import EmbeddedRedis
+from feedsvc.process.drain import CUT_OFF_WAIT, Drain
+from feedsvc.process.readiness import Ready, remove_ready_file, write_ready_file
+from feedsvc.process.setup import YoungCollections, raise_open_files_limit, settle_heap
+from feedsvc.process.workers import BACKLOG, bind, run_workers
 from feedsvc.storage.drivers import eviction_problems
-from feedsvc.workers import BACKLOG, bind, run_workers
 
 log = logging.getLogger("feedsvc")
 
@@ -76,9 +76,11 @@ async def serve(
     ``on_listening`` runs once the socket accepts and the stop signals are
     handled, so whoever it tells may send SIGTERM at once; ``on_stopping``
     runs when the stop begins. The stop sequence is
-    :class:`feedsvc.drain.Drain`'s. ``embedded_redis`` reports the embedded
+    :class:`feedsvc.process.drain.Drain`'s. ``embedded_redis`` reports the embedded
     Redis in /v2/health.
     """
+    # per process (a worker's exporter threads do not survive the fork)
+    tracing.configure()
     app = create_app(settings, embedded_redis=embedded_redis)
     # answers requests too malformed to reach a route as JSON, like other errors
     runner = FeedAppRunner(
@@ -140,6 +142,7 @@ async def serve(
         await drain.run()
         await runner.cleanup()
         young_collections.stop()
+        tracing.disable()  # the spans still buffered are exported
 
 
 def run_serve(settings: Settings) -> int:
@@ -148,6 +151,7 @@ def run_serve(settings: Settings) -> int:
     raise_open_files_limit()  # a client is a descriptor (workers inherit it)
     try:
         Authenticator(settings, SYSTEM_CLOCK)  # the token and key files read, or exit 2
+        tracing.check()  # the OTEL_* variables ask for what is installed, or exit 2
     except ValueError as exc:
         return refuse(UnusableSetting(str(exc)))
     if settings.auth_token:

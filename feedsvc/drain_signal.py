@@ -3,7 +3,7 @@ on it together with its own wake-up.
 
 An event stream, a long poll (``wait=``) and a claim wait may wait for
 something that does not come for a long while. When the process drains
-(SIGTERM, :mod:`feedsvc.drain`) they must not hold the grace period and then
+(SIGTERM, :mod:`feedsvc.process.drain`) they must not hold the grace period and then
 be cut off: on the signal a stream ends as it does at ``--stream-lifetime``
 (its final chunk; the client resumes with ``Last-Event-ID``), a long poll
 answers the empty page and a claim wait its 204, at once, so a process with

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from feedsvc import __version__ as feedsvc_version
-from feedsvc.redis_server import find_redis_server
+from feedsvc.embedded_redis.server import find_redis_server
 from loadtest.checker import FeedChecker, read_stamp
 
 HERE = Path(__file__).resolve().parent

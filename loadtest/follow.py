@@ -51,7 +51,7 @@ from typing import Any
 import redis
 
 from bench.machine import CpuMeter, raise_open_files_limit, stop_process, wait_for_idle
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.testing import ServiceProcess
 from loadtest import timings
 from loadtest.common import (

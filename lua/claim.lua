@@ -14,8 +14,10 @@
 --   the earliest time (ms) a message looked at and not free becomes free by
 --   itself (falls due, its claim expires; '' = none): when nothing was
 --   claimed, a claim wait sleeps until then at most,
---   then per parked message: id, body, author, dead-letter ttl, claim count,
---   then per claimed message: id, seq, body, ttl, created_ms, claim count}.
+--   then per parked message: id, body, author line (the author and the
+--   message's headers, see record.py), dead-letter ttl, claim count,
+--   then per claimed message: id, seq, body, ttl, created_ms, claim count,
+--   author line}.
 -- A message claimed max_claim_count times already is *parked* instead of
 -- claimed: held under claim_id but not listed in the claim, for the caller
 -- to copy into the dead-letter queue (another slot) and then forget; see
@@ -97,6 +99,7 @@ for _, c in ipairs(chosen) do
     out[#out + 1] = int(new_ttl)
     out[#out + 1] = int(m.created)
     out[#out + 1] = int(count + 1)
+    out[#out + 1] = m.author  -- the author line: the message's headers ride on it
   end
 end
 if #claimed_ids > 0 then

@@ -42,8 +42,10 @@ local echo = ARGV[5] == '1'
 local include_claimed = ARGV[6] == '1'
 local include_delayed = ARGV[7] == '1'
 local scan_limit = tonumber(ARGV[8])
-local own = H_AUTHOR + #client  -- where a newline follows client as the author
-local NO_CLAIM, NL = byte(' '), byte(NEWLINE)
+-- where a newline (or, before a message's headers, a space) follows client
+-- as the author
+local own = H_AUTHOR + #client
+local NO_CLAIM, NL, HS = byte(' '), byte(NEWLINE), byte(H_HEADERS_SEPARATOR)
 
 if ARGV[10] == '1' and ARGV[2] ~= '' then
   local top = redis.call('GET', KEYS[K_SEQ])
@@ -87,7 +89,8 @@ while count < limit and scanned < scan_limit do
           if not first_alive then first_alive = tonumber(sub(r, H_SEQ, H_SEQ_END)) end
         end
         local shown = expires > now
-            and (echo or byte(r, own) ~= NL or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
+            and (echo or (byte(r, own) ~= NL and byte(r, own) ~= HS)
+              or find(r, client, H_AUTHOR, true) ~= H_AUTHOR)
         if shown and byte(r, H_CLAIM) ~= NO_CLAIM then
           local ends = sub(r, H_CLAIM_EXPIRES, H_CLAIM_EXPIRES_END)
           if ends > now then

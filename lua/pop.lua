@@ -2,7 +2,8 @@
 -- KEYS: the 6 fixed keys. ARGV: now_ms, limit, scan_limit, sealed (the
 -- prefix of a sealed body), then pairs (id, SHA1 of the body the caller
 -- opened, or '' if it cannot) for sealed bodies (see verdict).
--- Returns per message: id, seq, body, ttl, created_ms; or, when a sealed
+-- Returns per message: id, seq, body, ttl, created_ms, author line (the
+-- author and the message's headers, see record.py); or, when a sealed
 -- body it would take was not opened by the caller yet, {'open', then per
 -- such message: id, body}, having removed nothing: a message the caller
 -- cannot open is never removed (it is skipped).
@@ -36,5 +37,6 @@ for _, c in ipairs(chosen) do
   out[#out + 1] = m.body
   out[#out + 1] = int(m.ttl)
   out[#out + 1] = int(m.created)
+  out[#out + 1] = m.author
 end
 return out

@@ -31,7 +31,7 @@ from redis.asyncio import Redis, RedisCluster
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.drivers import make_store
 from tests.cluster import LocalCluster

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import fanout_server, live, sse_client
-from feedsvc.redis_server import pick_free_port
+from feedsvc.embedded_redis.server import pick_free_port
 from tests.conftest import REPO_ROOT
 
 FEEDSVC_EVENT = (

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 from bench import webhook, webhook_receiver
 from bench.webhook_receiver import Ledger
 from feedsvc.delivery.senders import notification
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.base import Message, Subscription
 
 

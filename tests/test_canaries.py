@@ -29,7 +29,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 
 from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 
 
 @contextlib.contextmanager
@@ -266,7 +266,7 @@ async def test_aiohttp_waiter(served: Served) -> None:
     try:
         with canary(
             "RequestHandler._waiter (set, not done, while waiting for a request head)",
-            "feedsvc/drain.py (is_idle), feedsvc/api/protocol.py (_head_check)",
+            "feedsvc/process/drain.py (is_idle), feedsvc/api/protocol.py (_head_check)",
             "aiohttp",
         ):
             await until(has_connection(served))
@@ -292,7 +292,7 @@ async def test_aiohttp_request_in_progress(served: Served) -> None:
     try:
         with canary(
             "RequestHandler._request_in_progress (a request is being handled)",
-            "feedsvc/drain.py (has_request)",
+            "feedsvc/process/drain.py (has_request)",
             "aiohttp",
         ):
             await until(has_connection(served))

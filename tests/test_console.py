@@ -36,7 +36,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from feedsvc.api.console import ASSETS
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve, chromedriver, chromium

@@ -715,10 +715,12 @@ async def test_any_exception_in_a_send_is_a_recorded_failed_attempt(
     delivery moves on to the next message."""
     original = Senders.send
 
-    async def fragile(self: Senders, sub: Any, data: bytes, message_id: str | None) -> Any:
+    async def fragile(
+        self: Senders, sub: Any, data: bytes, message_id: str | None, trace: Any = None
+    ) -> Any:
         if orjson.loads(data)["body"] == "bad":
             raise MemoryError("no room for this one")
-        return await original(self, sub, data, message_id)
+        return await original(self, sub, data, message_id, trace)
 
     monkeypatch.setattr(Senders, "send", fragile)
     policy = {"retries_with_no_delay": 0, "minimum_delay_retries": 0,

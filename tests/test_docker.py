@@ -38,10 +38,10 @@ import redis
 import yaml
 
 from feedsvc.config import Settings
-from feedsvc.redis_server import find_redis_server, pick_free_port
+from feedsvc.embedded_redis.server import find_redis_server, pick_free_port
+from feedsvc.process.workers import KILL_AFTER_GRACE
 from feedsvc.testing import ServiceProcess
 from feedsvc.testing.cluster import pick_node_port
-from feedsvc.workers import KILL_AFTER_GRACE
 from tests.conftest import REPO_ROOT, build_wheel
 
 pytestmark = pytest.mark.process  # hadolint, check-jsonschema, pip, the compose services' commands

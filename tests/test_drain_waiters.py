@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.testing import ServiceProcess
 

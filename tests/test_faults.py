@@ -47,7 +47,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage import record
 from feedsvc.testing import ServiceProcess
 from tests.conftest import PROCESS_DRIVERS

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.keys import KINDS, QueueKeys, escape_project
 from tests.conftest import PROCESS_DRIVERS, make_settings
 

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the signal that the process drains
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
-    ("feedsvc.log_counter",),
+    ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
     # bearer tokens: their identities and scopes, JWTs and the issuer's keys
     ("feedsvc.access", "feedsvc.jwt_keys"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
@@ -39,23 +39,45 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.api.*",),
     # create_app: wires the api to a store
     ("feedsvc.app",),
-    # running processes: drain on SIGTERM, --workers, the embedded redis-server
-    # and its data dir, the ready file, the process's open files and collector
-    (
-        "feedsvc.drain",
-        "feedsvc.workers",
-        "feedsvc.redis_server",
-        "feedsvc.data_dir",
-        "feedsvc.embedded",
-        "feedsvc.readiness",
-        "feedsvc.process_setup",
-    ),
+    # the embedded Redis: a private redis-server, its data dir and its watchdog
+    ("feedsvc.embedded_redis.*",),
+    # running processes: drain on SIGTERM, --workers, the ready file, the
+    # process's open files and collector
+    ("feedsvc.process.*",),
     # the command line
     ("feedsvc.cli", "feedsvc.__main__"),
     # for tests, bench and loadtest: feedsvc serve as a child process, a local cluster
     ("feedsvc.testing.*",),
 ]
 
+#: The root of the package: its face, the app, the command line, and the modules
+#: that more than one floor uses (which is why each is not in a floor's folder).
+#: A module of one floor goes in that floor's folder.
+ROOT_MODULES = {
+    "feedsvc",
+    "feedsvc.__main__",
+    "feedsvc.app",
+    "feedsvc.cli",
+    # every floor: time, the error tree, settings, the signal that the process drains
+    "feedsvc.clock",
+    "feedsvc.errors",
+    "feedsvc.config",
+    "feedsvc.drain_signal",
+    # the rate limiter, api and app: a log line per interval for floods
+    "feedsvc.log_counter",
+    # api and delivery: a message's headers (their rules) and its trace spans
+    "feedsvc.message_headers",
+    "feedsvc.tracing",
+    # api, app and cli: the app's typed state keys
+    "feedsvc.appkeys",
+    # Floors of their own, still at the root (docs/design.md, "The house"):
+    # bearer tokens (access, and jwt_keys under it) and, over storage, live
+    # followers' shared reads and the projects' request rates.
+    "feedsvc.access",
+    "feedsvc.jwt_keys",
+    "feedsvc.live",
+    "feedsvc.rate_limiter",
+}
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
@@ -199,6 +221,12 @@ def test_no_module_imports_a_higher_layer() -> None:
 def test_no_import_circles() -> None:
     found = circles(import_graph(PACKAGE))
     assert not found, f"modules that import each other in a circle: {found}"
+
+
+def test_the_root_holds_only_the_face_the_app_the_cli_and_shared_modules() -> None:
+    root = {name for name in module_names(PACKAGE) if name.count(".") <= 1}
+    packages = {name for name in root if (PACKAGE / name.removeprefix("feedsvc.")).is_dir()}
+    assert root - packages <= ROOT_MODULES, sorted(root - packages - ROOT_MODULES)
 
 
 def test_appkeys_is_a_leaf() -> None:

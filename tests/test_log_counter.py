@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import TooMuchContention
 from feedsvc.log_counter import LogCounter
-from feedsvc.redis_server import RedisServer
 from tests.conftest import make_settings
 
 MESSAGES = "/v2/queues/q/messages"

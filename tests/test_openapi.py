@@ -49,7 +49,7 @@ from feedsvc.api.routes import ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
 from feedsvc.delivery import retry, subscribers
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.conftest import DRIVERS, PROCESS_DRIVERS, make_settings
 from tests.test_faults import LiveService, report
 

@@ -1,4 +1,4 @@
-"""A serving process set up for many clients (:mod:`feedsvc.process_setup`).
+"""A serving process set up for many clients (:mod:`feedsvc.process.setup`).
 
 Its soft open files limit is raised to the hard one, so a service started
 with a low one (1,024 is common) still serves more clients than that.
@@ -10,7 +10,7 @@ keep-alive clients each request so leaves a few dozen objects that outlive
 the collector's young generations; Python's default thresholds then make it
 collect the oldest generation, every object of the process, every few
 thousand requests: pauses of tens to hundreds of milliseconds that stopped
-every request at once (see :mod:`feedsvc.process_setup`). The test holds many
+every request at once (see :mod:`feedsvc.process.setup`). The test holds many
 connections, sends requests round them and reads, from ``/metrics``, how
 often the oldest generation was collected meanwhile: never, with feedsvc's
 thresholds; several times with Python's.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from feedsvc.process_setup import YOUNG_EVERY, YOUNG_EVERY_IDLE, YoungCollections
+from feedsvc.process.setup import YOUNG_EVERY, YOUNG_EVERY_IDLE, YoungCollections
 from feedsvc.testing import ServiceProcess
 from tests.test_metrics import sample
 

@@ -22,8 +22,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import ProjectMessagesFull
-from feedsvc.redis_server import RedisServer
 from feedsvc.storage.base import NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.quotas import HOLD_MS

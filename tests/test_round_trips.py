@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.conftest import make_settings
 
 

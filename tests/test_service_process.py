@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from feedsvc.readiness import Ready, connect_url, read_ready_file, write_ready_file
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
+from feedsvc.process.readiness import Ready, connect_url, read_ready_file, write_ready_file
 from feedsvc.testing import ServiceError, ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve, and redis-servers of its own

@@ -26,7 +26,7 @@ import uvloop
 from aiohttp import web
 
 from feedsvc.api.protocol import FeedAppRunner, JsonErrorRequestHandler
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.test_faults import LiveService, report
 
 CLIENT_TIMEOUT = 1.0

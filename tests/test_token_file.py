@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from tests.test_workers import serving, wait_for
 
 pytestmark = pytest.mark.process  # feedsvc serve --workers

@@ -15,8 +15,8 @@ import redis.asyncio as aioredis
 import uvloop
 
 from feedsvc.clock import SYSTEM_CLOCK
+from feedsvc.embedded_redis.server import pick_free_port
 from feedsvc.errors import Unavailable
-from feedsvc.redis_server import pick_free_port
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.transport import Transport
@@ -57,7 +57,7 @@ async def recovers(store: FeedStore, project: str, deadline: float = 30.0) -> li
 
 @pytest.mark.parametrize("driver", ["lua", "watch"])
 async def test_a_single_server_not_up_yet_is_503_until_it_is(driver: str, tmp_path: Path) -> None:
-    from feedsvc.redis_server import RedisServer
+    from feedsvc.embedded_redis.server import RedisServer
 
     port = pick_free_port()
     store = make_store(make_settings(f"redis://127.0.0.1:{port}/0", driver=driver))
@@ -139,7 +139,7 @@ async def test_reads_after_a_redis_restart_do_not_fail_on_stale_connections(
 ) -> None:
     """Connections opened before a restart are dead after it; a read that
     meets one is retried once on a fresh connection instead of failing."""
-    from feedsvc.redis_server import RedisServer
+    from feedsvc.embedded_redis.server import RedisServer
 
     server = RedisServer(tmp_path, appendfsync="always")
     server.start()
@@ -192,7 +192,7 @@ async def test_a_lost_subscription_wakes_followers_and_comes_back(
 ) -> None:
     """Redis restarts under a follower: it is woken to re-read (a post may have
     been missed), and once the subscription is back, posts wake it again."""
-    from feedsvc.redis_server import RedisServer
+    from feedsvc.embedded_redis.server import RedisServer
 
     server = RedisServer(tmp_path, appendfsync="no")
     server.start()

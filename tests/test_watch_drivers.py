@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import PostTooLarge
-from feedsvc.redis_server import RedisServer
 from feedsvc.storage import record as r
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.combiner import Combiner

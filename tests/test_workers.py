@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import redis
 
-from feedsvc.redis_server import RedisServer
+from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.testing import ServiceProcess
 
 pytestmark = pytest.mark.process  # feedsvc serve --workers, and a redis-server of its own

@@ -24,7 +24,7 @@ from zaqarclient.queues import client as zaqar
 from zaqarclient.queues.v2 import message as zaqar_message
 from zaqarclient.transport import errors as zaqar_errors
 
-from feedsvc.redis_server import RedisServer, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 from feedsvc.testing import ServiceProcess
 from tests.conftest import PROCESS_DRIVERS
 

@@ -17,9 +17,11 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
+from feedsvc import tracing
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import TOPICS, Feed, Feeds
 from feedsvc.api.home import HOME_DOCUMENT
+from feedsvc.api.traced import carriers, consumed, request_context, stamp
 from feedsvc.appkeys import CLOCK, DRAINING, EMBEDDED_REDIS, SETTINGS, STORE
 from feedsvc.config import Settings
 from feedsvc.drain_signal import DrainSignal
@@ -101,6 +103,21 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
     if message.claim_id is not None:
         # how often it was claimed, this claim included (a feedsvc extension)
         shown["claim_count"] = message.claim_count
+    if message.headers is not None:  # a feedsvc extension: only when it has some
+        shown["headers"] = orjson.Fragment(message.headers)
+    return shown
+
+
+def popped_json(message: Message, now: int) -> dict[str, Any]:
+    """A popped message as Zaqar shows it (no href: it is gone), with its headers."""
+    shown = {
+        "id": message.id,
+        "ttl": message.ttl,
+        "age": message.age(now),
+        "body": orjson.Fragment(message.body),
+    }
+    if message.headers is not None:
+        shown["headers"] = orjson.Fragment(message.headers)
     return shown
 
 
@@ -356,9 +373,24 @@ async def post_messages(request: web.Request, feed: Feed) -> web.Response:
     v.post_length(request, settings)
     raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
-    ids = await feed.store.post_messages(
-        feed.project, feed.name, feed.client, messages, len(raw), idempotency_key
-    )
+    store, project, queue = feed.store, feed.project, feed.name
+    if tracing.ENABLED:
+        # the request's W3C context parents the publish span, whose context
+        # then goes into the messages that carry none (consumers link to it)
+        context = request_context(request)
+        with tracing.span(
+            "publish", queue, producer=True, parent=context, links=carriers(messages)
+        ) as span:
+            if context:
+                stamp(messages, tracing.carrier_of(span))
+            ids = await store.post_messages(
+                project, queue, feed.client, messages, len(raw), idempotency_key
+            )
+            tracing.message_ids(span, ids)
+    else:
+        ids = await store.post_messages(
+            project, queue, feed.client, messages, len(raw), idempotency_key
+        )
     return posted_response(f"{feed.path}/messages", ids)
 
 
@@ -499,16 +531,14 @@ async def delete_messages(request: web.Request, feed: Feed) -> web.Response:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
         limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
-        popped = await feed.store.pop_messages(feed.project, feed.name, limit)
+        if tracing.ENABLED:
+            with tracing.span("receive", feed.name) as span:
+                popped = await feed.store.pop_messages(feed.project, feed.name, limit)
+                consumed(span, popped)
+        else:
+            popped = await feed.store.pop_messages(feed.project, feed.name, limit)
         now = _now(request)
-        return json_response(
-            {
-                "messages": [
-                    {"id": m.id, "ttl": m.ttl, "age": m.age(now), "body": orjson.Fragment(m.body)}
-                    for m in popped
-                ]
-            }
-        )
+        return json_response({"messages": [popped_json(m, now) for m in popped]})
     if ids is None:
         raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
     await feed.store.delete_messages(feed.project, feed.name, [i for i in ids if v.is_id(i)])
@@ -533,10 +563,14 @@ async def post_claim(request: web.Request, feed: Feed) -> web.Response:
     )
     seconds = v.wait_seconds(request.query)
     ttl, grace = v.claim_options(await read_body(request), settings)
-    claim = await feed.store.claim_messages(feed.project, feed.name, ttl, grace, limit)
-    if claim is None and seconds:
-        draining = request.app[DRAINING]
-        claim = await _claim_waiting(feed, (ttl, grace, limit), seconds, draining)
+    terms = (ttl, grace, limit)
+    if tracing.ENABLED:
+        with tracing.span("receive", feed.name) as span:
+            claim = await _claim_now_or_later(feed, terms, seconds, request)
+            if claim is not None:
+                consumed(span, claim.messages)
+    else:
+        claim = await _claim_now_or_later(feed, terms, seconds, request)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
@@ -548,6 +582,17 @@ async def post_claim(request: web.Request, feed: Feed) -> web.Response:
         content_type="application/json",
         headers={"Location": _claim_href(feed, claim.id)},
     )
+
+
+async def _claim_now_or_later(
+    feed: Feed, terms: tuple[int, int, int], seconds: float, request: web.Request
+) -> Claim | None:
+    """A claim at once, else (with wait=) once something is claimable."""
+    ttl, grace, limit = terms
+    claim = await feed.store.claim_messages(feed.project, feed.name, ttl, grace, limit)
+    if claim is None and seconds:
+        claim = await _claim_waiting(feed, terms, seconds, request.app[DRAINING])
+    return claim
 
 
 async def _claim_waiting(

@@ -6,7 +6,7 @@ status, whose ``_count`` is the request count); the store's own numbers
 pool use, coalesced batches) are read at scrape time, and so are the
 process's own (``process_*``: CPU, memory, open files) and its Python's
 (``python_gc_*``: the cycle collector's runs per generation, see
-:mod:`feedsvc.process_setup`; ``python_info``), as any Python service
+:mod:`feedsvc.process.setup`; ``python_info``), as any Python service
 exports them; and the gauges of the queues ``--metrics-queues`` names, read
 from Redis at most once per ``--metrics-queue-refresh`` (see
 :mod:`feedsvc.api.queue_gauges`). Each app has its own registry, so several

@@ -24,6 +24,7 @@ from feedsvc import __version__
 from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
 from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
+from feedsvc.api.openapi_consumers import add_consumers
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
 from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
@@ -1337,6 +1338,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     }
     add_subscriptions(document, settings)
     add_admin(document)
+    add_consumers(document)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
     _signed_urls(document)
     if settings.auth_token or settings.auth_token_file or settings.jwt_on():

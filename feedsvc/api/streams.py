@@ -27,12 +27,14 @@ import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
+from feedsvc import tracing
 from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import Feed
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
+from feedsvc.api.traced import consumed
 from feedsvc.appkeys import CLOCK, DRAINING, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, MarkerNotGivenOut, TooManyFollowers, Unavailable
@@ -166,12 +168,28 @@ class Stream(Follower):
     A client that lets more than ``limit`` bytes pile up unsent is cut off
     (``dropped``); it resumes from its last event id."""
 
-    __slots__ = ("_clock", "_limit", "_pending", "_prefix", "_transport", "_writer", "dropped")
+    __slots__ = (
+        "_clock",
+        "_limit",
+        "_pending",
+        "_prefix",
+        "_queue",
+        "_transport",
+        "_writer",
+        "dropped",
+    )
 
     def __init__(
-        self, position: int | None, filters: Filters, prefix: str, clock: Clock, limit: int
+        self,
+        position: int | None,
+        filters: Filters,
+        prefix: str,
+        clock: Clock,
+        limit: int,
+        queue: str = "",
     ) -> None:
         super().__init__(position, filters)
+        self._queue = queue  # the destination its tracing spans name
         self.dropped = False
         self._prefix = prefix  # the hrefs': the feed's path and /messages/
         self._clock = clock
@@ -190,7 +208,11 @@ class Stream(Follower):
         if self.done:
             return False
         visible = self.take(batch)
-        if visible:  # a gap its catch-up passed without a message to show it before
+        if visible and tracing.ENABLED:
+            with tracing.span("receive", self._queue) as span:
+                consumed(span, visible)
+                await self._send(_gap(self, visible[0]) + self._events(visible, batch))
+        elif visible:  # a gap its catch-up passed without a message to show it before
             await self._send(_gap(self, visible[0]) + self._events(visible, batch))
         if batch.ended:
             await self._send(END)
@@ -260,7 +282,7 @@ async def stream_messages(
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + settings.stream_lifetime * random.uniform(0.9, 1.1)
     stream = Stream(
-        position, filters, prefix, request.app[CLOCK], settings.stream_buffer_kib * 1024
+        position, filters, prefix, request.app[CLOCK], settings.stream_buffer_kib * 1024, queue
     )
     response = web.StreamResponse(
         headers={
@@ -290,7 +312,12 @@ async def stream_messages(
             while backlog:
                 now = request.app[CLOCK].now_ms()
                 events = b"".join(_event(prefix, m, now) for m in backlog)
-                await response.write(_gap(stream, backlog[0]) + events)
+                if tracing.ENABLED:
+                    with tracing.span("receive", queue) as span:
+                        consumed(span, backlog)
+                        await response.write(_gap(stream, backlog[0]) + events)
+                else:
+                    await response.write(_gap(stream, backlog[0]) + events)
                 if loop.time() >= ends_at or draining.is_set():
                     return response
                 backlog = await live.catch_up(project, queue, stream, PAGE)

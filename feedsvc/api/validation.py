@@ -28,6 +28,7 @@ from feedsvc.errors import (
     Unauthorized,
     UnsupportedMediaType,
 )
+from feedsvc.message_headers import message_headers
 from feedsvc.storage.base import ENCRYPT_MESSAGES, NewMessage
 
 # "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
@@ -475,7 +476,8 @@ def _int_field(
 
 
 def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
-    """The messages of a POST body ``{"messages": [{"body", "ttl", "delay"}]}``."""
+    """The messages of a POST body ``{"messages": [{"body", "ttl", "delay",
+    "headers"}]}``; any message that breaks a rule fails the whole post."""
     entries = document.get("messages") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise BadRequest('The request body must be an object with a "messages" list.')
@@ -493,7 +495,8 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
             raise BadRequest('Each message must have a "body".')
         ttl = _int_field(entry, "ttl", settings.min_message_ttl, settings.max_message_ttl)
         delay = _int_field(entry, "delay", 0, settings.max_message_delay)
-        out.append(NewMessage(message_body(entry["body"]), ttl, delay))
+        headers = message_headers(entry["headers"]) if "headers" in entry else b""
+        out.append(NewMessage(message_body(entry["body"]), ttl, delay, headers))
     return out
 
 

@@ -19,15 +19,17 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+from feedsvc import tracing
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.retry import DEFAULTS, effective_policy
 from feedsvc.delivery.senders import Outcome, Senders, control_document, notification
 from feedsvc.errors import FeedError, SubscriptionNotFound
+from feedsvc.message_headers import trace_headers
 from feedsvc.storage.base import (
     Delivery,
     FeedStore,
@@ -242,18 +244,29 @@ class Runner:
                     outcome = Outcome(False, error=message.reason)
                 else:
                     document = partial(notification, sub, message)
-                    outcome = await self._attempt(sub, document, message.id)
+                    trace = trace_headers(message.headers)
+                    if tracing.ENABLED:
+                        with tracing.span("process", sub.source, links=[trace]) as span:
+                            tracing.message_ids(span, [message.id])
+                            outcome = await self._attempt(sub, document, message.id, trace)
+                            span.set_attribute("feedsvc.delivery.ok", outcome.ok)
+                    else:
+                        outcome = await self._attempt(sub, document, message.id, trace)
                 if not await self._after(sub, d, outcome, seq):
                     break
                 d = replace(d, position=seq, attempts=0, due_ms=0)
 
     async def _attempt(
-        self, sub: Subscription, document: Callable[[], bytes], message_id: str | None
+        self,
+        sub: Subscription,
+        document: Callable[[], bytes],
+        message_id: str | None,
+        trace: Mapping[str, str] | None = None,
     ) -> Outcome:
         checkpoint()
         self._check_lease()
         try:
-            outcome = await self._senders.send(sub, document(), message_id)
+            outcome = await self._senders.send(sub, document(), message_id, trace)
         except Exception as exc:  # whatever it is, it is this attempt's failure
             # an input nobody foresaw or a bug: a failed attempt like any
             # other (recorded, retried, given up on), never a wedge

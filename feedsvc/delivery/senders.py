@@ -7,7 +7,11 @@ subscription's ``options.post_headers`` (those ``subscribers`` allows;
 a name differing only in case replaces the default); with
 ``options.post_data`` the body is that template with ``"$zaqar_message$"``
 replaced by the JSON. feedsvc adds an ``X-Message-ID`` header, so a receiver
-can drop the repeats that at-least-once delivery allows. A 2xx or 3xx answer
+can drop the repeats that at-least-once delivery allows, and a message's
+headers (docs/consumers.md#message-headers): as the notification's
+``headers`` field, and its W3C ``traceparent`` and ``tracestate`` as HTTP
+headers of the request too, so a traced receiver continues the producer's
+trace (they replace a ``post_headers`` entry of the same name). A 2xx or 3xx answer
 is success (redirects are not followed: see ``guard``); a 4xx is final, as in
 Zaqar (no retry), except 408, 425 and 429, which say "later"; a 5xx, a
 timeout or a connection error is retried by the policy.
@@ -25,6 +29,7 @@ rules, e.g. a port out of range). Its error says "final".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any
@@ -72,6 +77,8 @@ def notification(sub: Subscription, message: Message) -> bytes:
         "queue_name": sub.source,
         "Message_Type": "Notification",
     }
+    if message.headers is not None:  # a feedsvc extension, only when it has some
+        document["headers"] = orjson.Fragment(message.headers)
     return orjson.dumps(document)
 
 
@@ -115,18 +122,28 @@ class Senders:
             await self._session.close()
             self._session = None
 
-    async def send(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
-        """Send one document (a notification or a confirmation request)."""
+    async def send(
+        self,
+        sub: Subscription,
+        data: bytes,
+        message_id: str | None,
+        trace: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """Send one document (a notification or a confirmation request);
+        trace: the message's W3C Trace Context headers, for a webhook."""
         if sub.subscriber[:7].lower() == "mailto:":
             return await self._mail(sub, data)
-        return await self._post(sub, data, message_id)
+        return await self._post(sub, data, message_id, trace or {})
 
-    async def _post(self, sub: Subscription, data: bytes, message_id: str | None) -> Outcome:
+    async def _post(
+        self, sub: Subscription, data: bytes, message_id: str | None, trace: Mapping[str, str]
+    ) -> Outcome:
         options = sub.options
         headers = CIMultiDict({"Content-Type": "application/json"})
         headers.update(subscribers.sendable_headers(options.get("post_headers")))
         if message_id is not None:
             headers["X-Message-ID"] = message_id
+        headers.update(trace)
         template = options.get("post_data")
         body = (
             template.replace('"$zaqar_message$"', data.decode())

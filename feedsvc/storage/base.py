@@ -26,7 +26,9 @@ into the Lua scripts too)::
                                  fixed-width fields, seq (0 until indexed),
                                  ttl s, created ms, expires ms, due ms
                                  (delay), claim expires ms, times claimed,
-                                 claim id; then the client id, a newline,
+                                 claim id; then the client id (and, after
+                                 a space, the message's headers as a JSON
+                                 object, if it has any), a newline,
                                  the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
                                  AES-256-GCM of them); PEXPIREAT expires
@@ -125,11 +127,13 @@ def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
 
 @dataclass(slots=True)  # not frozen, as Message below: one per message posted
 class NewMessage:
-    """A message as posted: the body already encoded as JSON."""
+    """A message as posted: the body already encoded as JSON, and its headers
+    (an object of strings, docs/consumers.md) too; b"": none."""
 
     body: bytes
     ttl: int | None = None
     delay: int | None = None
+    headers: bytes = b""
 
 
 # Not frozen: a frozen dataclass costs three to four times as much to build
@@ -147,6 +151,8 @@ class Message:
     claim_id: str | None = None
     claim_count: int = 0
     author: str | None = None  # the poster's client id, where a list needs it
+    # its headers, the JSON object as posted (docs/consumers.md); None: none
+    headers: bytes | None = None
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)

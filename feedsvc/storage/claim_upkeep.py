@@ -224,7 +224,7 @@ class ClaimUpkeep(FeedSpace):
                     continue
                 seq += 1
                 author = message.author.decode()
-                header = r.posted(author, message.ttl, now, seq, delay=0, count=message.count)
+                header = r.posted(author, message.ttl, now, seq, 0, message.count, message.headers)
                 writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, header.expires, message.id))

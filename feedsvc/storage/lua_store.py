@@ -173,7 +173,9 @@ class LuaStore(RedisStore):
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
-            commands += r.body_commands(keys, message_id, client_id, message.body, orphan_ttl)
+            commands += r.body_commands(
+                keys, message_id, client_id, message.body, orphan_ttl, message.headers
+            )
             all_keys.append(keys.record(message_id))
             args += [
                 message_id,

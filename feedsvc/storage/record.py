@@ -6,20 +6,37 @@ record written when a message is posted, the commands that forget a
 message, the rule by which a claim extends a message's life, and one
 decoder per shape of reply (a message read, and each script's reply).
 
-A message is one string: its *header*, every field but the body in
-fixed-width text (:data:`HEADER_FIELDS`: seq ttl created expires due
-claim-expires claim-count claim-id, zero-padded and each followed by a
-space; seq 0 until the message is indexed), the author (its client id), a
-newline, and the body. One string because the list script then reads a
-page of messages with one MGET instead of an HMGET of nine fields per
-message, compares the fields it filters on as fixed-width strings instead
-of converting each with tonumber(), and answers two reply elements per
-message instead of seven: each command, field and conversion costs Redis a
-fraction of a microsecond, and a page of ten had about 150 of them
+A message is one string: its *header*, every field but the body in fixed-
+width text (:data:`HEADER_FIELDS`: seq ttl created expires due claim-expires
+claim-count claim-id, zero-padded and each followed by a space; seq 0 until
+the message is indexed), the author (its client id), the message's headers
+if it has any (a space, then the JSON object as :func:`Header.record` writes
+it, see below), a newline, and the body. One string because the list script
+then reads a page of messages with one MGET instead of an HMGET of nine
+fields per message, compares the fields it filters on as fixed-width strings
+instead of converting each with tonumber(), and answers two reply elements
+per message instead of seven: each command, field and conversion costs Redis
+a fraction of a microsecond, and a page of ten had about 150 of them
 (docs/BENCHMARKS.md, "The list script's Redis cost"). What a claim changes
 (claim id and expiry, count, expiry, ttl) is all in the fixed-width part:
-one SETRANGE at offset 0 rewrites it, in the script or transaction that
-read it, so it stays atomic and the body is never rewritten.
+one SETRANGE at offset 0 rewrites it, in the script or transaction that read
+it, so it stays atomic and the body is never rewritten.
+
+A message's *headers* (``"headers"`` of a post, docs/consumers.md) travel
+on the author's line, after one space: an author is a client id (a UUID,
+never a space in it) and the headers are orjson's encoding of an object of
+strings, which never holds a raw newline. So a script that rewrites a
+record whole (``_lib.lua``'s ``record``) keeps them without knowing they
+are there, and the scripts hand the whole line back where a message leaves
+them (claim, pop, a parked dead letter); Python splits it
+(:func:`split_author`) and keeps the headers beside the author
+(:attr:`Header.headers`, :attr:`Row.headers`, :attr:`Parked.headers`), so a
+message copied elsewhere (a dead letter, a redrive) is written with them.
+The body stays the record's tail (a sealed body is still recognised by its
+first bytes), and list.lua's echo filter accepts a space after the author as
+well as a newline. Headers are never sealed, even in an encrypted queue:
+they are routing and tracing data the service itself reads (``traceparent``
+for span links and webhook requests), and the scripts cannot decrypt.
 
 Upgrade: releases before this one stored a message as a hash under another
 key, ``Q:m:<id>``, a field each (:data:`ROW`: b t c e s k x n u d). Those
@@ -135,7 +152,8 @@ def lua_header_names() -> dict[str, str]:
     """The Lua locals that lay out a message header: H_<FIELD> and
     H_<FIELD>_END, its first and last position (Lua counts from 1), H_AUTHOR
     where the author starts, HEADER_FORMAT, the string.format of the
-    fixed-width part (up to the author), and H_MS_FORMAT, of a time in it."""
+    fixed-width part (up to the author), H_MS_FORMAT, of a time in it, and
+    H_HEADERS_SEPARATOR, what comes between the author and a message's headers."""
     names = {}
     for name, width in HEADER_FIELDS:
         at = OFFSETS[name]
@@ -145,6 +163,7 @@ def lua_header_names() -> dict[str, str]:
     formats = [f"%-{w}s" if name == "claim" else f"%0{w}d" for name, w in HEADER_FIELDS]
     names["HEADER_FORMAT"] = repr("".join(f + " " for f in formats))
     names["H_MS_FORMAT"] = repr(formats[[n for n, _ in HEADER_FIELDS].index("expires")])
+    names["H_HEADERS_SEPARATOR"] = repr(HEADERS_SEPARATOR.decode())
     return names
 
 
@@ -196,7 +215,8 @@ HEADER_FIELDS: Final = (
     ("count", 10),
     ("claim", 24),  # a claim id (new_id()), or spaces: none
 )
-NEWLINE: Final = b"\n"  # ends the author; the body follows
+NEWLINE: Final = b"\n"  # ends the author (and headers); the body follows
+HEADERS_SEPARATOR: Final = b" "  # between the author and a message's headers
 SPACE: Final = ord(" ")  # the first byte of the claim field when no claim holds it
 
 
@@ -231,6 +251,7 @@ class Header:
     count: int  # how often it was claimed
     claim: str  # id of the claim holding it, '' = none
     author: str  # client id of the poster (for echo)
+    headers: bytes = b""  # the message's headers, a JSON object; b"" = none
 
     def fixed(self) -> bytes:
         """The fixed-width part: what a write after the post rewrites (SETRANGE 0)."""
@@ -244,12 +265,13 @@ class Header:
 
     def record(self, body: bytes) -> bytes:
         """The whole message record."""
-        return self.fixed() + self.author.encode() + NEWLINE + body
+        return self.fixed() + author_line(self.author, self.headers) + NEWLINE + body
 
     @classmethod
     def decode(cls, raw: bytes) -> Header:
         """The header at the start of a record (or of a GETRANGE of one)."""
         end = raw.find(NEWLINE, FIXED)
+        author, headers = split_author(raw[FIXED : None if end < 0 else end])
         return cls(
             int(raw[_SEQ]),
             int(raw[_TTL]),
@@ -259,24 +281,41 @@ class Header:
             int(raw[_CLAIM_EXPIRES]),
             int(raw[_COUNT]),
             raw[_CLAIM].rstrip().decode(),
-            raw[FIXED : None if end < 0 else end].decode(),
+            author.decode(),
+            headers,
         )
 
 
-def unindexed(author: str, body: bytes) -> bytes:
+def author_line(author: str, headers: bytes) -> bytes:
+    """What follows a record's fixed part up to the newline: the author, and
+    a message's headers after a space if it has any."""
+    if headers:
+        return author.encode() + HEADERS_SEPARATOR + headers
+    return author.encode()
+
+
+def split_author(line: bytes) -> tuple[bytes, bytes]:
+    """(author, headers) of an author line (b"" headers: none)."""
+    author, _, headers = line.partition(HEADERS_SEPARATOR)
+    return author, headers
+
+
+def unindexed(author: str, body: bytes, headers: bytes = b"") -> bytes:
     """The record a body is written as before post.lua indexes it (seq 0)."""
-    # the same as Header(0, 0, 0, 0, 0, 0, 0, "", author).record(body), whose
-    # fixed part, all zeros, is made once (formatting it cost each post 2.6 µs)
-    return _UNINDEXED + author.encode() + NEWLINE + body
+    # the same as Header(0, 0, 0, 0, 0, 0, 0, "", author, headers).record(body),
+    # whose fixed part, all zeros, is made once (formatting it cost each post 2.6 µs)
+    return _UNINDEXED + author_line(author, headers) + NEWLINE + body
 
 
 _UNINDEXED: Final = Header(0, 0, 0, 0, 0, 0, 0, "", "").fixed()
 
 
-def posted(author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0) -> Header:
+def posted(
+    author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0, headers: bytes = b""
+) -> Header:
     """The header of a message when it is indexed (post.lua writes the same)."""
     due = now + delay * 1000 if delay > 0 else 0
-    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author)
+    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author, headers)
 
 
 def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes) -> list[Command]:
@@ -287,13 +326,19 @@ def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes)
 
 
 def body_commands(
-    keys: QueueKeys, message_id: str, author: str, body: bytes, orphan_ttl: int
+    keys: QueueKeys,
+    message_id: str,
+    author: str,
+    body: bytes,
+    orphan_ttl: int,
+    headers: bytes = b"",
 ) -> list[Command]:
     """A body written ahead of its indexing (the lua driver's pipeline, the
     tuned watch driver's write before WATCH): the record with seq 0, which
     nothing reads as a message, expiring by itself after orphan_ttl seconds
     unless indexing sets its exact expiry."""
-    return [("SET", keys.record(message_id), unindexed(author, body), "EX", orphan_ttl)]
+    record = unindexed(author, body, headers)
+    return [("SET", keys.record(message_id), record, "EX", orphan_ttl)]
 
 
 def header_commands(keys: QueueKeys, message_id: str, header: Header) -> list[Command]:
@@ -448,6 +493,7 @@ class Row:
     author: bytes
     due: int
     legacy: bool = False  # read from the legacy hash (see the module docstring)
+    headers: bytes = b""  # the message's headers, a JSON object; b"" = none (legacy: always)
 
     @classmethod
     def read(cls, message_id: str, record: bytes | None, legacy: Sequence[Any]) -> Row | None:
@@ -466,6 +512,7 @@ class Row:
                 h.count,
                 h.author.encode(),
                 h.due,
+                headers=h.headers,
             )
         body = legacy[0]
         if body is None:
@@ -499,6 +546,7 @@ class Row:
             self.count,
             self.claim,
             self.author.decode(),
+            self.headers,
         )
 
     def alive(self, now: int) -> bool:
@@ -532,6 +580,7 @@ class Row:
             claim_id=self.claim if self.claimed(now) else None,
             claim_count=self.count,
             author=self.author.decode(),
+            headers=self.headers or None,
         )
 
 
@@ -580,13 +629,14 @@ class Parked:
     author: bytes
     ttl: int  # its ttl in the dead-letter queue
     count: int  # how often it was claimed
+    headers: bytes = b""  # the message's headers (b"": none): a copy keeps them
 
 
 def _message(
-    out: list[Any], i: int, claim_id: str | None = None, count: int = 0, author: str | None = None
+    out: list[Any], i: int, line: bytes, claim_id: str | None = None, count: int = 0
 ) -> Message:
     """The five fields every script reply starts a message with: id, seq,
-    body, ttl, created."""
+    body, ttl, created; line is the message's author line (its headers)."""
     # positional: one of these per message of every page
     return Message(
         text(out[i]),  # id
@@ -596,7 +646,8 @@ def _message(
         int(out[i + 4]),  # created_ms
         claim_id,
         count,  # claim_count
-        author,
+        None,  # author
+        split_author(line)[1] or None,
     )
 
 
@@ -610,6 +661,7 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
         held = rec[_CLAIM.start] != SPACE and int(rec[_CLAIM_EXPIRES]) > now
+        gap = rec.find(HEADERS_SEPARATOR, FIXED, end)  # -1: no headers
         messages.append(
             Message(
                 out[i].decode(),
@@ -619,7 +671,8 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
                 int(rec[_CREATED]),
                 rec[_CLAIM].rstrip().decode() if held else None,
                 int(rec[_COUNT]),
-                rec[FIXED:end].decode() if with_authors else None,
+                rec[FIXED : end if gap < 0 else gap].decode() if with_authors else None,
+                None if gap < 0 else rec[gap + 1 : end],
             )
         )
     return MessagePage(
@@ -636,22 +689,26 @@ def claim_reply(
     out: list[Any], claim_id: str, ttl: int, grace: int, now: int
 ) -> tuple[Claim | Unclaimable, list[Parked]]:
     """claim.lua: {claim id or '', parked count, free at or '', parked (id,
-    body, author, ttl, count)..., claimed (id, seq, body, ttl, created,
-    count)...}."""
+    body, author line, ttl, count)..., claimed (id, seq, body, ttl, created,
+    count, author line)...}."""
     start = 3 + 5 * int(out[1])
-    parked = [
-        Parked(text(out[i]), out[i + 1], out[i + 2], int(out[i + 3]), int(out[i + 4]))
-        for i in range(3, start, 5)
-    ]
+    parked = []
+    for i in range(3, start, 5):
+        author, headers = split_author(out[i + 2])
+        parked.append(
+            Parked(text(out[i]), out[i + 1], author, int(out[i + 3]), int(out[i + 4]), headers)
+        )
     if not out[0]:
         return Unclaimable(int(out[2]) if out[2] else None), parked
-    messages = [_message(out, i, claim_id, int(out[i + 5])) for i in range(start, len(out), 6)]
+    messages = [
+        _message(out, i, out[i + 6], claim_id, int(out[i + 5])) for i in range(start, len(out), 7)
+    ]
     return Claim(claim_id, ttl, grace, now, messages), parked
 
 
 def pop_reply(out: list[Any]) -> list[Message]:
-    """pop.lua: {id, seq, body, ttl, created...}."""
-    return [_message(out, i) for i in range(0, len(out), 5)]
+    """pop.lua: {id, seq, body, ttl, created, author line...}."""
+    return [_message(out, i, out[i + 5]) for i in range(0, len(out), 6)]
 
 
 # -- notifications on a queue's feed channel -------------------------------------

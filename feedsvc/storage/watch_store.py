@@ -151,7 +151,7 @@ def _body_commands(posting: Posting, settings: Settings) -> list[Command]:
     for message_id, message in zip(posting.ids, posting.messages, strict=True):
         orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
         commands += r.body_commands(
-            posting.keys, message_id, posting.client_id, message.body, orphan_ttl
+            posting.keys, message_id, posting.client_id, message.body, orphan_ttl, message.headers
         )
     return commands
 
@@ -217,7 +217,7 @@ def _post_plan(
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                header = r.posted(posting.client_id, ttl, now, seq, delay)
+                header = r.posted(posting.client_id, ttl, now, seq, delay, 0, message.headers)
                 if inside:
                     writes += r.post_commands(keys, message_id, header, message.body)
                 else:
@@ -702,7 +702,9 @@ def _claim_plan(
                 # claimed too often: hold it under this claim id, unlisted,
                 # until it is copied to the dead-letter queue
                 dttl = int(meta[2]) if meta[2] else row.ttl
-                parked.append(r.Parked(message_id, row.body, row.author, dttl, row.count))
+                parked.append(
+                    r.Parked(message_id, row.body, row.author, dttl, row.count, row.headers)
+                )
                 writes += r.hold_commands(keys, row, claim_id, claim_expires)
                 continue
             keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
@@ -712,7 +714,14 @@ def _claim_plan(
             assert row.seq is not None
             claimed.append(
                 Message(
-                    message_id, row.seq, row.body, new_ttl, row.created, claim_id, row.count + 1
+                    message_id,
+                    row.seq,
+                    row.body,
+                    new_ttl,
+                    row.created,
+                    claim_id,
+                    row.count + 1,
+                    headers=row.headers or None,
                 )
             )
         if not claimed:

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from feedsvc.redis_server import RedisServer, RedisServerError, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer, RedisServerError, pick_free_port
 
 BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000
 MANUAL_FAILOVER_WAIT = 6.0  # Redis gives up a CLUSTER FAILOVER after 5 s

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from feedsvc.redis_server import HOST, RedisServer
+from feedsvc.embedded_redis.server import HOST, RedisServer
 
 SERVICE = "feedsvc"
 DOWN_AFTER_MS = 1000

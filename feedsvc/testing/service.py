@@ -21,7 +21,7 @@ How it works:
 * **Ready.** It passes ``FEEDSVC_READY_FILE`` (a path in a temporary
   directory of its own) and waits for that file, whose ``pid`` must be the
   child's, so a file left by an earlier run does not count
-  (:mod:`feedsvc.readiness`). Meanwhile it checks the child is alive; if it
+  (:mod:`feedsvc.process.readiness`). Meanwhile it checks the child is alive; if it
   exits or is not ready in ``ready_timeout`` seconds, :class:`ServiceError`
   carries the tail of its log. With ``port=0`` (the default) the kernel
   picks the port, so there is no free-port race to retry.
@@ -38,7 +38,7 @@ How it works:
   sends SIGTERM unless told otherwise. On Linux the child also gets SIGTERM
   (``PR_SET_PDEATHSIG``) if the runner dies without cleaning up (``kill
   -9``, a CI time limit), so it drains and takes its workers and Redis
-  along; as with :class:`feedsvc.redis_server.RedisServer`, that signal
+  along; as with :class:`feedsvc.embedded_redis.server.RedisServer`, that signal
   comes when the *thread* that called ``start()`` exits, so start the
   service from a long-lived thread, normally the main one.
 * **Nothing left behind.** ``kill()``, a ``stop()`` that times out and the
@@ -66,8 +66,8 @@ from types import TracebackType
 from typing import Self
 
 from feedsvc.config import ENV_PREFIX
-from feedsvc.readiness import Ready, read_ready_file
-from feedsvc.redis_server import _make_pdeathsig_preexec
+from feedsvc.embedded_redis.server import make_pdeathsig_preexec
+from feedsvc.process.readiness import Ready, read_ready_file
 
 __all__ = ["ServiceError", "ServiceProcess", "feedsvc_command"]
 
@@ -91,7 +91,7 @@ def feedsvc_command() -> list[str]:
 def _child_setup() -> Callable[[], None]:
     """What the child does between fork and exec: SIGINT back to the
     default, and (Linux) SIGTERM when the thread that started it exits."""
-    die_with_runner = _make_pdeathsig_preexec()  # resolved here, in the parent
+    die_with_runner = make_pdeathsig_preexec()  # resolved here, in the parent
 
     def setup() -> None:
         # one signal call and one prctl: no lock is taken, nothing is loaded
@@ -169,7 +169,7 @@ class ServiceProcess:
 
     @property
     def ready(self) -> Ready:
-        """The service's ready file (:class:`feedsvc.readiness.Ready`)."""
+        """The service's ready file (:class:`feedsvc.process.readiness.Ready`)."""
         if self._ready is None:
             raise ServiceError("the service has not been started")
         return self._ready

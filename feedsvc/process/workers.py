@@ -12,7 +12,7 @@ backoff if workers keep dying at once, so a broken setting does not spin);
 on SIGTERM or SIGINT it closes its copy of the listening socket and sends
 SIGTERM to every worker; each stops accepting, finishes the requests in
 flight (up to ``--shutdown-grace`` seconds, then cuts off the rest; see
-:mod:`feedsvc.drain`), closes its Redis connections and exits. Once all
+:mod:`feedsvc.process.drain`), closes its Redis connections and exits. Once all
 have stopped accepting, new connections are refused. A worker still alive
 ``KILL_AFTER_GRACE`` seconds after the grace period is killed, and the exit
 code is then 1. Workers die with the parent (``PR_SET_PDEATHSIG`` on Linux).
@@ -21,7 +21,7 @@ SIGHUP to the parent is passed on to every worker (each reads
 
 Each worker tells the parent over a pipe when it serves on the socket
 (its number and pid, one line); once every current worker has, the parent
-writes ``--ready-file`` (:mod:`feedsvc.readiness`).
+writes ``--ready-file`` (:mod:`feedsvc.process.readiness`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
 from feedsvc.config import Settings, UnusableSetting
-from feedsvc.readiness import Ready, remove_ready_file, write_ready_file
-from feedsvc.redis_server import _make_pdeathsig_preexec
+from feedsvc.embedded_redis.server import make_pdeathsig_preexec
+from feedsvc.process.readiness import Ready, remove_ready_file, write_ready_file
 
 log = logging.getLogger("feedsvc.workers")
 
@@ -137,7 +137,7 @@ class Supervisor:
 
     def _start(self, number: int) -> None:
         # made in the parent: it compares the worker's parent pid with ours
-        die_with_parent = _make_pdeathsig_preexec()
+        die_with_parent = make_pdeathsig_preexec()
         process = self._context.Process(
             target=_worker,
             args=(

@@ -2,8 +2,8 @@
 its data dir, kept alive, and reported in ``/v2/health``.
 
 :class:`EmbeddedRedis` makes the data dir, locks it, picks the server that
-can read it (:mod:`feedsvc.data_dir`), starts it
-(:class:`feedsvc.redis_server.RedisServer`) and records it as the data
+can read it (:mod:`feedsvc.embedded_redis.data_dir`), starts it
+(:class:`feedsvc.embedded_redis.server.RedisServer`) and records it as the data
 dir's. Then a watchdog thread looks at the child every ``POLL_INTERVAL``
 seconds. When the child has died (killed, crashed, out of memory), the watchdog
 reaps it (no zombie), logs the death at ERROR and starts the server again
@@ -40,14 +40,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from feedsvc.data_dir import (
+from feedsvc.embedded_redis.data_dir import (
     DataDirLock,
     choose_server,
     make_data_dir,
     read_record,
     write_record,
 )
-from feedsvc.redis_server import RedisServer, RedisServerError, RedisServerNotFound
+from feedsvc.embedded_redis.server import RedisServer, RedisServerError, RedisServerNotFound
 
 log = logging.getLogger("feedsvc.embedded")
 

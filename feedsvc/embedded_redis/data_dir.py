@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from feedsvc.config import UnusableSetting
-from feedsvc.redis_server import (
+from feedsvc.embedded_redis.server import (
     PIP_EXTRA,
     RedisServerNotFound,
     ServerIdentity,
