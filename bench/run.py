@@ -23,7 +23,10 @@ by a post), webhook (a subscription's webhook deliveries;
 bench/webhook.py), auth (POST and GET with a JWT against none;
 bench/auth.py), ratelimit (POST and GET with --project-rate against
 without, side by side), tracing (POST and GET with OpenTelemetry spans
-exported against tracing off; bench/tracing.py). Needs ``wrk`` on PATH (Debian: apt install wrk).
+exported against tracing off; bench/tracing.py), storage (what a message
+costs Redis in memory and CPU against a Redis Stream entry, the expiry
+reclaim and the hot-queue ceiling; bench/storage.py). Needs ``wrk`` on PATH
+(Debian: apt install wrk).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class Suite:
         self.rounds: int = args.rounds
         self.connections: int = args.connections
         self.zaqar_home: Path = args.zaqar_home
+        self.storage_messages: int = args.storage_messages
+        self.storage_reclaim: int = args.storage_reclaim
         self.workdir = Path(tempfile.mkdtemp(prefix="feedsvc-bench-"))
         self.redis = RedisServer(self.workdir / "redis", appendonly=False)
         self.rows: list[Row] = []
@@ -467,6 +472,11 @@ class Suite:
 
         part_tracing(self)
 
+    def part_storage(self) -> None:
+        from bench.storage import part_storage
+
+        part_storage(self)
+
     def part_webhook(self) -> None:
         from bench.webhook import part_webhook
 
@@ -653,8 +663,16 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
     "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth", "ratelimit",
-    "quotas", "tracing",
+    "quotas", "tracing", "storage",
 ]  # fmt: skip
+
+
+def _count(text: str) -> int:
+    """A message count of the storage part: 1..10,000,000."""
+    value = int(text)
+    if not 1 <= value <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"{text} is not within 1..10000000")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -672,6 +690,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         default=DEFAULT_ZAQAR_HOME,
         help="where the zaqar part installs Zaqar once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--storage-messages",
+        type=_count,
+        default=20000,
+        help="single-message posts the storage part makes per driver (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--storage-reclaim",
+        type=_count,
+        default=20000,
+        help="messages the storage part lets expire (default: %(default)s; the issue's: 1000000)",
     )
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):

@@ -33,9 +33,12 @@ class Service(ServiceProcess):
             log_path=log,
         )  # fmt: skip
 
-    def request(self, method: str, path: str, body: object = None, client: str = PRODUCER) -> bytes:
+    def request(
+        self, method: str, path: str, body: object = None, client: str = PRODUCER,
+        project: str = "bench",
+    ) -> bytes:  # fmt: skip
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Client-ID": client, "X-Project-ID": "bench", "Content-Type": "application/json"}
+        headers = {"Client-ID": client, "X-Project-ID": project, "Content-Type": "application/json"}
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as response:
             return bytes(response.read())
@@ -47,13 +50,19 @@ def service(
 ) -> Iterator[Service]:
     """A Service whose queue ``bget`` holds 20 messages (the GET parts' page)."""
     with Service(redis_url, workdir / log, *flags) as svc:
-        svc.request("PUT", "/v2/queues/bget")
-        svc.request(
-            "POST",
-            "/v2/queues/bget/messages",
-            {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
-        )
+        fill_bget(svc)
         yield svc
+
+
+def fill_bget(svc: Service, project: str = "bench") -> None:
+    """Queue ``bget`` of a project with 20 messages (the GET parts' page)."""
+    svc.request("PUT", "/v2/queues/bget", project=project)
+    svc.request(
+        "POST",
+        "/v2/queues/bget/messages",
+        {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
+        project=project,
+    )
 
 
 class SuiteLike(Protocol):

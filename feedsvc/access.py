@@ -14,7 +14,10 @@ from three places, checked in this order by :class:`Authenticator`:
 - JWTs (``--jwt-jwks-url`` or ``--jwt-key-file``), checked by
   :class:`feedsvc.jwt_keys.JwtVerifier`; a verified token's identity is kept
   until its ``exp`` or until the issuer's keys change, so a busy client's
-  token costs one dict lookup, not a signature check, per request.
+  token costs one dict lookup, not a signature check, per request;
+- Keystone tokens (``X-Auth-Token``, with ``--keystone-url``), validated by
+  :class:`feedsvc.keystone.KeystoneValidator` and cached likewise; their
+  roles give the scopes (``--keystone-roles``, :func:`role_scopes`).
 
 Which action a route is, and where the check runs, is the HTTP layer's
 (``feedsvc.api.identity``).
@@ -33,6 +36,7 @@ from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.errors import Unauthorized
 from feedsvc.jwt_keys import JwtVerifier
+from feedsvc.keystone import KeystoneValidator
 
 log = logging.getLogger("feedsvc.access")
 
@@ -88,6 +92,24 @@ def parse_scopes(value: Any) -> Scopes:
     return tuple(p for p in pairs if p is not None)
 
 
+def role_scopes(value: str) -> dict[str, Scopes]:
+    """``--keystone-roles``: ``ROLE=SCOPE[ SCOPE...]``, comma-separated, as
+    role -> scopes; ValueError (one line) when an item does not parse."""
+    roles: dict[str, Scopes] = {}
+    for entry in value.split(","):
+        role, equals, items = entry.strip().partition("=")
+        role = role.strip()
+        pairs = [scope_item(item) for item in items.split()]
+        if not equals or not role or not pairs or any(p is None or p[0] == ADMIN for p in pairs):
+            raise ValueError(
+                f"--keystone-roles: want ROLE=SCOPE[ SCOPE...] (e.g. 'reader=read:*'; not "
+                f"admin:, the admin API's), "
+                f"got {entry.strip()!r}"
+            )
+        roles[role] = tuple(p for p in pairs if p is not None)
+    return roles
+
+
 def checked_project(value: Any, where: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_PROJECT_LENGTH:
         raise ValueError(f"{where}: the project must be 1 to {MAX_PROJECT_LENGTH} characters")
@@ -139,6 +161,9 @@ class Authenticator:
         if settings.auth_token_file is not None:
             self._file_tokens = read_token_file(settings.auth_token_file)
         self.jwt = JwtVerifier(settings, clock) if settings.jwt_on() else None
+        self.keystone: KeystoneValidator | None = None
+        if settings.keystone_url is not None:
+            self.keystone = KeystoneValidator(settings, role_scopes(settings.keystone_roles))
         # token -> (identity, exp in seconds, the key generation it was checked under)
         self._verified: dict[str, tuple[Identity, float, int]] = {}
         #: Whether a source of tokens with scopes is set (the file, JWTs):
@@ -146,7 +171,10 @@ class Authenticator:
         self.scoped = settings.auth_token_file is not None or self.jwt is not None
         #: Whether any token source is set: else nothing is authenticated.
         self.on = bool(
-            self._flag_tokens or settings.auth_token_file is not None or self.jwt is not None
+            self._flag_tokens
+            or settings.auth_token_file is not None
+            or self.jwt is not None
+            or self.keystone is not None
         )
 
     def reload(self) -> None:
@@ -192,6 +220,14 @@ class Authenticator:
         self._verified[token] = (identity, expires, jwt.generation)
         return identity
 
+    async def identify_keystone(self, token: str) -> Identity:
+        """The identity of an X-Auth-Token (Keystone must be set)."""
+        assert self.keystone is not None
+        project, scopes = await self.keystone.identify(token)
+        return Identity(project, scopes)
+
     async def close(self) -> None:
         if self.jwt is not None:
             await self.jwt.close()
+        if self.keystone is not None:
+            await self.keystone.close()

@@ -30,6 +30,7 @@ from feedsvc.appkeys import (
     EMBEDDED_REDIS,
     LIVE,
     RATE_LIMITER,
+    REDRIVER,
     SETTINGS,
     STORE,
     TOPIC_LIVE,
@@ -42,6 +43,7 @@ from feedsvc.errors import RateLimited, TooManyFollowers, TooMuchContention
 from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
 from feedsvc.rate_limiter import ProjectRateLimiter
+from feedsvc.redriver import Redriver
 from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
@@ -63,6 +65,10 @@ def _storage_context(
         if deliverer is not None:
             deliverer.start()
             app[DELIVERIES] = deliverer
+        # every serving process moves running redrives on (see feedsvc.redriver)
+        redriver = Redriver(store)
+        redriver.start()
+        app[REDRIVER] = redriver
         limiter_trouble = LogCounter(
             log, "let through", "requests unchecked: the rate limiter met Redis trouble", clock
         )
@@ -75,6 +81,7 @@ def _storage_context(
         app[TOPIC_LIVE] = topic_live
         yield
         limiter_trouble.close()
+        await redriver.close()
         if deliverer is not None:
             await deliverer.close()
         await topic_live.close()

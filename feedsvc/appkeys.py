@@ -24,6 +24,7 @@ from feedsvc.drain_signal import DrainSignal
 from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
 from feedsvc.rate_limiter import ProjectRateLimiter
+from feedsvc.redriver import Redriver
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -42,6 +43,8 @@ TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
 RATE_LIMITER = web.AppKey("rate_limiter", ProjectRateLimiter)
 #: This process's delivery worker for subscriptions; set with STORE.
 DELIVERIES = web.AppKey("deliveries", Deliverer)
+#: this process's redriver (feedsvc.redriver): a started redrive kicks it
+REDRIVER = web.AppKey("redriver", Redriver)
 #: Bearer token -> identity (--auth-token, --auth-token-file, JWTs); ``on`` is
 #: False when none is set: then no request is authenticated.
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)

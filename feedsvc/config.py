@@ -293,6 +293,38 @@ class AccessSettings:
         minimum=1.0,
         maximum=86400.0,
     )
+    keystone_url: str | None = _opt(
+        None,
+        "accept OpenStack Keystone tokens (X-Auth-Token) validated against this Keystone "
+        "(http(s)://host:port, /v3 added if missing) as keystonemiddleware does; needs "
+        "--keystone-user, --keystone-password-file and --keystone-project",
+    )
+    keystone_user: str | None = _opt(None, "feedsvc's service user in Keystone")
+    keystone_password_file: Path | None = _opt(
+        None, "file whose first line is --keystone-user's password (read at each login)"
+    )
+    keystone_project: str | None = _opt(None, "the project feedsvc's service user logs in to")
+    keystone_user_domain: str = _opt("Default", "the domain (name) of --keystone-user")
+    keystone_project_domain: str = _opt("Default", "the domain (name) of --keystone-project")
+    keystone_cache: float = _opt(
+        300.0,
+        "seconds a validated Keystone token is cached (never past its expiry): a token "
+        "revoked at Keystone stops working within this",
+        minimum=1.0,
+        maximum=3600.0,
+    )
+    keystone_negative_cache: float = _opt(
+        10.0,
+        "seconds a token Keystone called invalid is refused unasked",
+        minimum=0.0,
+        maximum=300.0,
+    )
+    keystone_roles: str = _opt(
+        "admin=*:*,member=*:*,reader=read:*",
+        "what a Keystone role allows: ROLE=SCOPE[ SCOPE...], comma-separated, scopes as a "
+        "JWT's (ACTION:NAME_GLOB); a token gets the scopes of all its roles, a role not "
+        "named gives none",
+    )
     cors_origin: str | None = _opt(
         None,
         "a browser origin (scheme://host[:port]) allowed to call the API cross-origin; "
@@ -669,6 +701,18 @@ def _check_access(settings: Settings) -> None:
         )
     if not settings.jwt_project_claim.strip():
         raise ValueError("--jwt-project-claim must name a claim")
+    if settings.keystone_url is not None:
+        if not settings.keystone_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--keystone-url must be an http:// or https:// URL, got {settings.keystone_url!r}"
+            )
+        if not (
+            settings.keystone_user and settings.keystone_password_file and settings.keystone_project
+        ):
+            raise ValueError(
+                "--keystone-url needs --keystone-user, --keystone-password-file and "
+                "--keystone-project (feedsvc's service user)"
+            )
     for origin in settings.cors_origins():
         if origin != "*" and not _ORIGIN.match(origin):
             raise ValueError(

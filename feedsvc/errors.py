@@ -31,7 +31,8 @@ status from ``FeedError.status``. Nothing else catches them.
     ├── MethodNotAllowed           405
     ├── RequestTimeout             408  the client sent its body too slowly
     ├── Conflict                   409  e.g. json-patch replace of a missing key
-    │   └── SubscriptionExists          the queue has a subscription for that subscriber
+    │   ├── SubscriptionExists          the queue has a subscription for that subscriber
+    │   └── RedriveRunning              a redrive of that dead-letter queue is running
     ├── UnsupportedMediaType       415
     ├── RateLimited                429  the project is over its request rate
     │                                   (--project-rate; sent with Retry-After)
@@ -204,6 +205,13 @@ class SubscriptionExists(Conflict):
         super().__init__(
             "Such subscription already exists. Subscriptions are unique by "
             "project + queue + subscriber URI."
+        )
+
+
+class RedriveRunning(Conflict):
+    def __init__(self, queue: str) -> None:
+        super().__init__(
+            f"A redrive of {queue} is running; cancel it (DELETE) or wait until it is done."
         )
 
 

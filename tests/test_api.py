@@ -253,6 +253,9 @@ V2_ROUTES = [
     ("GET", f"/v2/queues/q1/messages/{UNKNOWN_ID}"),
     ("DELETE", f"/v2/queues/q1/messages/{UNKNOWN_ID}"),
     ("POST", f"/v2/queues/q1/messages/{UNKNOWN_ID}/release?claim_id={UNKNOWN_ID}"),
+    ("POST", "/v2/queues/q1/redrive"),
+    ("GET", "/v2/queues/q1/redrive"),
+    ("DELETE", "/v2/queues/q1/redrive"),
 ]
 
 

@@ -9,24 +9,27 @@ itself is never asserted here."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
 import pytest
+import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import zaqar
+from bench import storage, storage_layout, zaqar
 from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
 from bench.service import PRODUCER, parse_wrk
 from feedsvc.app import create_app
+from feedsvc.embedded_redis.server import RedisServer
 from tests.conftest import make_settings
 
 WRK_REPORT = """\
@@ -240,3 +243,107 @@ async def test_the_bare_feed_stores_and_answers_as_feedsvc_does(
     assert floor_posted["resources"] == hrefs
     assert [m["body"] for m in ours_page["messages"]] == [{"event": 0}, {"event": 1}]
     assert _ageless(floor_page) == _ageless(ours_page)
+
+
+@pytest.mark.process
+def test_the_storage_part_runs_tiny_and_reports_every_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage part (issue 30) end to end on a Redis of its own (it
+    flushes it), shortened: every row is there, every cost was read from
+    the Redis it ran on (not zero, not NaN), the reader saw every message
+    once, and the reclaim reports what became of the expired messages'
+    memory. Nothing about speed is asserted."""
+    short = {"SHORT_TTLS": (1, 2), "PLATEAU_S": 2.0, "RECLAIM_WAIT_S": 6.0,
+             "RECLAIM_POSTS": 20, "PLATEAU_POSTS": 20, "POLL_S": 0.2}  # fmt: skip
+    for name, value in short.items():
+        monkeypatch.setattr(storage, name, value)
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        suite = StorageFakeSuite(tmp_path, server)
+        storage.part_storage(suite)
+    finally:
+        server.stop()
+    rows = dict(suite.rows)
+    for label in ("memory per message (100 B body), bytes", "Redis CPU per 1-message post, us",
+                  "Redis CPU per batch of 100, us", "Redis CPU per page of 10, us",
+                  "Redis CPU per worst page, us", "hot-queue ceiling, messages/s"):  # fmt: skip
+        row = rows[f"storage: {label}"]
+        for key in ("lua", "watch", "stream", "ratio_lua", "ratio_watch"):
+            assert float(row[key]) > 0, (label, key, row)
+    for driver in ("lua", "watch"):
+        run = rows[f"storage: run ({driver})"]
+        assert run["errors"] == 0
+        # one message the part posts first, then the 200 measured, each read once
+        assert run["seen"] == 201
+        assert run["pages"] == math.ceil(201 / 10) + 1  # and the empty page at the end
+        stats = rows[f"storage: commandstats per post ({driver})"]
+        assert float(stats["zadd_calls"]) >= 2
+    assert float(rows["storage: commandstats per post (lua)"]["evalsha_calls"]) >= 1
+    assert rows["storage: commandstats per XADD (stream)"]["xadd_calls"] == 1
+    worst = rows["storage: Redis CPU per worst page, us"]
+    assert worst["shown"] == 50 // 2 + 1  # the delayed half is passed over
+    for size in ("1 KiB", "10 KiB"):
+        row = rows[f"storage: memory per message ({size} body), bytes"]
+        assert float(row["stream"]) > int(size.split()[0]) * 1024 * 0.9
+        assert float(row["ratio_lua"]) > 0
+    assert float(rows["storage: seconds taken"]["total"]) > 0
+    reclaim = rows["storage: expiry reclaim (lua)"]
+    assert reclaim["messages"] == 200 and reclaim["errors"] == 0
+    assert int(reclaim["peak_bytes"]) > int(reclaim["start_bytes"])
+    assert 0 <= float(reclaim["end_held_pct"]) <= float(reclaim["idle_held_pct"])
+
+
+class StorageFakeSuite(FakeSuite):
+    def __init__(self, workdir: Path, redis: RedisServer) -> None:
+        super().__init__(workdir)
+        self.redis = redis
+        self.storage_messages = 200
+        self.storage_reclaim = 200
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", [storage_layout.PackedLayout, storage_layout.Layout])
+def test_the_proposed_layouts_prototype_reads_every_message_once(
+    tmp_path: Path, kind: type[storage_layout.Layout]
+) -> None:
+    """bench/storage_layout.py's numbers stand for the proposal only while
+    its scripts do the proposal's work: posts one by one and 100 at a time
+    across segment boundaries, then a reader following the markers sees
+    every message once, in post order (the packed layout's thin read too);
+    with echo off it sees none of its own; a sweep after expiry keeps the
+    live messages readable and drops the expired ones."""
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    client = redis.Redis.from_url(server.url)
+    try:
+        ours = kind(client, "t")
+        ours.post([storage_layout.messages(1, 100)], 1)
+        ours.post([[m] for m in storage_layout.messages(149, 100)], 32)
+        ours.post([storage_layout.messages(100, 100), storage_layout.messages(50, 100)], 2)
+        assert ours.page_all() == (31, 300)  # 30 full pages, then an empty one
+        if isinstance(ours, storage_layout.PackedLayout):
+            assert ours.page_all_thin() == (31, 300)
+        own = kind(client, "own")
+        own.post([storage_layout.messages(30, 100)], 1, client=READER)
+        assert own.page_all() == (1, 0)
+        assert own.page_all(("1", "0", "0")) == (4, 30)
+        mixed = kind(client, "mixed")
+        short = [(1, 0, b'{"n":%d}' % i) for i in range(120)]
+        long = [(3600, 0, b'{"n":%d}' % i) for i in range(120, 130)]
+        mixed.post([short[:60], long, short[60:]], 1)
+        time.sleep(1.2)
+        while mixed.sweep()[0] not in (b"", ""):
+            pass
+        # the long-lived messages' reviews, due now rather than in 30 s
+        reviews = cast("list[bytes]", client.zrange(mixed.keys[2], 0, -1))
+        client.zadd(mixed.keys[2], dict.fromkeys(reviews, 0))
+        while mixed.sweep()[0] not in (b"", ""):
+            pass
+        if isinstance(mixed, storage_layout.PackedLayout):  # the streams variant keeps no count
+            assert int(client.hget(mixed.keys[0], "gone") or 0) == 120  # swept, not just hidden
+        assert mixed.page_all() == (2, 10)
+    finally:
+        client.close()
+        server.stop()

@@ -24,13 +24,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc", "feedsvc.clock", "feedsvc.errors", "feedsvc.config", "feedsvc.drain_signal"),
     # a log line per interval for events that come in floods
     ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
-    # bearer tokens: their identities and scopes, JWTs and the issuer's keys
-    ("feedsvc.access", "feedsvc.jwt_keys"),
+    # bearer tokens: their identities and scopes, JWTs and the issuer's keys,
+    # Keystone tokens
+    ("feedsvc.access", "feedsvc.jwt_keys", "feedsvc.keystone"),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
-    # live followers' shared reads, and each process's share of the projects'
-    # request rates, over the storage interface
-    ("feedsvc.live", "feedsvc.rate_limiter"),
+    # live followers' shared reads, each process's share of the projects'
+    # request rates, and its redriver, over the storage interface
+    ("feedsvc.live", "feedsvc.rate_limiter", "feedsvc.redriver"),
     # subscriptions' delivery workers (webhooks, mail), over the storage interface
     ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
@@ -71,12 +72,16 @@ ROOT_MODULES = {
     # api, app and cli: the app's typed state keys
     "feedsvc.appkeys",
     # Floors of their own, still at the root (docs/design.md, "The house"):
-    # bearer tokens (access, and jwt_keys under it) and, over storage, live
-    # followers' shared reads and the projects' request rates.
+    # bearer tokens (access, and jwt_keys and keystone under it) and, over
+    # storage, live followers' shared reads and the projects' request rates.
     "feedsvc.access",
     "feedsvc.jwt_keys",
+    "feedsvc.keystone",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    # and each process's redriver of dead-letter queues (a floor over storage
+    # with the two above)
+    "feedsvc.redriver",
 }
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
@@ -88,6 +93,7 @@ APPKEYS_MAY_IMPORT = {
     "feedsvc.storage.base",
     "feedsvc.live",
     "feedsvc.rate_limiter",
+    "feedsvc.redriver",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
     "feedsvc.log_counter",

@@ -740,3 +740,26 @@ def test_every_route_of_a_project_may_answer_429(settings: Settings) -> None:
         if counted:
             refused = resolve(document, operation["responses"]["429"])
             assert "Retry-After" in refused["headers"], (method, path)
+
+
+def test_keystone_tokens_are_described(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    settings = Settings(
+        keystone_url="http://keystone.test:5000",
+        keystone_user="feedsvc",
+        keystone_password_file=password,
+        keystone_project="service",
+    )
+    document = openapi_document(settings)
+    schemathesis.openapi.from_dict(document).validate()
+    scheme = document["components"]["securitySchemes"]["keystone"]
+    assert scheme | {"type": "apiKey", "in": "header", "name": "X-Auth-Token"} == scheme
+    for method, path, operation in operations(document):
+        if path in UNAUTHENTICATED:
+            continue
+        if path.startswith("/v2/admin/"):
+            assert {"keystone": []} not in operation["security"], (method, path)
+        else:
+            assert operation["security"] == [{"keystone": []}], (method, path)
+            assert {"401", "403"} <= set(operation["responses"]), (method, path)

@@ -39,6 +39,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/subscriptions/{subscription_id}/confirm"): {"confirmed": True},
     ("POST", "/share"): {},
     ("POST", "/purge"): {},
+    ("POST", "/redrive"): {"max_per_second": 1},
 }
 QUERIES = {("DELETE", "/messages"): "?pop=1", ("POST", "/claims"): "?limit=1"}
 

@@ -5,3 +5,6 @@ wrk.headers["X-Project-ID"] = "bench"
 -- the auth part sends a bearer token (bench/auth.py)
 local authorization = os.getenv("BENCH_AUTHORIZATION")
 if authorization then wrk.headers["Authorization"] = authorization end
+-- ... or a Keystone token (X-Auth-Token)
+local keystone_token = os.getenv("BENCH_X_AUTH_TOKEN")
+if keystone_token then wrk.headers["X-Auth-Token"] = keystone_token end

@@ -30,7 +30,7 @@ from feedsvc.errors import Forbidden
 EXPOSED = "Location, Retry-After, X-Openstack-Request-Id, WWW-Authenticate"
 #: The request headers the API reads.
 ALLOWED_HEADERS = (
-    "Authorization, Client-ID, X-Project-ID, Content-Type, Idempotency-Key, "
+    "Authorization, X-Auth-Token, Client-ID, X-Project-ID, Content-Type, Idempotency-Key, "
     "Last-Event-ID, URL-Signature, URL-Expires, URL-Methods, URL-Paths"
 )
 #: Seconds a browser may keep a preflight's answer.

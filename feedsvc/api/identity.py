@@ -7,9 +7,11 @@ name from the route's ``{queue}`` or ``{topic}`` (``feeds.name_of``: the
 feed's own; see ``feedsvc.api.feeds`` for why this check runs before the
 feed is resolved). A route whose action is None is open; a request whose
 pre-signed URL was verified is served for what the URL allows; any other
-needs a bearer token (401) whose scopes allow the action on that name (403),
-before its handler runs, so a refused request changes nothing. The admin
-routes are left to ``feedsvc.api.admin``, which also takes the admin token.
+needs a bearer token (401) -- with ``--keystone-url`` a Keystone
+``X-Auth-Token``, which wins over ``Authorization`` -- whose scopes allow
+the action on that name (403), before its handler runs, so a refused
+request changes nothing. The admin routes are left to
+``feedsvc.api.admin``, which also takes the admin token.
 ``validation.caller`` then takes the project from ``request[IDENTITY]``.
 """
 
@@ -22,6 +24,7 @@ from feedsvc.api.feeds import name_of
 from feedsvc.api.validation import IDENTITY, SIGNED_PROJECT
 from feedsvc.appkeys import AUTHENTICATOR, ROUTE_ACTIONS
 from feedsvc.errors import InsufficientScope, Unauthorized
+from feedsvc.keystone import KeystoneUnauthorized
 
 #: A route's action when its request names a claim: deleting a claimed
 #: message (``?claim_id=``) is the consumer's, a claim action.
@@ -51,7 +54,17 @@ async def authorize(request: web.Request) -> None:
     action = action_of(request)
     if action is None or action == ADMIN or request[SIGNED_PROJECT]:
         return  # the admin API checks its own credential (feedsvc.api.admin)
-    identity: Identity = await request.app[AUTHENTICATOR].identify(bearer_token(request))
+    authenticator = request.app[AUTHENTICATOR]
+    keystone = authenticator.keystone
+    token = request.headers.get("X-Auth-Token")
+    identity: Identity
+    if keystone is not None and token is not None:
+        identity = await authenticator.identify_keystone(token)
+    elif keystone is not None and "Authorization" not in request.headers:
+        raise KeystoneUnauthorized("An 'X-Auth-Token' header (a Keystone token) is required.",
+                                   keystone.uri)  # fmt: skip
+    else:
+        identity = await authenticator.identify(bearer_token(request))
     name = name_of(request)  # the name the feed will be resolved with (feeds.resolve)
     if not identity.allows(action, name):
         raise InsufficientScope(action, name)

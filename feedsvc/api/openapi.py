@@ -25,6 +25,7 @@ from feedsvc.api import signed_urls
 from feedsvc.api import validation as v
 from feedsvc.api.openapi_admin import ADMIN_PREFIX, add_admin
 from feedsvc.api.openapi_consumers import add_consumers
+from feedsvc.api.openapi_redrive import add_redrive
 from feedsvc.api.openapi_subscriptions import add_subscriptions
 from feedsvc.appkeys import SETTINGS
 from feedsvc.config import DRIVER_NAMES, MAX_QUOTA, Settings
@@ -1112,11 +1113,23 @@ def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
             "ACTION:NAME_GLOB items (ACTION read, post, claim, delete, manage or *; "
             "admin:PROJECT_GLOB for the admin API).",
         }
+    if settings.keystone_url:
+        schemes["keystone"] = {
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-Auth-Token",
+            "description": f"An OpenStack Keystone token, validated against "
+            f"{settings.keystone_url} (and cached up to --keystone-cache seconds): the project "
+            "is its project scope's id, its roles give the scopes (--keystone-roles). Missing "
+            'or invalid: 401 with WWW-Authenticate: Keystone uri="..."; Keystone unreachable '
+            "for a token not cached: 503.",
+        }
     # the admin routes' own scheme (openapi_admin.py) stays
     components.setdefault("securitySchemes", {}).update(schemes)
     components["responses"]["Unauthorized"] = _response(
         "No bearer token, or one that does not hold (RFC 6750: "
-        'WWW-Authenticate: Bearer error="invalid_token").',
+        'WWW-Authenticate: Bearer error="invalid_token"; for a Keystone X-Auth-Token, '
+        'Keystone uri="...").',
         _schema("Error"),
         headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     )
@@ -1135,7 +1148,7 @@ def _require_tokens(document: dict[str, Any], settings: Settings) -> None:
             # (only the token file and JWTs carry scopes)
             if settings.auth_token_file or settings.jwt_on():
                 for operation in item.values():
-                    operation["security"] += [{name: []} for name in schemes]
+                    operation["security"] += [{n: []} for n in schemes if n != "keystone"]
                     operation["responses"]["401"] = _ref("responses", "Unauthorized")
             continue
         for operation in item.values():
@@ -1340,8 +1353,14 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     add_admin(document)
     add_consumers(document)
     _topics(document)  # the queue paths so far, subscriptions included, on topics
+    add_redrive(document)  # queues only
     _signed_urls(document)
-    if settings.auth_token or settings.auth_token_file or settings.jwt_on():
+    if (
+        settings.auth_token
+        or settings.auth_token_file
+        or settings.jwt_on()
+        or settings.keystone_url
+    ):
         _require_tokens(document, settings)
     return document
 

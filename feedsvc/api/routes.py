@@ -8,7 +8,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import AbstractRoute
 
 from feedsvc.access import ADMIN as ADMIN_ACTION
-from feedsvc.api import admin, console, metrics, openapi, signed_urls, streams
+from feedsvc.api import admin, console, metrics, openapi, redrive, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
 from feedsvc.api.feeds import QUEUES, TOPICS, FeedHandler, Kind, on_feed, on_feeds
@@ -92,6 +92,10 @@ ROUTES: list[Route] = [
     ("PATCH", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.patch_claim), "claim"),
     ("DELETE", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.delete_claim), "claim"),
     ("POST", QUEUE + "/messages/{message_id}/release", on_feed(QUEUES, h.release_message), "claim"),
+    # a dead-letter queue's redrive; "to" another queue needs post there too
+    ("POST", QUEUE + "/redrive", on_feed(QUEUES, redrive.start_redrive), "manage"),
+    ("GET", QUEUE + "/redrive", on_feed(QUEUES, redrive.get_redrive), "manage"),
+    ("DELETE", QUEUE + "/redrive", on_feed(QUEUES, redrive.cancel_redrive), "manage"),
     *below(TOPICS, TOPIC, FEED),
     ("GET", "/v2/topics", on_feeds(TOPICS, h.list_queues), "read"),
     *[(method, ADMIN + path, handler, action) for method, path, handler, action in ADMIN_ROUTES],

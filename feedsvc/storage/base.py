@@ -39,6 +39,12 @@ into the Lua scripts too)::
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x
+    Q:dlo                hash    of a dead-letter queue: message id -> the queue
+                                 it was dead-lettered from (storage/redrive.py)
+    Q:rd                 hash    a dead-letter queue's redrive: state, window,
+                                 counts, pace, lease (storage/redrive.py)
+    Q:rdm:<id>           string  a redrive copied dead letter <id> here; PX past it
+    fs:redrives          set     JSON [project, queue] of redrives that may run
     Q:fol                hash    process token -> "<followers> <valid until ms>"
                                  for the queues --metrics-queues names (see
                                  follower_counts.py); expires by itself
@@ -424,6 +430,41 @@ class DeliveryState(Protocol):
         ...
 
 
+MAX_REDRIVE_RATE = 1000  # the largest max_per_second of a redrive
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    """A dead-letter queue's redrive as it stands (``storage/redrive.py``)."""
+
+    state: str  # running, done, cancelled
+    moved: int
+    skipped: int  # left there: held by a claim, or no known source and no "to"
+    remaining: int  # dead letters still to consider
+    max_per_second: int
+    to: str | None  # None: each back to the queue it came from
+    started_at: int  # ms
+    updated_at: int  # ms
+
+
+class RedriveStore(Protocol):
+    """Dead-letter queues' redrives: one per queue at a time, its progress in
+    Redis, moved on in paced steps by whichever process holds its lease."""
+
+    async def start(self, project: str, queue: str, max_per_second: int, to: str | None) -> Redrive:
+        """QueueNotFound if no such queue, RedriveRunning if one runs."""
+        ...
+
+    async def get(self, project: str, queue: str) -> Redrive | None: ...
+    async def cancel(self, project: str, queue: str) -> Redrive | None: ...
+    async def running(self, limit: int) -> list[tuple[str, str]]: ...
+
+    async def step(self, project: str, queue: str, owner: str) -> int | None:
+        """One bounded, paced batch if owner holds (or may take) the lease:
+        how many moved; None when it is not running."""
+        ...
+
+
 @dataclass(slots=True)
 class StoreCounters:
     """Counters a load test or /metrics can read."""
@@ -727,6 +768,11 @@ class FeedStore(Protocol):
     @property
     def rate_limits(self) -> RateLimitStore:
         """Projects' request-rate buckets (``--project-rate``)."""
+        ...
+
+    @property
+    def redrives(self) -> RedriveStore:
+        """The redrives of dead-letter queues."""
         ...
 
 

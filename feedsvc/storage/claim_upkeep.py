@@ -216,9 +216,10 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            last, exists, *seqs = replies
+            last, exists, origins_ttl, *seqs = replies
             seq = r.parse_seq(last) if last is not None else now * 1000
             writes: list[Command] = []
+            latest = 0
             for message, have in zip(parked, seqs, strict=True):
                 if have:
                     continue
@@ -228,8 +229,15 @@ class ClaimUpkeep(FeedSpace):
                 writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, header.expires, message.id))
+                # where it came from, for a redrive (storage/redrive.py)
+                writes.append(("HSET", target.origins, message.id, queue))
+                latest = max(latest, header.expires)
             if not writes:
                 return None, None
+            # kept while any dead letter may be (a claim can stretch one's life)
+            keep = latest + (self._settings.max_claim_ttl + self._settings.max_claim_grace) * 1000
+            if int(origins_ttl) < 0 or now + int(origins_ttl) < keep:
+                writes.append(("PEXPIREAT", target.origins, keep))
             writes.append(("SET", target.seq, seq))
             if last is None:  # where the counter started (see list.lua's missed)
                 writes.append(("HSET", target.meta, r.SEQ_BASE, now * 1000))
@@ -256,11 +264,13 @@ class ClaimUpkeep(FeedSpace):
                 [
                     target.seq,
                     target.meta,
+                    target.origins,
                     *(k for m in parked for k in r.message_keys(target, m.id)),
                 ],
                 [
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
+                    ("PTTL", target.origins),
                     *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
                 ],
                 copy,

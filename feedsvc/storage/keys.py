@@ -51,6 +51,13 @@ LEASE_INFIX = ":sl:"
 #: ``[kind, project, name]`` members, score 0. One key in one slot: the
 #: delivery workers' sweep reads it; adding to it is an idempotent ZADD.
 SUBSCRIBED_KEY = f"{NAMESPACE}:subscribed"
+REDRIVE_SUFFIX = ":rd"
+ORIGINS_SUFFIX = ":dlo"
+REDRIVEN_INFIX = ":rdm:"
+#: Every dead-letter queue with a running redrive: JSON ``[project, queue]``
+#: members. One key in one slot; the redrivers of every process read it
+#: (``feedsvc.redriver``); a member whose redrive is over is removed.
+REDRIVES_KEY = f"{NAMESPACE}:redrives"
 
 
 def escape_project(project: str) -> str:
@@ -151,6 +158,21 @@ class QueueKeys:
     def followers(self) -> str:
         """Each process's followers of the queue: a report, not queue data."""
         return self.prefix + FOLLOWERS_SUFFIX
+
+    @property
+    def redrive(self) -> str:
+        """Hash: the queue's redrive, as a dead-letter queue (storage/redrive.py)."""
+        return self.prefix + REDRIVE_SUFFIX
+
+    @property
+    def origins(self) -> str:
+        """Hash: dead letter id -> the queue it was dead-lettered from."""
+        return self.prefix + ORIGINS_SUFFIX
+
+    def redriven(self, message_id: str) -> str:
+        """String: in a redrive's target, the mark that a dead letter was
+        copied here (its idempotency key; storage/redrive.py)."""
+        return self.prefix + REDRIVEN_INFIX + message_id
 
     def record(self, message_id: str) -> str:
         """A message: its header and body in one string (see record.py)."""

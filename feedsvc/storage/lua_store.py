@@ -135,11 +135,14 @@ class LuaStore(RedisStore):
         await self._transport.call_checked([("ZREM", self._registry(project), queue)])
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "0"]):
             pass
+        # a dead-letter queue's redrive and its messages' origins (storage/redrive.py)
+        await self._transport.call_checked([("DEL", keys.redrive, keys.origins)])
 
     async def purge_queue(self, project: str, queue: str) -> None:
         keys = self._keys(project, queue)
         while await self._script(load_script("drop_queue"), keys.fixed(), [DROP_BATCH, "1"]):
             pass
+        await self._transport.call_checked([("DEL", keys.origins)])
 
     async def _post(
         self,

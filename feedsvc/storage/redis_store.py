@@ -52,6 +52,7 @@ from feedsvc.storage.follower_counts import RedisFollowerCounts
 from feedsvc.storage.keys import KINDS, Kind, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
+from feedsvc.storage.redrive import RedisRedrives
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
@@ -149,6 +150,7 @@ class RedisStore(ClaimUpkeep):
         self._deliveries = RedisDeliveries(transport, clock, builders, self._open_for_delivery)
         self.rate_limits = RedisRateLimits(transport)
         self.quotas = ProjectQuotas(transport, settings, clock)
+        self.redrives = RedisRedrives(transport, settings, clock, self.quotas)
 
     def topics(self) -> Self:
         """This store on the project's topics: the same operations and records

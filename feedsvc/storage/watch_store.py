@@ -313,8 +313,9 @@ class WatchStore(RedisStore):
             await transport.transaction(
                 [("DEL", *(keys.claim(r.text(c)) for c in claims)), ("ZREM", keys.claims, *claims)]
             )
-        kept = {keys.meta, keys.seq, keys.idempotency} if keep_queue else set()
-        everything = [*keys.fixed(), keys.idempotency]
+        kept = {keys.meta, keys.seq, keys.idempotency, keys.redrive} if keep_queue else set()
+        # with a dead-letter queue's redrive and origins (storage/redrive.py)
+        everything = [*keys.fixed(), keys.idempotency, keys.redrive, keys.origins]
         deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
         if not keep_queue:
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))

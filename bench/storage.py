@@ -1,0 +1,537 @@
+"""What a message costs its Redis: the ``storage`` part of ``python -m bench``
+(issue 30), side by side with a Redis Stream on the same Redis in one run.
+
+Measured from outside, on the suite's own redis-server (a free port, default
+configuration: no listpack tuning), ``FLUSHALL`` first:
+
+* N single-message posts (``--storage-messages``, default 20,000) of a
+  100-byte JSON body over HTTP to a real ``feedsvc serve``, once with the
+  lua driver and once with the watch driver (each its own process and
+  queue, ``CONCURRENCY`` posts in flight), then one reader paging through
+  them 10 at a time, following the ``next`` links; against the same N
+  bodies ``XADD``\\ ed to a stream with the fields a message needs (ttl,
+  client id, expiry), pipelined ``PIPELINE`` at a time, and read back with
+  ``XRANGE COUNT 10``, one per round trip.
+* per message: Redis memory (``used_memory`` after ``MEMORY PURGE``, the
+  delta over the posts divided by N) and Redis main-thread CPU
+  (``used_cpu_{sys,user}_main_thread`` of ``INFO cpu``, else the process's);
+  per batch of 100 (a POST of 100 against 100 ``XADD``\\ s in one pipeline);
+  per page of 10; the worst page filter (``echo=true&include_claimed=true``
+  on a queue where every other message is delayed and a quarter are
+  claimed); ``INFO commandstats`` per post (calls and µs per call of each
+  command, over the N posts).
+* 1 KiB and 10 KiB bodies: memory per message against a stream's
+  (N / 10 of each, ``BIG_MIN`` at least).
+* the expiry reclaim: M messages (``--storage-reclaim``, default 20,000;
+  the issue's figure is 1,000,000) behind one 14-day message, with ttls of
+  ``SHORT_TTLS`` seconds (the service runs with ``--min-message-ttl 1``),
+  posted 100 a POST; once all are past their ttl, ``used_memory`` is
+  watched with no traffic until it is back within ``WITHIN`` of where it
+  started, stops falling for ``PLATEAU_S``, or ``RECLAIM_WAIT_S`` pass; then
+  (if still not back) one-message posts of ttl 1 s, as a queue in use sees
+  them, until it is back, stops falling for ``PLATEAU_POSTS`` posts, or
+  ``RECLAIM_POSTS`` (or M / 50) posts were sent. What is true
+  is reported: the share of the added memory still held and how long it
+  took.
+* the hot-queue ceiling: messages per second one Redis core indexes for one
+  queue in POSTs of 100 (1 / its CPU per message), against XADD pipelined.
+
+Ratios are feedsvc / stream. CPU in µs, memory in bytes, per message unless
+the row says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+import redis
+
+from bench.service import PRODUCER, Service, SuiteLike
+
+READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
+CONCURRENCY = 16  # posts in flight against one service
+PIPELINE = 32  # XADDs per round trip for the per-message anchor
+BATCH = 100
+PAGE = 10
+BODY_BYTES = 100
+BIG_BODIES = (1024, 10240)
+#: at least this many of each (N / 10 by default): fewer are lost in used_memory's noise
+BIG_MIN = 200
+TTL = 3600
+LONG_TTL = 1209600  # the 14-day message in front of the reclaim queue
+SHORT_TTLS = (10, 20)  # s: none expires before the M are posted
+WITHIN = 0.05  # "back": used_memory within 5 % of where it started
+RECLAIM_WAIT_S = 60.0
+PLATEAU_S = 10.0
+POLL_S = 0.5
+RECLAIM_POSTS = 2000  # at least this bound (and 2 per 100 messages), after the idle wait
+PLATEAU_POSTS = 300  # posts with no new low of used_memory: it will not come back
+HEADERS = {"X-Project-ID": "bench", "Content-Type": "application/json"}
+
+
+class StorageSuite(SuiteLike, Protocol):
+    storage_messages: int
+    storage_reclaim: int
+
+
+def body(n: int, size: int) -> dict[str, Any]:
+    """A JSON body whose compact encoding (as feedsvc stores it) is size bytes."""
+    bare = len(orjson.dumps({"n": n, "pad": ""}))
+    return {"n": n, "pad": "x" * max(0, size - bare)}
+
+
+# -- Redis, measured from outside -------------------------------------------------
+
+
+def redis_cpu_us(client: redis.Redis) -> float:
+    """The main thread's CPU time so far (the process's on a Redis without it), µs."""
+    info = client.info("cpu")
+    if "used_cpu_sys_main_thread" in info:
+        return 1e6 * float(info["used_cpu_sys_main_thread"] + info["used_cpu_user_main_thread"])
+    return 1e6 * float(info["used_cpu_sys"] + info["used_cpu_user"])
+
+
+def used_memory(client: redis.Redis) -> int:
+    """``used_memory`` after ``MEMORY PURGE``, less the clients' buffers: a
+    service's connections hold tens of KiB of query and reply buffers that
+    grow, shrink and go when it stops, which is not what its data costs."""
+    client.memory_purge()
+    info = client.info("memory")
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
+
+
+def settle(client: redis.Redis) -> None:
+    """Until only this client is connected (a service that stopped is gone), 10 s at most."""
+    deadline = time.monotonic() + 10
+    while client.info("clients")["connected_clients"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@dataclass
+class Cost:
+    """What some work cost Redis: CPU µs, bytes of memory, and each command's
+    (calls, µs per call) over it (``INFO commandstats``)."""
+
+    cpu_us: float
+    memory: int
+    commands: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+def measure(client: redis.Redis, work: Callable[[], object]) -> Cost:
+    """What work cost Redis. ``INFO commandstats`` is read before and after
+    rather than reset: ``CONFIG RESETSTAT`` frees each command's latency
+    histogram (Redis 7, ≈ 34 KiB each), which the work would then allocate
+    again and be charged for."""
+    before = _commandstats(client)
+    memory, cpu = used_memory(client), redis_cpu_us(client)
+    work()
+    cpu = redis_cpu_us(client) - cpu
+    memory = used_memory(client) - memory
+    after = _commandstats(client)
+    commands = {}
+    for name, (total_calls, total_usec) in after.items():
+        calls = total_calls - before.get(name, (0, 0.0))[0]
+        usec = total_usec - before.get(name, (0, 0.0))[1]
+        if calls > 0 and name not in ("info", "memory|purge"):  # this function's own
+            commands[name] = (calls, usec / calls)
+    return Cost(cpu, memory, commands)
+
+
+def _commandstats(client: redis.Redis) -> dict[str, tuple[int, float]]:
+    """command -> (calls, µs in all) so far."""
+    return {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+        for name, v in client.info("commandstats").items()
+    }
+
+
+# -- feedsvc, over HTTP -----------------------------------------------------------
+
+
+async def _post_all(url: str, path: str, payloads: Sequence[dict[str, Any]], client: str) -> int:
+    """POST each payload, CONCURRENCY at a time; the number of failures."""
+    failures = 0
+    todo = iter(payloads)
+    headers = {**HEADERS, "Client-ID": client}
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal failures
+        for payload in todo:
+            async with http.post(path, data=orjson.dumps(payload), headers=headers) as r:
+                await r.read()
+                failures += r.status != 201
+
+    async with aiohttp.ClientSession(url) as http:
+        await asyncio.gather(*(worker(http) for _ in range(CONCURRENCY)))
+    return failures
+
+
+def post_all(
+    svc: Service, queue: str, payloads: Sequence[dict[str, Any]], client: str = PRODUCER
+) -> int:
+    return asyncio.run(_post_all(svc.url, f"/v2/queues/{queue}/messages", payloads, client))
+
+
+def singles(sizes: int, count: int, ttl: int = TTL, start: int = 0) -> list[dict[str, Any]]:
+    return [{"messages": [{"ttl": ttl, "body": body(start + i, sizes)}]} for i in range(count)]
+
+
+async def _page_all(url: str, queue: str, query: str) -> tuple[int, int]:
+    """Follow the next links from the head until a page comes back empty:
+    (pages read, messages seen)."""
+    headers = {**HEADERS, "Client-ID": READER}
+    href: str | None = f"/v2/queues/{queue}/messages?limit={PAGE}{query}"
+    pages = seen = 0
+    async with aiohttp.ClientSession(url) as http:
+        while href:
+            async with http.get(href, headers=headers) as r:
+                assert r.status == 200, (r.status, await r.text())
+                page = await r.json()
+            pages += 1
+            seen += len(page["messages"])
+            links = [link["href"] for link in page["links"] if link["rel"] == "next"]
+            href = links[0] if page["messages"] and links else None
+    return pages, seen
+
+
+def page_all(svc: Service, queue: str, query: str = "") -> tuple[int, int]:
+    return asyncio.run(_page_all(svc.url, queue, query))
+
+
+# -- the stream anchor ------------------------------------------------------------
+
+
+def xadd_all(client: redis.Redis, key: str, size: int, count: int, per_trip: int) -> None:
+    """count entries of a size-byte body with ttl, client id and expiry,
+    per_trip XADDs a round trip."""
+    now = int(time.time() * 1000)
+    for first in range(0, count, per_trip):
+        pipe = client.pipeline(transaction=False)
+        for n in range(first, min(count, first + per_trip)):
+            fields = {"t": TTL, "u": PRODUCER, "e": now + TTL * 1000,
+                      "b": orjson.dumps(body(n, size))}  # fmt: skip
+            pipe.xadd(key, fields)  # type: ignore[arg-type]
+        pipe.execute()
+
+
+def xrange_all(client: redis.Redis, key: str) -> int:
+    """Page through a stream PAGE entries a round trip; the pages read."""
+    start, pages = "-", 0
+    while True:
+        entries = client.xrange(key, min=start, count=PAGE)
+        pages += 1
+        if not entries:
+            return pages
+        last = entries[-1][0]
+        start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+
+
+# -- the part ---------------------------------------------------------------------
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs else math.nan
+
+
+def part_storage(suite: StorageSuite) -> None:
+    n = suite.storage_messages
+    client = redis.Redis.from_url(suite.redis.url)
+    try:
+        client.flushall()
+        took = [time.monotonic()]
+        reclaim = expiry_reclaim(suite, client, suite.storage_reclaim)
+        settle(client)
+        client.flushall()
+        took.append(time.monotonic())
+        stream = stream_costs(client, n)
+        took.append(time.monotonic())
+        drivers = {}
+        for driver in ("lua", "watch"):
+            drivers[driver] = driver_costs(suite, client, driver, n)
+            took.append(time.monotonic())
+        big = big_bodies(suite, client, max(BIG_MIN, n // 10))
+        took.append(time.monotonic())
+    finally:
+        client.close()
+    lua, watch = drivers["lua"], drivers["watch"]
+    rows = (
+        ("memory per message (100 B body), bytes", "memory"),
+        ("Redis CPU per 1-message post, us", "post_us"),
+        ("Redis CPU per batch of 100, us", "batch_us"),
+        ("Redis CPU per page of 10, us", "page_us"),
+    )
+    for label, key in rows:
+        suite.add(
+            f"storage: {label}",
+            lua=lua[key],
+            watch=watch[key],
+            stream=stream[key],
+            ratio_lua=_ratio(lua[key], stream[key]),
+            ratio_watch=_ratio(watch[key], stream[key]),
+        )
+    suite.add(
+        "storage: Redis CPU per worst page, us",
+        filter="echo=true&include_claimed=true, 1/2 delayed, 1/8 claimed",
+        lua=lua["worst_us"],
+        watch=watch["worst_us"],
+        stream=stream["page_us"],
+        ratio_lua=_ratio(lua["worst_us"], stream["page_us"]),
+        ratio_watch=_ratio(watch["worst_us"], stream["page_us"]),
+        pages=lua["worst_pages"],
+        shown=lua["worst_shown"],
+    )
+    for driver, costs in drivers.items():
+        suite.add(f"storage: commandstats per post ({driver})", **costs["commands"])
+        suite.add(
+            f"storage: run ({driver})",
+            messages=n,
+            pages=costs["pages"],
+            seen=costs["seen"],
+            errors=costs["errors"],
+        )
+    suite.add("storage: commandstats per XADD (stream)", **stream["commands"])
+    for size, (ours, theirs) in big.items():
+        suite.add(
+            f"storage: memory per message ({size // 1024} KiB body), bytes",
+            lua=ours,
+            stream=theirs,
+            ratio_lua=_ratio(ours, theirs),
+        )
+    suite.add("storage: expiry reclaim (lua)", **reclaim)
+    phases = ("reclaim", "stream", "lua", "watch", "big_bodies")
+    suite.add(
+        "storage: seconds taken",
+        **{p: b - a for p, (a, b) in zip(phases, itertools.pairwise(took), strict=True)},
+        total=took[-1] - took[0],
+    )
+    ceiling = {d: 100e6 / c["batch_us"] if c["batch_us"] else math.nan for d, c in drivers.items()}
+    xadd_ceiling = 100e6 / stream["batch_us"] if stream["batch_us"] else math.nan
+    suite.add(
+        "storage: hot-queue ceiling, messages/s",
+        lua=ceiling["lua"],
+        watch=ceiling["watch"],
+        stream=xadd_ceiling,
+        ratio_lua=_ratio(ceiling["lua"], xadd_ceiling),
+        ratio_watch=_ratio(ceiling["watch"], xadd_ceiling),
+    )
+
+
+def _per_post(cost: Cost, posts: int) -> dict[str, float]:
+    """calls per post and µs per call of each command: ``<cmd>_calls``, ``<cmd>_us``."""
+    out: dict[str, float] = {}
+    for name, (calls, us) in sorted(cost.commands.items()):
+        out[f"{name}_calls"] = calls / posts
+        out[f"{name}_us"] = us
+    return out
+
+
+def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
+    xadd_all(client, "bench:warm", BODY_BYTES, 10, 10)  # XADD's histogram exists before
+    posts = measure(client, lambda: xadd_all(client, "bench:stream", BODY_BYTES, n, PIPELINE))
+    pages: list[int] = []
+    paging = measure(client, lambda: pages.append(xrange_all(client, "bench:stream")))
+    batches = max(1, n // BATCH)
+    batch = measure(
+        client, lambda: xadd_all(client, "bench:stream-batch", BODY_BYTES, batches * BATCH, BATCH)
+    )
+    return {
+        "memory": posts.memory / n,
+        "post_us": posts.cpu_us / n,
+        "batch_us": batch.cpu_us / batches,
+        "page_us": paging.cpu_us / pages[0],
+        "commands": _per_post(posts, n),
+    }
+
+
+def driver_costs(suite: StorageSuite, client: redis.Redis, driver: str, n: int) -> dict[str, Any]:
+    queue, batch_queue, worst = (
+        f"bstore-{driver}",
+        f"bstore-{driver}-batch",
+        f"bstore-{driver}-worst",
+    )
+    log = suite.workdir / f"feedsvc-storage-{driver}.log"
+    flags = ("--driver", driver, "--max-messages-per-post", str(BATCH))
+    with Service(suite.redis.url, log, *flags) as svc:
+        for q in (queue, batch_queue, worst):
+            # the queue's own keys exist before anything is measured
+            post_all(svc, q, singles(BODY_BYTES, 1))
+        errors: list[int] = []
+        posts = measure(client, lambda: errors.append(post_all(svc, queue, singles(BODY_BYTES, n))))
+        read: list[tuple[int, int]] = []
+        paging = measure(client, lambda: read.append(page_all(svc, queue)))
+        batches = max(1, n // BATCH)
+        payloads = [
+            {
+                "messages": [
+                    {"ttl": TTL, "body": body(b * BATCH + i, BODY_BYTES)} for i in range(BATCH)
+                ]
+            }
+            for b in range(batches)
+        ]
+        batch = measure(client, lambda: errors.append(post_all(svc, batch_queue, payloads)))
+        worst_pages, worst_shown, worst_us = worst_page(svc, client, worst, max(40, n // 4))
+    return {
+        "memory": posts.memory / n,
+        "post_us": posts.cpu_us / n,
+        "batch_us": batch.cpu_us / batches,
+        "page_us": paging.cpu_us / read[0][0],
+        "pages": read[0][0],
+        "seen": read[0][1],
+        "errors": sum(errors),
+        "commands": _per_post(posts, n),
+        "worst_us": worst_us,
+        "worst_pages": worst_pages,
+        "worst_shown": worst_shown,
+    }
+
+
+def worst_page(svc: Service, client: redis.Redis, queue: str, count: int) -> tuple[int, int, float]:
+    """A queue of count messages posted by the reader itself (shown only
+    with echo=true), every other one delayed (passed over, read all the
+    same), an eighth claimed (shown with include_claimed): read
+    through with both filters on. (pages, messages shown, µs per page)."""
+    payloads = [
+        {"messages": [{"ttl": TTL, "delay": 900 if i % 2 else 0, "body": body(i, BODY_BYTES)}]}
+        for i in range(count)
+    ]
+    post_all(svc, queue, payloads, client=READER)
+    headers = {**HEADERS, "Client-ID": READER}
+    for _ in range(max(1, count // 8 // 20)):
+        svc_claim(svc, queue, headers)
+    read: list[tuple[int, int]] = []
+    cost = measure(
+        client, lambda: read.append(page_all(svc, queue, "&echo=true&include_claimed=true"))
+    )
+    pages, shown = read[0]
+    return pages, shown, cost.cpu_us / pages
+
+
+def svc_claim(svc: Service, queue: str, headers: dict[str, str]) -> None:
+    async def claim() -> None:
+        async with aiohttp.ClientSession(svc.url) as http:
+            path = f"/v2/queues/{queue}/claims?limit=20"
+            async with http.post(path, json={"ttl": 300, "grace": 60}, headers=headers) as r:
+                assert r.status in (201, 204), (r.status, await r.text())
+
+    asyncio.run(claim())
+
+
+def big_bodies(
+    suite: StorageSuite, client: redis.Redis, count: int
+) -> dict[int, tuple[float, float]]:
+    """{body size: (feedsvc's bytes per message, a stream entry's)}, lua driver."""
+    out = {}
+    log = suite.workdir / "feedsvc-storage-big.log"
+    with Service(suite.redis.url, log) as svc:
+        for size in BIG_BODIES:
+            queue, posts = f"bstore-{size}", singles(size, count)
+            post_all(svc, queue, singles(size, 1))
+            ours = measure(client, functools.partial(post_all, svc, queue, posts))
+            theirs = measure(
+                client,
+                functools.partial(xadd_all, client, f"bench:stream-{size}", size, count, PIPELINE),
+            )
+            out[size] = (ours.memory / count, theirs.memory / count)
+    return out
+
+
+# -- expiry reclaim ---------------------------------------------------------------
+
+
+async def _trickle(
+    url: str, queue: str, client: redis.Redis, m: int, back: Callable[[int], bool]
+) -> tuple[int, bool]:
+    """One-message posts (ttl 1 s), one at a time, until used_memory is back,
+    stops falling for PLATEAU_POSTS posts, or max(RECLAIM_POSTS, m / 50)
+    were sent: (posts sent, whether it came back)."""
+    headers = {**HEADERS, "Client-ID": PRODUCER}
+    one = orjson.dumps({"messages": [{"ttl": 1, "body": body(0, BODY_BYTES)}]})
+    best, best_at, posts = used_memory(client), 0, 0
+    async with aiohttp.ClientSession(url) as http:
+        while posts < max(RECLAIM_POSTS, m // 50) and posts - best_at < PLATEAU_POSTS:
+            async with http.post(f"/v2/queues/{queue}/messages", data=one, headers=headers) as r:
+                await r.read()
+            posts += 1
+            if posts % 10 == 0:
+                memory = used_memory(client)
+                if back(memory):
+                    return posts, True
+                if memory < best:
+                    best, best_at = memory, posts
+    return posts, False
+
+
+def expiry_reclaim(suite: StorageSuite, client: redis.Redis, m: int) -> dict[str, object]:
+    log = suite.workdir / "feedsvc-storage-reclaim.log"
+    flags = ("--min-message-ttl", "1", "--max-messages-per-post", str(BATCH))
+    queue = "bstore-reclaim"
+    with Service(suite.redis.url, log, *flags) as svc:
+        # the queue's own keys exist before the start is read
+        post_all(svc, queue, [{"messages": [{"ttl": 1, "body": body(0, BODY_BYTES)}]}])
+        start = used_memory(client)
+        post_all(svc, queue, [{"messages": [{"ttl": LONG_TTL, "body": body(0, BODY_BYTES)}]}])
+        payloads = [
+            {
+                "messages": [
+                    {"ttl": SHORT_TTLS[(b + i) % len(SHORT_TTLS)], "body": body(b + i, BODY_BYTES)}
+                    for i in range(min(BATCH, m - b))
+                ]
+            }
+            for b in range(0, m, BATCH)
+        ]
+        began = time.monotonic()
+        errors = post_all(svc, queue, payloads)
+        peak = used_memory(client)
+        posted_s = time.monotonic() - began
+        expired_at = began + posted_s + max(SHORT_TTLS) + 0.1
+        time.sleep(max(0.0, expired_at - time.monotonic()))
+        added = max(1, peak - start)
+
+        def back(memory: int) -> bool:
+            return memory <= start * (1 + WITHIN)
+
+        # no traffic: what Redis gives back by itself
+        memory, best, best_at = used_memory(client), peak, time.monotonic()
+        idle_s = math.nan
+        while time.monotonic() - expired_at < RECLAIM_WAIT_S:
+            memory = used_memory(client)
+            if back(memory):
+                idle_s = time.monotonic() - expired_at
+                break
+            if memory < best - added // 100:
+                best, best_at = memory, time.monotonic()
+            elif time.monotonic() - best_at > PLATEAU_S:
+                break
+            time.sleep(POLL_S)
+        idle_memory, idle_waited = memory, time.monotonic() - expired_at
+        # traffic: one-message posts, as a queue in use sees them
+        posts, traffic_s = 0, math.nan
+        if not back(memory):
+            t0 = time.monotonic()
+            posts, done = asyncio.run(_trickle(svc.url, queue, client, m, back))
+            traffic_s = time.monotonic() - t0 if done else math.nan
+            memory = used_memory(client)
+    return {
+        "messages": m,
+        "ttls_s": "/".join(str(t) for t in SHORT_TTLS) + f" behind {LONG_TTL}",
+        "start_bytes": start,
+        "peak_bytes": peak,
+        "idle_waited_s": idle_waited,
+        "idle_back_s": idle_s,
+        "idle_held_pct": 100 * (idle_memory - start) / added,
+        "idle_over_start_pct": 100 * (idle_memory - start) / start,
+        "posts_after": posts,
+        "posts_back_s": traffic_s,
+        "end_held_pct": 100 * (memory - start) / added,
+        "end_over_start_pct": 100 * (memory - start) / start,
+        "errors": errors,
+    }
