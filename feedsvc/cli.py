@@ -19,6 +19,7 @@ from aiohttp import web
 from feedsvc import __version__, tracing
 from feedsvc.access import Authenticator
 from feedsvc.api.protocol import FeedAppRunner
+from feedsvc.api.query_secrets import AccessLogger
 from feedsvc.app import create_app
 from feedsvc.appkeys import AUTHENTICATOR, DRAINING
 from feedsvc.clock import SYSTEM_CLOCK
@@ -87,6 +88,7 @@ async def serve(
         app,
         access_log=logging.getLogger("feedsvc.access") if settings.access_log else None,
         access_log_format=ACCESS_FORMAT,
+        access_log_class=AccessLogger,  # credentials in a query string are redacted
         handle_signals=False,
         keepalive_timeout=settings.keepalive_timeout,
         # every request head, not only a connection's first, within --client-timeout

@@ -525,3 +525,83 @@ def test_live_tail_goes_on_across_the_servers_own_closes(
         wait_for(browser, lambda d: len(tail_ids(d)) >= len(posted))
         assert tail_ids(browser) == posted
         assert int(text_of(browser, "#tail-reconnects")) >= 2
+
+
+def test_a_token_from_a_token_file_signs_the_console_in_and_it_follows_from_the_tail(
+    redis_server: RedisServer, browser: WebDriver, tmp_path: Path
+) -> None:
+    """Issue 31, point 8: with --auth-token-file the page shows nothing
+    without the token and works with it (its scopes apply), kept in
+    sessionStorage only; the live tail starts at the queue's tail, so what
+    was posted before the page opened is not in it."""
+    token = "console-" + uuid.uuid4().hex
+    project = "tenant-" + uuid.uuid4().hex[:8]
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{token} {project} read:* post:*\n")
+    with ServiceProcess("--redis-url", redis_server.url, "--auth-token-file", str(tokens)) as svc:
+        bearer = {**client_headers("ignored"), "Authorization": f"Bearer {token}"}
+        older = post(svc.url, bearer, "orders", *({"n": n} for n in range(3)))
+
+        open_console(browser, svc.url, project, "orders")
+        wait_for(browser, lambda d: "401" in text_of(d, "#status"))
+        assert not browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#messages li.message")
+
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "#target button[type=submit]").click()
+        wait_for(
+            browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#queues tr[data-queue=orders]")
+        )
+        browser.find_element(By.CSS_SELECTOR, "#queues tr[data-queue=orders]").click()
+        wait_for(browser, lambda d: tail_state(d) == "live")
+        assert tail_ids(browser) == []  # the older messages are not in the tail
+        newer = post(svc.url, bearer, "orders", {"n": 3})
+        wait_for(browser, lambda d: tail_ids(d) == newer)
+        assert not set(older) & set(tail_ids(browser))
+        kept = browser.execute_script(
+            "return [Object.keys(localStorage).length, Object.values(sessionStorage)]"
+        )
+        assert kept[0] == 0 and token in kept[1]
+        assert token not in browser.current_url
+        screenshot(browser, tmp_path / "console-token-file.png")
+
+
+def gap_items(driver: WebDriver, css: str) -> list[str | None]:
+    return [e.get_attribute("data-missed") for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def test_the_console_shows_a_gap_the_service_reports(
+    service: ServiceProcess, browser: WebDriver, project: str, tmp_path: Path
+) -> None:
+    """Issue 31, point 8: messages deleted while the tail was paused are
+    said as a gap (``event: gap``) just before the next message, and a list
+    page's ``X-Gap`` is shown in the newest messages."""
+    headers = client_headers(project)
+    post(service.url, headers, "gappy", {"n": 0})
+    open_console(browser, service.url, project, "gappy")
+    wait_for(browser, lambda d: tail_state(d) == "live")
+    browser.find_element(By.ID, "tail-toggle").click()  # pause
+    wait_for(browser, lambda d: tail_state(d) == "paused")
+    gone = post(service.url, headers, "gappy", {"n": 1}, {"n": 2})
+    for message_id in gone:
+        status, _, _ = call(
+            "DELETE", f"{service.url}/v2/queues/gappy/messages/{message_id}", headers
+        )
+        assert status == 204
+    [kept] = post(service.url, headers, "gappy", {"n": 3})
+    browser.find_element(By.ID, "tail-toggle").click()  # resume: from where it was
+    wait_for(browser, lambda d: tail_ids(d) == [kept])
+    items = browser.find_elements(By.CSS_SELECTOR, "#tail li")
+    assert [i.get_attribute("class") for i in items] == ["gap", "message"]
+    assert items[0].get_attribute("data-missed") == "2"
+    assert "2 messages" in items[0].text
+    # the list read again passes the same two: its page says X-Gap
+    assert gap_items(browser, "#messages li.gap") == []
+    browser.find_element(By.ID, "refresh-messages").click()
+    wait_for(browser, lambda d: gap_items(d, "#messages li.gap") == ["2"])
+    shown = [
+        json.loads(e.text)["n"]
+        for e in browser.find_elements(By.CSS_SELECTOR, "#messages li .body")
+    ]
+    assert shown == [0, 3]
+    screenshot(browser, tmp_path / "console-gap.png")

@@ -45,6 +45,8 @@ from schemathesis.specs.openapi.checks import (
 
 from feedsvc.api import validation as v
 from feedsvc.api.openapi import UNAUTHENTICATED, openapi_document
+from feedsvc.api.openapi.signed import SIGNABLE
+from feedsvc.api.routes import ACTIONS as ROUTE_ACTIONS
 from feedsvc.api.routes import ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
@@ -55,6 +57,8 @@ from tests.test_faults import LiveService, report
 
 Client = TestClient[web.Request, web.Application]
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+#: The methods that may leave Client-ID out and carry credentials in the query.
+READS = ("GET", "HEAD")
 # Examples per operation and generation mode (valid and invalid data). The
 # default keeps the fuzzing well under a minute for both drivers; raise it
 # locally with FUZZ_EXAMPLES=200.
@@ -142,14 +146,17 @@ def test_required_headers_and_errors_are_described() -> None:
     assert unavailable["headers"]["Retry-After"]["required"] is True
     no_headers = {"/", "/v2/openapi.json", "/v2/ping", "/v2/health"}
     for method, path, operation in operations(document):
-        names = {
-            resolve(document, p)["name"]: resolve(document, p) for p in operation["parameters"]
+        names = {  # the headers and the path's (the query may repeat X-Project-ID)
+            resolve(document, p)["name"]: resolve(document, p)
+            for p in operation["parameters"]
+            if resolve(document, p)["in"] != "query"
         }
         if path in no_headers or path.startswith("/v2/admin/"):
             # the admin routes take the admin token and name the project in the path
             assert "Client-ID" not in names and "X-Project-ID" not in names, path
             continue
-        assert names["Client-ID"]["required"] is True, (method, path)
+        # a read may leave it out (a browser's EventSource cannot send it)
+        assert names["Client-ID"]["required"] is (method not in READS), (method, path)
         assert names["Client-ID"]["in"] == "header"
         assert names["X-Project-ID"]["schema"]["maxLength"] == v.MAX_PROJECT_LENGTH
         assert "400" in operation["responses"], (method, path)
@@ -250,10 +257,47 @@ def test_optional_headers_and_bearer_tokens_are_described() -> None:
         if path.startswith("/v2/admin/"):
             assert operation["security"] == [{"admin": []}], (method, path)
             continue
-        assert operation["security"] == [{"bearer": []}], (method, path)
+        read = ROUTE_ACTIONS.get((method, path)) == "read"
+        query: list[dict[str, list[str]]] = [{"accessToken": []}] if read else []
+        assert operation["security"] == [{"bearer": []}, *query], (method, path)
         assert "401" in operation["responses"], (method, path)
         assert parameter(document, operation, "X-Project-ID")["required"] is False
-        assert parameter(document, operation, "Client-ID")["required"] is True
+        assert parameter(document, operation, "Client-ID")["required"] is (method not in READS)
+
+
+def test_query_string_credentials_are_described_where_they_are_accepted() -> None:
+    """access_token on the GETs of read routes (routes.ACTIONS), a signed
+    URL's parts in the query on the GETs a URL can cover, each as a query
+    parameter, and the access_token scheme declared (issue 31, point 6)."""
+    for settings in (Settings(auth_token="secret=tenant"), Settings()):
+        document = openapi_document(settings)
+        schemathesis.openapi.from_dict(document).validate()
+        schemes = document["components"]["securitySchemes"]
+        for method, path, operation in operations(document):
+            query = {
+                resolve(document, p)["name"]
+                for p in operation["parameters"]
+                if resolve(document, p)["in"] == "query"
+            }
+            read = method in READS and ROUTE_ACTIONS.get((method, path)) == "read"
+            token = read and settings.auth_token is not None
+            assert ("access_token" in query) is token, (method, path)
+            signable = method in READS and path.startswith(SIGNABLE)
+            parts = {"URL-Signature", "URL-Expires", "URL-Methods", "URL-Paths", "X-Project-ID"}
+            assert (parts <= query) is signable, (method, path)
+            assert parts & query == (parts if signable else set()), (method, path)
+            if signable:
+                refused = resolve(document, operation["responses"]["403"])
+                assert refused["content"]["application/json"], (method, path)
+        if settings.auth_token is None:
+            assert "accessToken" not in schemes
+        else:
+            assert schemes["accessToken"] == {
+                **schemes["accessToken"],
+                "type": "apiKey",
+                "in": "query",
+                "name": "access_token",
+            }
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -436,7 +480,11 @@ def services(
 
 
 def shorter_waits(context: Any, query: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A valid wait= in the fuzz holds at most FUZZ_MAX_WAIT s (invalid ones stay)."""
+    """A valid wait= in the fuzz holds at most FUZZ_MAX_WAIT s (invalid ones stay).
+    No pre-signed URL's parts in the query either, for the reason of
+    :func:`unsigned` (tests/test_query_credentials.py tries them)."""
+    if isinstance(query, dict):
+        query = {k: value for k, value in query.items() if k not in SIGNED_HEADERS}
     if not isinstance(query, dict) or "wait" not in query:
         return query
     try:
@@ -727,7 +775,10 @@ def test_jwt_and_scopes_are_described(tmp_path: Path) -> None:
             expected: list[dict[str, list[str]]] = [{"admin": []}, {"bearer": []}, {"jwt": []}]
             assert operation["security"] == expected, (method, path)
         else:
-            assert operation["security"] == [{"bearer": []}, {"jwt": []}], (method, path)
+            read = ROUTE_ACTIONS.get((method, path)) == "read"
+            query: list[dict[str, list[str]]] = [{"accessToken": []}] if read else []
+            expected = [{"bearer": []}, {"jwt": []}, *query]
+            assert operation["security"] == expected, (method, path)
         assert {"401", "403"} <= set(operation["responses"]), (method, path)
 
 

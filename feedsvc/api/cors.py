@@ -4,11 +4,11 @@ With ``--cors-origin`` (repeatable), a request whose ``Origin`` is one of
 the exact origins listed gets ``Access-Control-Allow-Origin`` naming it
 (and ``Vary: Origin``), on every answer, errors and event streams included,
 with ``Access-Control-Expose-Headers`` for what a page needs to read:
-``Location``, ``Retry-After``, the request id, ``WWW-Authenticate``. A
-listed ``*`` lets any origin read without credentials: a GET or HEAD that
-carries no ``Authorization`` gets ``Access-Control-Allow-Origin: *``;
-nothing else does. An origin not listed gets no CORS header at all, so its
-page cannot read the answer.
+``Location``, ``Retry-After``, the request id, ``WWW-Authenticate``,
+``X-Gap``. A listed ``*`` lets any origin read without credentials: a GET or
+HEAD that carries no ``Authorization`` header and no ``access_token`` in its
+query gets ``Access-Control-Allow-Origin: *``; nothing else does. An origin
+not listed gets no CORS header at all, so its page cannot read the answer.
 
 A preflight (``OPTIONS`` with ``Access-Control-Request-Method``) is answered
 for every route (``feedsvc.api.middleware`` calls :func:`preflight`): 204
@@ -27,7 +27,7 @@ from feedsvc.appkeys import SETTINGS
 from feedsvc.errors import Forbidden
 
 #: What a page may read of an answer beyond the CORS-safelisted headers.
-EXPOSED = "Location, Retry-After, X-Openstack-Request-Id, WWW-Authenticate"
+EXPOSED = "Location, Retry-After, X-Openstack-Request-Id, WWW-Authenticate, X-Gap"
 #: The request headers the API reads.
 ALLOWED_HEADERS = (
     "Authorization, X-Auth-Token, Client-ID, X-Project-ID, Content-Type, Idempotency-Key, "
@@ -58,7 +58,9 @@ def on_prepare(
         origin = request.headers.get("Origin")
         if origin is None or "Access-Control-Allow-Origin" in response.headers:
             return
-        credentials = "Authorization" in request.headers
+        credentials = "Authorization" in request.headers or (
+            bool(request.query_string) and "access_token" in request.query
+        )
         allowed = allowed_origin(origins, origin, request.method, credentials)
         response.headers.add("Vary", "Origin")
         if allowed:

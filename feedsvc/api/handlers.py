@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from feedsvc import tracing
+from feedsvc.api import spec
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import TOPICS, Feed, Feeds
 from feedsvc.api.home import HOME_DOCUMENT
@@ -46,7 +47,6 @@ from feedsvc.storage.base import (
 )
 
 API_VERSION = "2"
-DEFAULT_CLAIM_LIMIT = 10  # Zaqar's
 UPDATED = "2014-09-24T04:06:47Z"
 MEDIA_TYPES = [{"base": "application/json", "type": "application/vnd.openstack.messaging-v2+json"}]
 
@@ -79,6 +79,10 @@ async def read_body(
 
 def _settings(request: web.Request) -> Settings:
     return request.app[SETTINGS]
+
+
+def _rules(request: web.Request) -> spec.Rules:
+    return spec.rules(request.app[SETTINGS])
 
 
 def _now(request: web.Request) -> int:
@@ -276,13 +280,12 @@ async def bench_page(request: web.Request) -> web.Response:
 
 async def list_queues(request: web.Request, feeds: Feeds) -> web.Response:
     settings = _settings(request)
+    rules = spec.rules(settings)
     query = request.query
-    marker = v.queue_marker(query)
-    limit = v.bounded_int(
-        query, "limit", settings.default_queues_per_page, 1, settings.max_queues_per_page
-    )
-    detailed = v.flag(query, "detailed")
-    with_count = v.flag(query, "with_count")
+    marker = v.queue_marker(query, rules.queue_marker)
+    limit = v.integer(query, rules.queue_limit)
+    detailed = v.flag(query, rules.detailed)
+    with_count = v.flag(query, rules.with_count)
     kind, store = feeds.kind, feeds.store
     topic = kind is TOPICS
     queues = await store.list_queues(feeds.project, marker, limit, detailed)
@@ -408,11 +411,11 @@ def posted_response(base: str, ids: list[str]) -> web.Response:
 
 async def get_messages(request: web.Request, feed: Feed) -> web.Response:
     """GET .../messages: a page after a marker, or the messages named by ?ids=."""
-    settings = _settings(request)
+    rules = _rules(request)
     project, queue, store = feed.project, feed.name, feed.store
     query = request.query
-    ids = v.id_list(query, "ids", settings.max_messages_per_page)
-    tail = v.from_tail(query)
+    ids = v.id_list(query, rules.ids)
+    tail = v.from_tail(query, rules.start, rules.message_marker)
     now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
@@ -431,21 +434,15 @@ async def get_messages(request: web.Request, feed: Feed) -> web.Response:
 
 def list_query_of(request: web.Request, client: str) -> ListQuery:
     """A list request's marker, limit and filters."""
-    settings = _settings(request)
+    rules = _rules(request)
     query = request.query
     return ListQuery(
         client_id=client,
-        marker=v.message_marker(query),
-        limit=v.bounded_int(
-            query,
-            "limit",
-            settings.default_messages_per_page,
-            1,
-            settings.max_messages_per_page,
-        ),
-        echo=v.flag(query, "echo"),
-        include_claimed=v.flag(query, "include_claimed"),
-        include_delayed=v.flag(query, "include_delayed"),
+        marker=v.message_marker(query, rules.message_marker),
+        limit=v.integer(query, rules.message_limit),
+        echo=v.flag(query, rules.echo),
+        include_claimed=v.flag(query, rules.include_claimed),
+        include_delayed=v.flag(query, rules.include_delayed),
         check_marker=True,
     )
 
@@ -500,7 +497,7 @@ async def delete_message(request: web.Request, feed: Feed) -> web.Response:
     message_id = request.match_info["message_id"]
     # A malformed claim_id is passed on: it holds no message, so deleting an
     # existing message with it is a 400 and deleting a missing one a 204.
-    claim_id = request.query.get("claim_id") or None
+    claim_id = v.text(request.query, _rules(request).claim_id)
     if v.is_id(message_id):
         await feed.store.delete_message(feed.project, feed.name, message_id, claim_id)
     return web.Response(status=204)
@@ -511,8 +508,8 @@ async def release_message(request: web.Request, feed: Feed) -> web.Response:
     feedsvc extension: a consumer that failed on one message gives it back
     without waiting for the claim to expire, nor giving back the others)."""
     message_id = request.match_info["message_id"]
-    claim_id = request.query.get("claim_id")
-    if not claim_id:
+    claim_id = v.text(request.query, _rules(request).release_claim_id)
+    if claim_id is None:
         raise BadRequest("Give the claim_id of the claim that holds the message.")
     delay = v.release_delay(await read_body(request), _settings(request))
     if not v.is_id(message_id):
@@ -524,13 +521,13 @@ async def release_message(request: web.Request, feed: Feed) -> web.Response:
 
 
 async def delete_messages(request: web.Request, feed: Feed) -> web.Response:
-    settings = _settings(request)
-    ids = v.id_list(request.query, "ids", settings.max_messages_per_page)
-    pop = request.query.get("pop")
+    rules = _rules(request)
+    ids = v.id_list(request.query, rules.ids)
+    pop = request.query.get(rules.pop.name)
     if ids is not None and pop is not None:
         raise BadRequest("pop and ids cannot be given together.")
     if pop is not None:
-        limit = v.bounded_int(request.query, "pop", 1, 1, settings.max_messages_per_claim_or_pop)
+        limit = v.integer(request.query, rules.pop)
         if tracing.ENABLED:
             with tracing.span("receive", feed.name) as span:
                 popped = await feed.store.pop_messages(feed.project, feed.name, limit)
@@ -554,14 +551,9 @@ def _claim_href(feed: Feed, claim_id: str) -> str:
 
 async def post_claim(request: web.Request, feed: Feed) -> web.Response:
     settings = _settings(request)
-    limit = v.bounded_int(
-        request.query,
-        "limit",
-        min(DEFAULT_CLAIM_LIMIT, settings.max_messages_per_claim_or_pop),
-        1,
-        settings.max_messages_per_claim_or_pop,
-    )
-    seconds = v.wait_seconds(request.query)
+    rules = _rules(request)
+    limit = v.integer(request.query, rules.claim_limit)
+    seconds = v.wait_seconds(request.query, rules.claim_wait)
     ttl, grace = v.claim_options(await read_body(request), settings)
     terms = (ttl, grace, limit)
     if tracing.ENABLED:

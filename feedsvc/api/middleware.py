@@ -25,6 +25,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from feedsvc.api.cors import preflight
 from feedsvc.api.identity import authorize
 from feedsvc.api.metrics import observe_request
+from feedsvc.api.query_secrets import redacted_text
 from feedsvc.api.signed_urls import mark_signed
 from feedsvc.api.validation import IDENTITY, rate_limited_project
 from feedsvc.appkeys import AUTHENTICATOR, COUNTED_ERRORS, RATE_LIMITER
@@ -72,11 +73,13 @@ def new_request_id() -> str:
 
 
 def http_error_message(exc: BaseException) -> str:
-    """What aiohttp's parser found wrong, without the exception's "400, message:" frame."""
+    """What aiohttp's parser found wrong, without the exception's "400, message:"
+    frame, and without the values of credentials in a query string that it
+    may quote (``query_secrets``): it is logged."""
     for error in (exc, exc.__cause__):
         if isinstance(error, HttpProcessingError) and error.message:
-            return " ".join(error.message.split())[:300]
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
+            return redacted_text(" ".join(error.message.split()))[:300]
+    return redacted_text(" ".join(str(exc).split()))[:300] or type(exc).__name__
 
 
 def error_response(status: int, title: str, description: str, request_id: str) -> web.Response:

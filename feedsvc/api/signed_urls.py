@@ -19,6 +19,14 @@ A request that carries any ``URL-*`` header is checked by
 unless the signature holds for its method and path: a missing, wrong or
 expired signature, another path or method, a service without a key, all the
 same. It is never served as if it were unsigned.
+
+A browser's ``EventSource`` sends no headers of its own, so a GET or HEAD
+may carry the same parts in its query string under the same names
+(``URL-Signature``, ``URL-Expires``, ``URL-Methods``, ``URL-Paths``,
+``X-Project-ID``). That form is feedsvc's, not Zaqar's: it is refused with
+a 403 that says why (any other method; parts that do not hold), and parts
+in both the headers and the query are a 400. The access log never shows
+their values (``feedsvc.api.query_secrets``).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -35,10 +43,13 @@ from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import Feed
 from feedsvc.appkeys import CLOCK, SETTINGS
-from feedsvc.errors import BadRequest, NotFound
+from feedsvc.errors import BadRequest, FeedError, Forbidden, NotFound
 
 #: The request headers of a pre-signed URL (any one of them makes a request signed).
 SIGNED_HEADERS = ("URL-Signature", "URL-Expires", "URL-Methods", "URL-Paths")
+#: The methods a pre-signed URL in the query string is honoured for: reads,
+#: what an EventSource or a link does (a write sends headers).
+QUERY_METHODS = ("GET", "HEAD")
 #: What a URL may be made for, below its queue (Zaqar's list).
 SHARE_PATHS = ("messages", "subscriptions", "claims")
 #: The methods a URL may allow: those feedsvc's routes answer.
@@ -96,43 +107,81 @@ def _covers(signed_path: str, path: str) -> bool:
     return bool(signed_path) and (path == signed_path or path.startswith(signed_path + "/"))
 
 
-def verified_project(request: web.Request) -> str:
-    """The project of a request carrying URL-* headers, if they allow it; else 404."""
-    headers = request.headers
+def verified_project(
+    request: web.Request,
+    parts: Mapping[str, str] | None = None,
+    refused: type[FeedError] = NotFound,
+) -> str:
+    """The project of a request whose URL-* parts (its headers, or parts: its
+    query) allow it; else refused (404 for headers, as in Zaqar). In the
+    query, a URL signed for GET covers HEAD too (what a browser's link
+    checker or a probe sends)."""
+    method = request.method
+    if parts is None:
+        parts = request.headers
+    elif method == "HEAD":
+        method = "GET"
     key = request.app[SETTINGS].signed_url_key
-    given = headers.get("URL-Signature", "")
-    project = headers.get("X-Project-ID")
-    methods = headers.get("URL-Methods", "").split(",")
-    paths = headers.get("URL-Paths", "").split(",")
+    given = parts.get("URL-Signature", "")
+    project = parts.get("X-Project-ID", request.headers.get("X-Project-ID"))
+    methods = parts.get("URL-Methods", "").split(",")
+    paths = parts.get("URL-Paths", "").split(",")
     if key is None:
-        raise NotFound("Pre-signed URLs are off here: the service has no --signed-url-key.")
-    if request.method not in methods or not any(_covers(p, request.path) for p in paths):
-        raise NotFound(f"The pre-signed URL does not allow {request.method} {request.path}.")
+        raise refused("Pre-signed URLs are off here: the service has no --signed-url-key.")
+    if method not in methods or not any(_covers(p, request.path) for p in paths):
+        raise refused(f"The pre-signed URL does not allow {request.method} {request.path}.")
     try:
-        expires = expiry(headers.get("URL-Expires"), _now(request))
+        expires = expiry(parts.get("URL-Expires"), _now(request))
     except ValueError:
-        raise NotFound("The pre-signed URL has expired, or its URL-Expires is malformed.") from None
+        raise refused("The pre-signed URL has expired, or its URL-Expires is malformed.") from None
     if not given or project is None:
-        raise NotFound("A pre-signed URL needs URL-Signature and X-Project-ID.")
+        raise refused("A pre-signed URL needs URL-Signature and X-Project-ID.")
     expected = signature(key, paths, methods, project, expires)
     if not hmac.compare_digest(given.encode(errors="surrogateescape"), expected.encode()):
-        raise NotFound("The pre-signed URL's signature does not match.")
+        raise refused("The pre-signed URL's signature does not match.")
     return project
 
 
+def signed_in_query(query: Mapping[str, str]) -> bool:
+    """Whether a query string carries any part of a pre-signed URL."""
+    return (
+        "URL-Signature" in query
+        or "URL-Paths" in query
+        or "URL-Methods" in query
+        or "URL-Expires" in query
+    )
+
+
 def mark_signed(request: web.Request) -> None:
-    """Checks a signed request before its handler runs (404 unless it holds),
-    and marks it for ``validation.caller`` (which then asks for no bearer
-    token). Run by ``feedsvc.api.middleware`` on every request."""
+    """Checks a signed request before its handler runs (404 unless it holds;
+    403 for the query-string form), and marks it for ``validation.caller``
+    (which then asks for no bearer token). Run by ``feedsvc.api.middleware``
+    on every request."""
     headers = request.headers
     # spelt out: cheaper than a loop, on every request
-    if (
+    in_headers = (
         "URL-Signature" in headers
         or "URL-Paths" in headers
         or "URL-Methods" in headers
         or "URL-Expires" in headers
-    ):
+    )
+    # the query is looked into only when its raw text names a URL-* part
+    # (however its '-' is encoded): most queries do not, and this costs
+    # one substring search
+    in_query = "URL" in request.rel_url.raw_query_string and signed_in_query(request.query)
+    if in_headers and in_query:
+        raise BadRequest(
+            "A pre-signed URL's parts come either as headers or in the query string, not both."
+        )
+    if in_headers:
         request[v.SIGNED_PROJECT] = verified_project(request)
+    elif in_query:
+        if request.method not in QUERY_METHODS:
+            raise Forbidden(
+                "A pre-signed URL in the query string is accepted for GET and HEAD only; "
+                "send its parts as URL-* headers."
+            )
+        request[v.SIGNED_PROJECT] = verified_project(request, request.query, Forbidden)
     else:
         # always set: validation.caller reads it as request[...], and a
         # request.get() of a missing key raises (and catches) a KeyError

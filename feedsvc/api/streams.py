@@ -29,6 +29,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from feedsvc import tracing
 from feedsvc.api import handlers as h
+from feedsvc.api import spec
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import Feed
 from feedsvc.api.handlers import message_json
@@ -47,19 +48,21 @@ EVENT_STREAM = "text/event-stream"
 async def get_messages(request: web.Request, feed: Feed) -> web.StreamResponse:
     """GET .../messages: an event stream if asked for, a long poll with
     wait=, else the plain list (``handlers.get_messages``)."""
+    rules = spec.rules(request.app[SETTINGS])
+    query = request.query
     if wants_stream(request):
         # limit, wait and ids do not apply to a stream, but what a list
         # refuses a stream refuses too, through the same parsers
         list_query = h.list_query_of(request, feed.client)
-        v.wait_seconds(request.query)
-        v.id_list(request.query, "ids", request.app[SETTINGS].max_messages_per_page)
-        tail = v.from_tail(request.query)
+        v.wait_seconds(query, rules.wait)
+        v.id_list(query, rules.ids)
+        tail = v.from_tail(query, rules.start, rules.message_marker)
         return await stream_messages(request, feed, list_query, tail)
-    seconds = v.wait_seconds(request.query)
-    if not seconds or "ids" in request.query:
+    seconds = v.wait_seconds(query, rules.wait)
+    if not seconds or rules.ids.name in query:
         return await h.get_messages(request, feed)
     list_query = h.list_query_of(request, feed.client)
-    tail = v.from_tail(request.query)
+    tail = v.from_tail(query, rules.start, rules.message_marker)
     _room_for_a_follower(request)
     if tail:
         marker = await feed.store.tail_marker(feed.project, feed.name)
@@ -94,10 +97,9 @@ def last_event_id(request: web.Request) -> int | None:
     raw = request.headers.get("Last-Event-ID")
     if raw is None or raw == "":
         return None
-    try:
-        return v.message_marker({"marker": raw})
-    except BadRequest:
-        raise BadRequest(LAST_EVENT_ID_NOT_GIVEN_OUT) from None
+    if v.MARKER.fullmatch(raw) is None:
+        raise BadRequest(LAST_EVENT_ID_NOT_GIVEN_OUT)
+    return int(raw)
 
 
 async def long_poll(

@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
+from feedsvc.api import spec
 from feedsvc.api import subscription_rules as rules
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import Feed
@@ -152,16 +153,16 @@ async def create_subscription(request: web.Request, feed: Feed) -> web.Response:
 
 
 async def list_subscriptions(request: web.Request, feed: Feed) -> web.Response:
-    settings = request.app[SETTINGS]
+    bounds = spec.rules(request.app[SETTINGS])
     query = request.query
-    limit = v.bounded_int(query, "limit", 10, 1, settings.max_subscriptions_per_page)
-    marker = query.get("marker") or None
+    limit = v.integer(query, bounds.subscription_limit)
+    marker = v.text(query, bounds.subscription_marker)
     found = await feed.store.subscriptions.list(feed.parent, marker, limit)
     now = request.app[CLOCK].now_ms()
     links = []
     if found:
         params = {"marker": found[-1].id}
-        if "limit" in query:
+        if bounds.subscription_limit.name in query:
             params["limit"] = str(limit)
         links.append({"rel": "next", "href": f"{request.path}?{urlencode(params)}"})
     return json_response(

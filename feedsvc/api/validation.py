@@ -10,15 +10,17 @@ import json
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
 from feedsvc.access import Identity
+from feedsvc.api import spec
+from feedsvc.api.spec import Field, Param
 from feedsvc.appkeys import AUTHENTICATOR
-from feedsvc.config import MAX_QUOTA, Settings
+from feedsvc.config import Settings
 from feedsvc.delivery import retry
 from feedsvc.errors import (
     BadRequest,
@@ -31,19 +33,14 @@ from feedsvc.errors import (
 from feedsvc.message_headers import message_headers
 from feedsvc.storage.base import ENCRYPT_MESSAGES, NewMessage
 
-# "." and ".." are refused: HTTP clients (curl, requests) resolve them out of
-# a URL path, so such a queue could be made but never reached.
-QUEUE_NAME = re.compile(r"^(?!\.\.?$)[a-zA-Z0-9_.-]{1,64}$")
-# A queue list marker is a place in the sorted names, not a queue that must
-# exist, so it may be any string that could sort among them.
-QUEUE_MARKER = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
-# Ids are made by the service (24 lowercase hex digits); anything else cannot
-# exist, which also keeps every id from forming another key.
-ID = re.compile(r"^[0-9a-f]{24}$")
-MAX_PROJECT_LENGTH = 256
+# The patterns and limits of feedsvc.api.spec, compiled once.
+QUEUE_NAME = re.compile(spec.NAME_PATTERN)
+QUEUE_MARKER = re.compile(spec.QUEUE_MARKER_PATTERN)
+ID = re.compile(spec.ID_PATTERN)
+MAX_PROJECT_LENGTH = spec.MAX_PROJECT_LENGTH
 
-_TRUE = frozenset(("true", "1", "yes", "on", "y", "t"))
-_FALSE = frozenset(("false", "0", "no", "off", "n", "f"))
+_TRUE = frozenset(spec.TRUE)
+_FALSE = frozenset(spec.FALSE)
 
 
 def project_id(request: web.Request) -> str:
@@ -111,9 +108,19 @@ SIGNED_PROJECT = web.RequestKey("signed_project", str)
 IDENTITY: web.RequestKey[Identity | None] = web.RequestKey("identity")
 
 
+#: The methods that may leave Client-ID out: reads (an EventSource cannot
+#: send it). A write's Client-ID is its messages' author, so it stays required.
+CLIENT_ID_OPTIONAL = ("GET", "HEAD")
+#: The client id of a read without Client-ID: no message's author (every
+#: post has one), so ``echo`` has nothing to hide from it.
+NO_CLIENT = ""
+
+
 def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     """(project, client id) of a /v2 request; a form body is refused first,
-    then Client-ID is checked, as Zaqar does.
+    then Client-ID is checked, as Zaqar does. A GET or HEAD may leave
+    Client-ID out (client id :data:`NO_CLIENT`: it sees every message, echo
+    or not); one it sends must be well formed.
 
     With authentication on (``feedsvc.api.identity``), the project is the
     bearer token's, whatever X-Project-ID says, unless the request's
@@ -122,7 +129,10 @@ def caller(request: web.Request, authenticate: bool = True) -> tuple[str, str]:
     health do not ask for a caller at all).
     """
     refuse_form_body(request)
-    client = client_id(request)
+    if request.method in CLIENT_ID_OPTIONAL and "Client-ID" not in request.headers:
+        client = NO_CLIENT
+    else:
+        client = client_id(request)
     signed = request[SIGNED_PROJECT]
     if signed:
         return signed, client
@@ -175,20 +185,25 @@ def feed_name(name: str, kind: str) -> str:
     return name
 
 
+def text(query: Mapping[str, str], param: Param) -> str | None:
+    """A string parameter as given; None when absent or empty."""
+    return query.get(param.name) or None
+
+
 def is_id(value: str) -> bool:
     return ID.match(value) is not None
 
 
-def flag(query: Mapping[str, str], name: str, default: bool = False) -> bool:
-    raw = query.get(name)
+def flag(query: Mapping[str, str], param: Param) -> bool:
+    raw = query.get(param.name)
     if raw is None or raw == "":
-        return default
+        return param.default is True
     lowered = raw.strip().lower()
     if lowered in _TRUE:
         return True
     if lowered in _FALSE:
         return False
-    raise BadRequest(f"The value of {name} must be true or false.")
+    raise BadRequest(f"The value of {param.name} must be true or false.")
 
 
 # Numbers in a query are ASCII digits only: int() and float() also take
@@ -199,30 +214,32 @@ _WHOLE = re.compile(r"[0-9]{1,19}")
 _SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?(?:[eE][+-]?[0-9]{1,3})?")
 
 
-def bounded_int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    """An integer from low to high, in ASCII digits; default if absent or empty."""
-    raw = query.get(name)
+def integer(query: Mapping[str, str], param: Param) -> int:
+    """An integer within param's bounds, in ASCII digits; its default if
+    absent or empty."""
+    raw = query.get(param.name)
     if raw is None or raw == "":
-        return default
+        return cast(int, param.default)
+    low, high = cast(int, param.minimum), cast(int, param.maximum)
     if _WHOLE.fullmatch(raw) is None or not low <= (value := int(raw)) <= high:
         raise BadRequest(
-            f"The value of {name} must be an integer (ASCII digits) from {low} to {high}."
+            f"The value of {param.name} must be an integer (ASCII digits) from {low} to {high}."
         )
     return value
 
 
-#: The longest long poll, in seconds (as SQS's WaitTimeSeconds).
-MAX_WAIT = 20.0
+MAX_WAIT = spec.MAX_WAIT
 
 
-def wait_seconds(query: Mapping[str, str]) -> float:
+def wait_seconds(query: Mapping[str, str], param: Param) -> float:
     """``wait``: 0 (default, no waiting) to MAX_WAIT seconds, decimals allowed."""
-    raw = query.get("wait")
+    raw = query.get(param.name)
     if raw is None or raw == "":
         return 0.0
-    if _SECONDS.fullmatch(raw) is None or not 0 <= (seconds := float(raw)) <= MAX_WAIT:
+    high = cast(float, param.maximum)
+    if _SECONDS.fullmatch(raw) is None or not 0 <= (seconds := float(raw)) <= high:
         raise BadRequest(
-            f"The value of wait must be a number of seconds from 0 to {MAX_WAIT:g}, "
+            f"The value of {param.name} must be a number of seconds from 0 to {high:g}, "
             'in ASCII digits with an optional decimal point (e.g. "2.5").'
         )
     return seconds
@@ -230,11 +247,11 @@ def wait_seconds(query: Mapping[str, str]) -> float:
 
 #: What a message marker looks like (a sequence number); one given out is
 #: also at most the queue's counter, which the store checks as it reads.
-MARKER = re.compile(r"[0-9]{1,19}")
+MARKER = re.compile(spec.MARKER_PATTERN)
 
 
-def message_marker(query: Mapping[str, str]) -> int | None:
-    raw = query.get("marker")
+def message_marker(query: Mapping[str, str], param: Param) -> int | None:
+    raw = query.get(param.name)
     if raw is None or raw == "":
         return None
     if MARKER.fullmatch(raw) is None:
@@ -242,16 +259,16 @@ def message_marker(query: Mapping[str, str]) -> int | None:
     return int(raw)
 
 
-def from_tail(query: Mapping[str, str]) -> bool:
+def from_tail(query: Mapping[str, str], param: Param, marker: Param) -> bool:
     """Whether ``from=tail`` asks to start after the queue's last message
     (new messages only); from takes no other value, and no marker with it:
     both say where to start."""
-    raw = query.get("from")
+    raw = query.get(param.name)
     if raw is None or raw == "":
         return False
-    if raw != "tail":
+    if raw not in (param.enum or ()):
         raise BadRequest("The value of from must be tail (new messages only).")
-    if query.get("marker"):
+    if query.get(marker.name):
         raise BadRequest("Give from=tail or a marker, not both: each says where to start.")
     return True
 
@@ -303,8 +320,8 @@ def prefers(header: str | None, wanted: str, default: str) -> bool:
     return True
 
 
-def queue_marker(query: Mapping[str, str]) -> str | None:
-    raw = query.get("marker")
+def queue_marker(query: Mapping[str, str], param: Param) -> str | None:
+    raw = query.get(param.name)
     if raw is None or raw == "":
         return None
     if not QUEUE_MARKER.match(raw):
@@ -312,11 +329,13 @@ def queue_marker(query: Mapping[str, str]) -> str | None:
     return raw
 
 
-def id_list(query: MultiMapping[str], name: str, most: int) -> list[str] | None:
-    """Ids given as ``?ids=a,b`` or ``?ids=a&ids=b`` (python-zaqarclient's way).
+def id_list(query: MultiMapping[str], param: Param) -> list[str] | None:
+    """Ids given as ``?ids=a,b`` or ``?ids=a&ids=b`` (python-zaqarclient's way),
+    at most param's maximum.
 
     Malformed ids are kept: they match nothing.
     """
+    name, most = param.name, cast(int, param.maximum)
     if name not in query:  # nearly every request: skip getall()'s list
         return None
     values = [raw for raw in query.getall(name) if raw]
@@ -462,16 +481,18 @@ def message_body(value: Any) -> bytes:
     return encoded
 
 
-def _int_field(
-    entry: Mapping[str, Any], name: str, low: int, high: int, owner: str = "message"
-) -> int | None:
+def _int_field(entry: Mapping[str, Any], field: Field) -> int | None:
+    name = field.name
     if name not in entry:
         return None
     value = entry[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"The {owner} {name} must be an integer.")
-    if not low <= value <= high:
-        raise BadRequest(f"The {owner} {name} must be at least {low} and at most {high} seconds.")
+        raise BadRequest(f"The {field.owner} {name} must be an integer.")
+    if not field.minimum <= value <= field.maximum:
+        raise BadRequest(
+            f"The {field.owner} {name} must be at least {field.minimum} "
+            f"and at most {field.maximum} seconds."
+        )
     return value
 
 
@@ -483,18 +504,17 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
         raise BadRequest('The request body must be an object with a "messages" list.')
     if not entries:
         raise BadRequest("No messages were found in the request body.")
-    if len(entries) > settings.max_messages_per_post:
-        raise BadRequest(
-            f"No more than {settings.max_messages_per_post} messages may be posted at once."
-        )
+    rules = spec.rules(settings)
+    if len(entries) > rules.messages_per_post:
+        raise BadRequest(f"No more than {rules.messages_per_post} messages may be posted at once.")
     out = []
     for entry in entries:
         if not isinstance(entry, dict):
             raise BadRequest("Each message must be a JSON object.")
         if "body" not in entry:
             raise BadRequest('Each message must have a "body".')
-        ttl = _int_field(entry, "ttl", settings.min_message_ttl, settings.max_message_ttl)
-        delay = _int_field(entry, "delay", 0, settings.max_message_delay)
+        ttl = _int_field(entry, rules.message_ttl)
+        delay = _int_field(entry, rules.message_delay)
         headers = message_headers(entry["headers"]) if "headers" in entry else b""
         out.append(NewMessage(message_body(entry["body"]), ttl, delay, headers))
     return out
@@ -502,7 +522,7 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
 
 def post_too_large(settings: Settings) -> PostTooLarge:
     """A message post over the service's size limit, in Zaqar's words."""
-    limit = settings.max_messages_post_size
+    limit = spec.rules(settings).post_size
     return PostTooLarge(f"Message collection size is too large. Max size: {limit}")
 
 
@@ -510,7 +530,7 @@ def post_length(request: web.Request, settings: Settings) -> None:
     """A message post's declared length, checked before its body is read
     (a chunked body is measured while it streams in: see ``read_body``)."""
     if request.content_length is not None and (
-        request.content_length > settings.max_messages_post_size
+        request.content_length > spec.rules(settings).post_size
     ):
         raise post_too_large(settings)
 
@@ -547,12 +567,13 @@ def queue_metadata(raw: bytes, settings: Settings) -> dict[str, Any]:
     return checked_metadata(document, settings, size=len(raw))
 
 
-def _reserved_int(metadata: Mapping[str, Any], name: str, low: int, high: int) -> None:
-    value = metadata.get(name)
+def _reserved_int(metadata: Mapping[str, Any], field: Field) -> None:
+    value = metadata.get(field.name)
     if value is None:
         return
+    low, high = field.minimum, field.maximum
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadRequest(f"{name} must be an integer from {low} to {high}.")
+        raise BadRequest(f"{field.name} must be an integer from {low} to {high}.")
 
 
 def checked_metadata(
@@ -570,13 +591,8 @@ def checked_metadata(
             "write larger ones as strings."
         )
     _metadata_size(len(encoded) if size is None else size)
-    ttl_range = (settings.min_message_ttl, settings.max_message_ttl)
-    _reserved_int(metadata, "_default_message_ttl", *ttl_range)
-    _reserved_int(metadata, "_dead_letter_queue_messages_ttl", *ttl_range)
-    _reserved_int(metadata, "_default_message_delay", 0, settings.max_message_delay)
-    _reserved_int(metadata, "_max_messages_post_size", 1, settings.max_messages_post_size)
-    _reserved_int(metadata, "_max_claim_count", 1, 2**31)
-    _reserved_int(metadata, "_max_messages", 1, MAX_QUOTA)
+    for field in spec.rules(settings).metadata:
+        _reserved_int(metadata, field)
     dlq = metadata.get("_dead_letter_queue")
     if dlq is not None and (not isinstance(dlq, str) or not QUEUE_NAME.match(dlq)):
         raise BadRequest("_dead_letter_queue must be a queue name.")
@@ -641,13 +657,12 @@ def claim_options(raw: bytes, settings: Settings) -> tuple[int, int]:
     document = json_document(raw) if raw.strip() else {}
     if not isinstance(document, dict):
         raise BadRequest("A claim body must be a JSON object.")
-    ttl = _int_field(document, "ttl", settings.min_claim_ttl, settings.max_claim_ttl, "claim")
-    grace = _int_field(
-        document, "grace", settings.min_claim_grace, settings.max_claim_grace, "claim"
-    )
+    rules = spec.rules(settings)
+    ttl = _int_field(document, rules.claim_ttl)
+    grace = _int_field(document, rules.claim_grace)
     return (
-        settings.default_claim_ttl if ttl is None else ttl,
-        settings.default_claim_grace if grace is None else grace,
+        cast(int, rules.claim_ttl.default) if ttl is None else ttl,
+        cast(int, rules.claim_grace.default) if grace is None else grace,
     )
 
 
@@ -657,8 +672,9 @@ def release_delay(raw: bytes, settings: Settings) -> int:
     document = json_document(raw) if raw.strip() else {}
     if not isinstance(document, dict):
         raise BadRequest("A release body must be a JSON object.")
-    delay = _int_field(document, "delay", 0, settings.max_message_delay, "release")
-    return 0 if delay is None else delay
+    field = spec.rules(settings).release_delay
+    delay = _int_field(document, field)
+    return cast(int, field.default) if delay is None else delay
 
 
 PURGE_TYPES = ("messages", "subscriptions")

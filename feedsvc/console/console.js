@@ -112,6 +112,7 @@
 
   // A /v2 request; the decoded JSON (null for 204), or an ApiError.
   // options.body: JSON text to send.
+  // options.withGap: answer {payload, gap} with the page's X-Gap (gapOf).
   async function api(path, options = {}) {
     const headers = apiHeaders();
     const body = options.body;
@@ -124,7 +125,20 @@
     });
     if (!response.ok) throw await errorOf(response);
     if (response.status === 204) return null;
-    return parseExact(await response.text());
+    const payload = parseExact(await response.text());
+    if (options.withGap) return { payload, gap: gapOf(response.headers.get("X-Gap")) };
+    return payload;
+  }
+
+  // `X-Gap: missed=N; first=M` (docs/live-following.md) as {missed, first};
+  // null without one.
+  function gapOf(header) {
+    if (!header) return null;
+    const fields = Object.fromEntries(
+      header.split(";").map((part) => part.trim().split("=", 2)).filter((kv) => kv.length === 2),
+    );
+    const missed = Number(fields.missed);
+    return missed > 0 ? { missed, first: fields.first || "" } : null;
   }
 
   const queuePath = (queue) => `/v2/queues/${encodeURIComponent(queue)}`;
@@ -177,6 +191,17 @@
       element("span", "", ` · age ${message.age} s · ttl ${message.ttl} s`),
     );
     item.append(meta, element("pre", "body", showJson(message.body)));
+    return item;
+  }
+
+  // What the service said was gone unseen (expired, deleted, popped, moved)
+  // before the next message shown: a line of its own, never papered over.
+  function gapItem(gap) {
+    const item = element("li", "gap");
+    item.dataset.missed = String(gap.missed);
+    if (gap.first) item.dataset.first = gap.first;
+    const plural = gap.missed === 1 ? "message" : "messages";
+    item.append(element("span", "", `gap: ${gap.missed} ${plural} expired or deleted, never shown here`));
     return item;
   }
 
@@ -298,9 +323,10 @@
       }
       if (queue !== state.queue) return null; // another queue was chosen meanwhile
       while (href && pages < MAX_PAGES) {
-        const page = await api(href);
+        const { payload: page, gap } = await api(href, { withGap: true });
         pages += 1;
         if (queue !== state.queue) return null; // another queue was chosen meanwhile
+        if (gap) kept.push({ gap });
         kept.push(...page.messages);
         kept.splice(0, Math.max(0, kept.length - SHOWN_MESSAGES));
         href = page.messages.length ? nextHref(page) : null;
@@ -311,13 +337,14 @@
       say(explain(error), true);
       return null;
     }
-    list.replaceChildren(...kept.map((m) => messageItem(m)));
+    list.replaceChildren(...kept.map((m) => (m.gap ? gapItem(m.gap) : messageItem(m))));
     list.scrollTop = list.scrollHeight;
+    const shown = kept.filter((m) => !m.gap).length;
     if (href) {
-      note.textContent = `the newest ${kept.length}, and more keep coming (the live tail shows them)`;
+      note.textContent = `the newest ${shown}, and more keep coming (the live tail shows them)`;
     } else {
-      note.textContent = kept.length
-        ? `the newest ${kept.length}`
+      note.textContent = shown
+        ? `the newest ${shown}`
         : "no messages (the live tail shows new ones as they come)";
     }
     return { marker };
@@ -461,6 +488,7 @@
       // Last-Event-ID wins over marker at the service; send just one of them
       if (this.lastId) headers["Last-Event-ID"] = this.lastId;
       else if (this.startMarker) url += `&marker=${encodeURIComponent(this.startMarker)}`;
+      else url += "&from=tail"; // no list to start after: new messages only
       this.setState("connecting", this.reconnects ? "reconnecting" : "connecting");
       let silence = null;
       const watchdog = () => {
@@ -494,6 +522,7 @@
         const parser = new SseParser({
           onEvent: (event) => {
             if (event.type === "message") this.show(event);
+            else if (event.type === "gap") this.showGap(event);
             else if (event.type === "end") ended = true;
           },
           onRetry: (ms) => { this.retryMs = ms; },
@@ -537,6 +566,26 @@
       }, delay);
     }
 
+    // `event: gap` with {"missed": N, "first": M}: what expired or was
+    // deleted since the last event shown, told just before event M.
+    showGap(event) {
+      let gap;
+      try {
+        gap = JSON.parse(event.data);
+      } catch (_) {
+        return;
+      }
+      if (!(gap.missed > 0)) return;
+      this.append(gapItem({ missed: gap.missed, first: String(gap.first || "") }));
+    }
+
+    append(item) {
+      const atBottom = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 40;
+      this.list.append(item);
+      while (this.list.children.length > SHOWN_EVENTS) this.list.firstElementChild.remove();
+      if (atBottom) this.list.scrollTop = this.list.scrollHeight;
+    }
+
     show(event) {
       let message;
       try {
@@ -548,10 +597,7 @@
       this.count += 1;
       $("tail-count").textContent = String(this.count);
       $("tail-last-id").textContent = event.id || "-";
-      const atBottom = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 40;
-      this.list.append(messageItem(message, event.id));
-      while (this.list.children.length > SHOWN_EVENTS) this.list.firstElementChild.remove();
-      if (atBottom) this.list.scrollTop = this.list.scrollHeight;
+      this.append(messageItem(message, event.id));
       refreshStatsSoon();
     }
   }

@@ -1,40 +1,28 @@
-"""The admin routes' part of the OpenAPI document (``feedsvc.api.admin``)."""
+"""The operator's routes in the OpenAPI document (``feedsvc.api.admin``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from feedsvc.api import spec
 from feedsvc.api.admin import MAX_RATE, MIN_RATE
-from feedsvc.api.validation import MAX_PROJECT_LENGTH
-from feedsvc.config import MAX_QUOTA
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
+from feedsvc.config import MAX_QUOTA, Settings
 
-Schema = dict[str, Any]
-JSON = "application/json"
 ADMIN_PREFIX = "/v2/admin/"
 PROJECT = "/v2/admin/projects/{project}"
 
 
-def _ref(kind: str, name: str) -> Schema:
-    return {"$ref": f"#/components/{kind}/{name}"}
-
-
-def _response(description: str, schema: Schema | None = None) -> Schema:
-    response: Schema = {
-        "description": description,
-        "headers": {"X-Openstack-Request-Id": {"$ref": "#/components/headers/RequestId"}},
-    }
-    if schema is not None:
-        response["content"] = {JSON: {"schema": schema}}
-    return response
-
-
 def _errors() -> dict[str, Schema]:
-    error = _ref("schemas", "Error")
+    error = shared.schema("Error")
     return {
-        "400": _ref("responses", "BadRequest"),
-        "403": _response("Not the admin token (or none given).", error),
-        "404": _response("The service has no admin API: no --admin-token is configured.", error),
-        "503": _ref("responses", "Unavailable"),
+        "400": shared.ref("responses", "BadRequest"),
+        "403": shared.response("Not the admin token (or none given).", error),
+        "404": shared.response(
+            "The service has no admin API: no --admin-token is configured.", error
+        ),
+        "503": shared.ref("responses", "Unavailable"),
     }
 
 
@@ -114,7 +102,7 @@ def _schemas() -> dict[str, Schema]:
     }
 
 
-def add_admin(document: dict[str, Any]) -> None:
+def add(document: Document, s: Settings) -> None:
     """Add the admin paths and schemas to document."""
     components = document["components"]
     components["schemas"].update(_schemas())
@@ -129,7 +117,7 @@ def add_admin(document: dict[str, Any]) -> None:
         "in": "path",
         "required": True,
         "description": "The project (X-Project-ID of its requests).",
-        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_PROJECT_LENGTH},
+        "schema": {"type": "string", "minLength": 1, "maxLength": spec.MAX_PROJECT_LENGTH},
     }
 
     def operation(op_id: str, summary: str, ok: dict[str, Schema], body: bool = False) -> Schema:
@@ -141,13 +129,10 @@ def add_admin(document: dict[str, Any]) -> None:
             "responses": {**ok, **_errors()},
         }
         if body:
-            out["requestBody"] = {
-                "required": True,
-                "content": {JSON: {"schema": _ref("schemas", "ProjectLimitsChange")}},
-            }
+            out["requestBody"] = shared.json_body("ProjectLimitsChange")
         return out
 
-    limits = _response("The project's limits.", _ref("schemas", "ProjectLimits"))
+    limits = shared.response("The project's limits.", shared.schema("ProjectLimits"))
     document["paths"][PROJECT + "/limits"] = {
         "get": operation("getProjectLimits", "A project's quotas and limits", {"200": limits}),
         "put": operation(
@@ -156,13 +141,13 @@ def add_admin(document: dict[str, Any]) -> None:
         "delete": operation(
             "resetProjectLimits",
             "Put all of a project's limits back to the service's defaults",
-            {"204": _response("Done.")},
+            {"204": shared.response("Done.")},
         ),
     }
     document["paths"][PROJECT + "/usage"] = {
         "get": operation(
             "getProjectUsage",
             "A project's live messages, queues and topics, and its quotas",
-            {"200": _response("The usage.", _ref("schemas", "ProjectUsage"))},
+            {"200": shared.response("The usage.", shared.schema("ProjectUsage"))},
         )
     }

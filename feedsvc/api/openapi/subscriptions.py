@@ -1,65 +1,27 @@
-"""The subscription routes' part of the OpenAPI document (``feedsvc.api.openapi``)."""
+"""The subscriptions' routes in the OpenAPI document, and Zaqar's retry
+policy (``feedsvc.api.subscriptions``, ``feedsvc.delivery.retry``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from feedsvc.api import subscription_rules as rules
+from feedsvc.api.openapi import shared
+from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.api.subscriptions import EXISTING_HEADER, SUBSCRIPTION_ID
 from feedsvc.config import Settings
 from feedsvc.delivery import retry, subscribers
 
-Schema = dict[str, Any]
-JSON = "application/json"
 QUEUE = "/v2/queues/{queue}"
 
 
-def _ref(kind: str, name: str) -> Schema:
-    return {"$ref": f"#/components/{kind}/{name}"}
-
-
-def _common(*extra: str) -> list[Schema]:
-    return [_ref("parameters", n) for n in ("ClientId", "ProjectId", "Queue", *extra)]
-
-
-def _errors(*statuses: str) -> dict[str, Schema]:
-    names = {"404": "NotFound", "409": "Conflict"}
-    out = {"400": _ref("responses", "BadRequest")}
-    out.update({s: _ref("responses", names[s]) for s in statuses})
-    out["429"] = _ref("responses", "TooManyRequests")  # --project-rate
-    out["503"] = _ref("responses", "Unavailable")
-    return out
-
-
-def _response(description: str, schema: Schema | None = None, location: bool = False) -> Schema:
-    response: Schema = {
-        "description": description,
-        "headers": {"X-Openstack-Request-Id": {"$ref": "#/components/headers/RequestId"}},
-    }
-    if location:
-        response["headers"]["Location"] = {"required": True, "schema": {"type": "string"}}
-    if schema is not None:
-        response["content"] = {JSON: {"schema": schema}}
-    return response
-
-
 def _created() -> Schema:
-    response = _response("Created.", _ref("schemas", "SubscriptionCreated"), True)
-    response["headers"][EXISTING_HEADER] = {
+    out = shared.response("Created.", shared.schema("SubscriptionCreated"), headers=shared.LOCATION)
+    out["headers"][EXISTING_HEADER] = {
         "required": False,
         "description": "On a repeated POST of an unconfirmed subscriber: the subscription "
         "existed and nothing was changed.",
         "schema": {"type": "string", "enum": ["true"]},
     }
-    return response
-
-
-def _body(name: str, description: str, required: bool = True) -> Schema:
-    return {
-        "required": required,
-        "description": description,
-        "content": {JSON: {"schema": _ref("schemas", name)}},
-    }
+    return out
 
 
 def retry_policy_schema() -> Schema:
@@ -121,7 +83,7 @@ def _schemas(s: Settings) -> dict[str, Schema]:
                 f"one the HTTP client owns: {forbidden} (400).",
             },
             "post_data": {"type": "string"},
-            "_retry_policy": {"anyOf": [_ref("schemas", "RetryPolicy"), {"type": "null"}]},
+            "_retry_policy": {"anyOf": [shared.schema("RetryPolicy"), {"type": "null"}]},
             "subject": {"type": "string", "maxLength": subscribers.MAX_SUBJECT_LENGTH},
             "from": {"type": "string"},
         },
@@ -195,21 +157,16 @@ def _schemas(s: Settings) -> dict[str, Schema]:
             "additionalProperties": False,
             "required": ["subscriptions", "links"],
             "properties": {
-                "subscriptions": {"type": "array", "items": _ref("schemas", "Subscription")},
+                "subscriptions": {"type": "array", "items": shared.schema("Subscription")},
                 "links": {"type": "array", "maxItems": 1, "items": {"type": "object"}},
             },
         },
     }
 
 
-def add_subscriptions(document: dict[str, Any], s: Settings) -> None:
+def add(document: Document, s: Settings) -> None:
     """Add the subscription paths, schemas and parameters to document."""
     components = document["components"]
-    components.setdefault("headers", {})["RequestId"] = {
-        "description": "Unique id of this request (also in the service log).",
-        "required": True,
-        "schema": {"type": "string", "pattern": "^req-"},
-    }
     components["schemas"].update(_schemas(s))
     components["parameters"]["SubscriptionId"] = {
         "name": "subscription_id",
@@ -218,9 +175,9 @@ def add_subscriptions(document: dict[str, Any], s: Settings) -> None:
         "description": "A subscription id (a UUID); any other value is 404.",
         "schema": {"type": "string", "pattern": SUBSCRIPTION_ID.pattern},
     }
-    done = _response("Done.")
-    item = _common("SubscriptionId")
-    document["paths"][QUEUE + "/subscriptions"] = {
+    item = shared.common("Queue", "SubscriptionId")
+    subscriptions = QUEUE + "/subscriptions"
+    document["paths"][subscriptions] = {
         "post": {
             "operationId": "createSubscription",
             "summary": "Subscribe a webhook or mail address to the queue's messages (the "
@@ -228,75 +185,62 @@ def add_subscriptions(document: dict[str, Any], s: Settings) -> None:
             f"while it is unconfirmed (Zaqar's answer) and {EXISTING_HEADER}: true, the "
             "subscription left as it was (its ttl and options are changed by PATCH); 409 "
             "once confirmed.",
-            "parameters": _common(),
-            "requestBody": _body("NewSubscription", "The subscriber, ttl and options."),
+            "parameters": shared.common("Queue"),
+            "requestBody": shared.json_body(
+                "NewSubscription", description="The subscriber, ttl and options."
+            ),
             "responses": {
                 "201": _created(),
-                **_errors("409"),
+                **shared.errors("409"),
             },
         },
         "get": {
             "operationId": "listSubscriptions",
             "summary": "The queue's subscriptions by id",
             "parameters": [
-                *_common(),
-                {
-                    "name": "limit",
-                    "in": "query",
-                    "required": False,
-                    "schema": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": s.max_subscriptions_per_page,
-                        "default": 10,
-                    },
-                },
-                {
-                    "name": "marker",
-                    "in": "query",
-                    "required": False,
-                    "schema": {"type": "string"},
-                    "description": "The last id of the previous page.",
-                },
+                *shared.common("Queue"),
+                *shared.query(document, s, "GET", subscriptions),
             ],
             "responses": {
-                "200": _response("A page.", _ref("schemas", "SubscriptionList")),
-                **_errors(),
+                "200": shared.response("A page.", shared.schema("SubscriptionList")),
+                **shared.errors(),
             },
         },
     }
-    document["paths"][QUEUE + "/subscriptions/{subscription_id}"] = {
+    document["paths"][subscriptions + "/{subscription_id}"] = {
         "get": {
             "operationId": "getSubscription",
             "summary": "A live subscription and its delivery state",
             "parameters": item,
             "responses": {
-                "200": _response("The subscription.", _ref("schemas", "Subscription")),
-                **_errors("404"),
+                "200": shared.response("The subscription.", shared.schema("Subscription")),
+                **shared.errors("404"),
             },
         },
         "patch": {
             "operationId": "updateSubscription",
             "summary": "Change the subscriber, ttl (restarted from now) or options",
             "parameters": item,
-            "requestBody": _body("SubscriptionPatch", "What to change."),
-            "responses": {"204": _response("Done.", None, True), **_errors("404", "409")},
+            "requestBody": shared.json_body("SubscriptionPatch", description="What to change."),
+            "responses": {"204": shared.done(shared.LOCATION), **shared.errors("404", "409")},
         },
         "delete": {
             "operationId": "deleteSubscription",
             "summary": "Unsubscribe (no error if it is gone)",
             "parameters": item,
-            "responses": {"204": done, **_errors()},
+            "responses": {"204": shared.done(), **shared.errors()},
         },
     }
-    document["paths"][QUEUE + "/subscriptions/{subscription_id}/confirm"] = {
+    document["paths"][subscriptions + "/{subscription_id}/confirm"] = {
         "put": {
             "operationId": "confirmSubscription",
             "summary": "Confirm (or revoke) a subscription. With --require-confirmation an "
             "unconfirmed subscriber is sent only its confirmation request, which carries a "
             "pre-signed URL for this call.",
             "parameters": item,
-            "requestBody": _body("Confirmation", "confirmed: true or false."),
-            "responses": {"204": _response("Done.", None, True), **_errors("404")},
+            "requestBody": shared.json_body(
+                "Confirmation", description="confirmed: true or false."
+            ),
+            "responses": {"204": shared.done(shared.LOCATION), **shared.errors("404")},
         }
     }

@@ -1,7 +1,7 @@
 """The OpenAPI description of what issue 32 gave consumers: message headers.
 
-Kept apart from openapi.py (which describes the Zaqar surface) and hooked
-in by :func:`add_consumers`: the ``MessageHeaders`` schema, and a
+A part of the document (``feedsvc.api.openapi``) that changes the message
+parts before it: the ``MessageHeaders`` schema, and a
 ``headers`` property on every message schema a client posts or reads
 (``NewMessage``, ``Message``, a popped message), plus the W3C
 ``traceparent`` / ``tracestate`` request headers of a post
@@ -10,8 +10,8 @@ in by :func:`add_consumers`: the ``MessageHeaders`` schema, and a
 
 from __future__ import annotations
 
-from typing import Any
-
+from feedsvc.api.openapi.shared import Document, Schema
+from feedsvc.config import Settings
 from feedsvc.message_headers import (
     MAX_HEADERS,
     MAX_HEADERS_SIZE,
@@ -19,8 +19,6 @@ from feedsvc.message_headers import (
     TRACEPARENT_PATTERN,
     TRACESTATE_PATTERN,
 )
-
-Schema = dict[str, Any]
 
 NO_CONTROLS = "^[^\\u0000-\\u001f\\u007f]*$"
 
@@ -48,7 +46,7 @@ def headers_schema(stored: bool) -> Schema:
     }
 
 
-def add_consumers(document: dict[str, Any]) -> None:
+def add(document: Document, s: Settings) -> None:
     """Add the headers schemas to document's message schemas and the trace
     context headers to the post of messages."""
     components = document["components"]

@@ -1,36 +1,25 @@
-"""The redrive routes' part of the OpenAPI document (``feedsvc.api.redrive``)."""
+"""The redrive routes' part of the OpenAPI document (``feedsvc.api.redrive``):
+moving a dead-letter queue's messages back. Listed after ``topics`` in
+PARTS: topics have no claims, so no dead letters."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from feedsvc.api.openapi.shared import (
+    JSON,
+    LOCATION,
+    Document,
+    Schema,
+    common,
+    errors,
+    operation,
+    ref,
+    response,
+    schema,
+)
+from feedsvc.config import Settings
 from feedsvc.storage.base import MAX_REDRIVE_RATE
 
-Schema = dict[str, Any]
-JSON = "application/json"
 PATH = "/v2/queues/{queue}/redrive"
-
-
-def _ref(kind: str, name: str) -> Schema:
-    return {"$ref": f"#/components/{kind}/{name}"}
-
-
-def _response(description: str, schema: Schema | None = None) -> Schema:
-    response: Schema = {
-        "description": description,
-        "headers": {"X-Openstack-Request-Id": {"$ref": "#/components/headers/RequestId"}},
-    }
-    if schema is not None:
-        response["content"] = {JSON: {"schema": schema}}
-    return response
-
-
-def _errors(*statuses: str) -> dict[str, Schema]:
-    out = {"400": _ref("responses", "BadRequest")}
-    out.update({s: _ref("responses", "NotFound" if s == "404" else "Conflict") for s in statuses})
-    out["429"] = _ref("responses", "TooManyRequests")
-    out["503"] = _ref("responses", "Unavailable")
-    return out
 
 
 def _schemas() -> dict[str, Schema]:
@@ -85,48 +74,39 @@ def _schemas() -> dict[str, Schema]:
     }
 
 
-def add_redrive(document: dict[str, Any]) -> None:
-    """Add the redrive path and its schemas to document (after the topic
-    paths were derived: topics have no claims, so no dead letters)."""
+def add(document: Document, settings: Settings) -> None:
+    """The redrive path and its schemas."""
     document["components"]["schemas"].update(_schemas())
-    common = [_ref("parameters", n) for n in ("ClientId", "ProjectId", "Queue")]
-    progress = _ref("schemas", "Redrive")
+    progress = schema("Redrive")
     document["paths"][PATH] = {
-        "post": {
-            "operationId": "startRedrive",
-            "summary": "Move the dead-letter queue's messages back, oldest first, paced",
+        "post": operation(
+            "startRedrive",
+            "Move the dead-letter queue's messages back, oldest first, paced",
+            {
+                "202": response("Started: its progress.", progress, headers=LOCATION),
+                **errors("404", "409"),
+            },
+            common("Queue"),
+            {"required": True, "content": {JSON: {"schema": ref("schemas", "RedriveOptions")}}},
+        )
+        | {
             "description": "A feedsvc extension. Each dead letter goes back to the queue it "
             "was dead-lettered from (or to `to`) with its body and headers, a fresh ttl "
             "(the target's default) and a claim count of 0, at most max_per_second a "
             "second; the dead letters there when it starts are moved. Any feedsvc process "
             "carries it on. Needs manage on the queue (and post on `to`). 404: no such "
-            "queue; 409: a redrive of it is running.",
-            "parameters": common,
-            "requestBody": {
-                "required": True,
-                "content": {JSON: {"schema": _ref("schemas", "RedriveOptions")}},
-            },
-            "responses": {
-                "202": {
-                    **_response("Started: its progress.", progress),
-                    "headers": {
-                        "X-Openstack-Request-Id": {"$ref": "#/components/headers/RequestId"},
-                        "Location": {"required": True, "schema": {"type": "string"}},
-                    },
-                },
-                **_errors("404", "409"),
-            },
+            "queue; 409: a redrive of it is running."
         },
-        "get": {
-            "operationId": "getRedrive",
-            "summary": "The progress of the queue's redrive (the last one); 404 if none",
-            "parameters": common,
-            "responses": {"200": _response("Its progress.", progress), **_errors("404")},
-        },
-        "delete": {
-            "operationId": "cancelRedrive",
-            "summary": "Cancel the queue's running redrive: moving stops, what moved stays",
-            "parameters": common,
-            "responses": {"200": _response("Its progress.", progress), **_errors("404")},
-        },
+        "get": operation(
+            "getRedrive",
+            "The progress of the queue's redrive (the last one); 404 if none",
+            {"200": response("Its progress.", progress), **errors("404")},
+            common("Queue"),
+        ),
+        "delete": operation(
+            "cancelRedrive",
+            "Cancel the queue's running redrive: moving stops, what moved stays",
+            {"200": response("Its progress.", progress), **errors("404")},
+            common("Queue"),
+        ),
     }
