@@ -28,6 +28,10 @@ between the check and the join); otherwise it reads again. Batches carry
 what lies after the tail's previous position, and a follower drops whatever
 is not after its own.
 
+Every loop that waits for a queue's wake-ups (the tail here, a long poll
+that reads alone, a claim that waits, the delivery worker's wake-ups) goes
+round through :class:`Rounds`, the one owner of the order that loses none.
+
 A lost wake-up costs latency only: the tail re-reads from its position on the
 next one, and the store wakes everyone after a lost subscription.
 
@@ -52,11 +56,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedsvc.drain_signal import DrainSignal
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore, Follow, ListQuery, Message, checkpoint
 
@@ -209,6 +215,117 @@ class Waiter(Follower):
         return not self.done
 
 
+class Rounds:
+    """The one owner of "take the wake-up token, then read, then wait": the
+    rounds of a loop that reads a queue and waits for its wake-ups
+    (``FeedStore.follow``). Each round takes the token before the caller
+    reads, so a wake-up between the read and the wait ends the wait at once;
+    none is lost::
+
+        async with store.follow(project, queue) as follow:
+            rounds = Rounds(follow, seconds, draining)
+            async for _ in rounds:  # the token is taken: read now
+                page = await store.list_messages(project, queue, query)
+                if page.messages or follow.ended:
+                    break  # what the caller waited for
+                rounds.due(page.claim_ends)  # a moment no post announces
+
+    Between two rounds it waits, at most ``longest`` seconds (or what
+    ``pause`` says for one round), for a wake-up; it stops once seconds
+    (None: never) have passed since it began, or ``draining`` is set (the
+    process stops; the wait ends at once then). With ``read_at_deadline``
+    (a long poll: it answers with a last read) a round still follows a wait
+    that ran out the time; without (a claim wait), no read starts once the
+    time is up. ``due`` asks for a timer (``Follow.due``) that is set only
+    if it goes round again; ``again`` skips one wait (a read cut short).
+    Before each wait or re-read it calls ``checkpoint``, so a stop swallowed
+    by a read is not lost. It yields the round's number, from 0.
+    """
+
+    __slots__ = (
+        "_again",
+        "_deadline",
+        "_draining",
+        "_dues",
+        "_follow",
+        "_longest",
+        "_loop",
+        "_pause",
+        "_read_at_deadline",
+        "_round",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        follow: Follow,
+        seconds: float | None = None,
+        draining: DrainSignal | None = None,
+        *,
+        longest: float = 3600.0,
+        read_at_deadline: bool = True,
+    ) -> None:
+        self._follow = follow
+        self._loop = asyncio.get_running_loop()
+        self._deadline = math.inf if seconds is None else self._loop.time() + seconds
+        self._draining = draining
+        self._longest = longest
+        self._read_at_deadline = read_at_deadline
+        self._round = 0
+        self._token: asyncio.Event | None = None
+        self._dues: list[int] = []
+        self._pause: float | None = None
+        self._again = False
+
+    def due(self, at_ms: int | None) -> None:
+        """Wake at at_ms (the store's clock) too, if it waits again."""
+        if at_ms is not None:
+            self._dues.append(at_ms)
+
+    def again(self) -> None:
+        """Go round again at once, without waiting."""
+        self._again = True
+
+    def pause(self, seconds: float) -> None:
+        """Wait at most seconds before the next round (Redis trouble)."""
+        self._pause = seconds
+
+    def __aiter__(self) -> Rounds:
+        return self
+
+    async def __anext__(self) -> int:
+        checkpoint()
+        if self._round and not await self._waited():
+            raise StopAsyncIteration
+        if not self._read_at_deadline and self._loop.time() >= self._deadline:
+            raise StopAsyncIteration
+        self._token = self._follow.token()
+        self._round += 1
+        return self._round - 1
+
+    async def _waited(self) -> bool:
+        """Wait for a wake-up with the round's token; False: stop instead."""
+        remaining = self._deadline - self._loop.time()
+        draining = self._draining
+        if remaining <= 0 or (draining is not None and draining.is_set()):
+            return False
+        follow = self._follow
+        for at_ms in self._dues:
+            follow.due(at_ms)
+        self._dues.clear()
+        if self._again:
+            self._again = False
+            return True
+        seconds = min(remaining, self._longest if self._pause is None else self._pause)
+        self._pause = None
+        assert self._token is not None
+        if draining is None:
+            await follow.wait(self._token, seconds)
+        else:
+            await draining.unless_set(follow.wait(self._token, seconds))
+        return True
+
+
 class Tail:
     """The shared reader of one queue in this process."""
 
@@ -274,9 +391,10 @@ class Tail:
         async with self._store.follow(self._project, self._queue) as follow:
             self._follow = follow
             deleted = self._existed and await self._gone()
-            while not deleted:
-                checkpoint()  # a stop swallowed by a read (see checkpoint)
-                token = follow.token()
+            rounds = Rounds(follow)
+            async for _ in rounds:
+                if deleted:
+                    break
                 # A claim may have ended (released, expired) since the last
                 # read: read again from the lowest held follower's position.
                 held = self._held_from() if follow.frees != self.frees else None
@@ -287,7 +405,7 @@ class Tail:
                 except Unavailable as exc:
                     log.debug("tail of %s: %s; reading again later", self._queue, exc)
                     self.frees = -1  # whatever it was to read again, it reads again
-                    await follow.wait(token, RETRY_AFTER_TROUBLE)
+                    rounds.pause(RETRY_AFTER_TROUBLE)
                     continue
                 finally:
                     self.idle.set()
@@ -298,14 +416,12 @@ class Tail:
                     self._note_claims(batch.claim_ends)
                 if follow.ended:
                     break
-                if self.next_due is not None:
-                    # nobody announces a message falling due: a local timer
-                    # wakes this tail then (no Redis command meanwhile)
-                    follow.due(self.next_due)
-                if self.claim_ends is not None:  # nor a claim's end
-                    follow.due(self.claim_ends)
-                if batch is None or len(batch.messages) < PAGE * PAGES_PER_READ:
-                    await follow.wait(token, 3600.0)
+                # nobody announces a message falling due: a local timer
+                # wakes this tail then (no Redis command meanwhile)
+                rounds.due(self.next_due)
+                rounds.due(self.claim_ends)  # nor a claim's end
+                if batch is not None and len(batch.messages) >= PAGE * PAGES_PER_READ:
+                    rounds.again()  # a read cut short: the rest at once
             self.ended = True
             await self.hand_out(Batch([], self.position, self.position, ended=True))
 

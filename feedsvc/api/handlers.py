@@ -20,6 +20,7 @@ from aiohttp import web
 from feedsvc import tracing
 from feedsvc.api import spec
 from feedsvc.api import validation as v
+from feedsvc.api.feeds import TOPICS, Feed, Feeds
 from feedsvc.api.home import HOME_DOCUMENT
 from feedsvc.api.traced import carriers, consumed, request_context, stamp
 from feedsvc.appkeys import CLOCK, DRAINING, EMBEDDED_REDIS, SETTINGS, STORE
@@ -35,14 +36,13 @@ from feedsvc.errors import (
     RequestTimeout,
     Unavailable,
 )
+from feedsvc.live import Rounds
 from feedsvc.storage.base import (
     Claim,
-    FeedStore,
     ListQuery,
     Message,
     MessagePage,
     MessageSummary,
-    Parent,
     new_id,
 )
 
@@ -75,32 +75,6 @@ async def read_body(
         if too_large is None:
             raise
         raise too_large() from None
-
-
-QUEUES = "/v2/queues"
-TOPICS = "/v2/topics"
-
-
-def is_topic(request: web.Request) -> bool:
-    """The route is one of /v2/topics (a topic is a feed like a queue, kept
-    apart from the queues: see ``FeedStore.topics``)."""
-    return "topic" in request.match_info or request.path == TOPICS
-
-
-def feed_store(request: web.Request) -> FeedStore:
-    """The store, on topics for a topic route."""
-    store = request.app[STORE]
-    return store.topics() if is_topic(request) else store
-
-
-def feed_parent(request: web.Request, project: str, name: str) -> Parent:
-    """What subscriptions hang off on this route: the queue, or the topic."""
-    return Parent("topic" if is_topic(request) else "queue", project, name)
-
-
-def feed_path(request: web.Request, name: str) -> str:
-    """The path of the named queue or topic, as hrefs show it."""
-    return f"{TOPICS if is_topic(request) else QUEUES}/{name}"
 
 
 def _settings(request: web.Request) -> Settings:
@@ -221,14 +195,14 @@ async def ping(request: web.Request) -> web.Response:
     cannot send headers, and the answer is the same for every caller.
     """
     try:
-        await feed_store(request).ping()
+        await request.app[STORE].ping()
     except Unavailable:
         return web.Response(status=503, headers={"Retry-After": "1"})
     return web.Response(status=204)
 
 
 async def get_health(request: web.Request) -> web.Response:
-    store = feed_store(request)
+    store = request.app[STORE]
     try:
         await store.ping()
         reachable = True
@@ -291,7 +265,7 @@ async def bench_ping(request: web.Request) -> web.Response:
     """Hello after one round trip to Redis (--bench-routes): a PING through
     the store's transport, coalesced with other requests' calls as theirs are.
     What it costs above hello is what any request pays to wait on Redis."""
-    await feed_store(request).ping()
+    await request.app[STORE].ping()
     return json_response({"hello": "world"})
 
 
@@ -304,21 +278,20 @@ async def bench_page(request: web.Request) -> web.Response:
 # -- queues ------------------------------------------------------------------
 
 
-async def list_queues(request: web.Request) -> web.Response:
+async def list_queues(request: web.Request, feeds: Feeds) -> web.Response:
     settings = _settings(request)
     rules = spec.rules(settings)
-    project, _ = v.caller(request)
     query = request.query
     marker = v.queue_marker(query, rules.queue_marker)
     limit = v.integer(query, rules.queue_limit)
     detailed = v.flag(query, rules.detailed)
     with_count = v.flag(query, rules.with_count)
-    store = feed_store(request)
-    topic = is_topic(request)
-    queues = await store.list_queues(project, marker, limit, detailed)
+    kind, store = feeds.kind, feeds.store
+    topic = kind is TOPICS
+    queues = await store.list_queues(feeds.project, marker, limit, detailed)
     payload: dict[str, Any] = {
-        "topics" if topic else "queues": [
-            {"name": q.name, "href": feed_path(request, q.name)}
+        kind.plural: [
+            {"name": q.name, "href": f"{kind.path}/{q.name}"}
             | ({"metadata": _with_defaults(settings, q.metadata or {}, topic)} if detailed else {})
             for q in queues
         ],
@@ -330,98 +303,80 @@ async def list_queues(request: web.Request) -> web.Response:
             params["detailed"] = "true"
         if with_count:
             params["with_count"] = "true"
-        base = TOPICS if topic else QUEUES
-        payload["links"] = [{"rel": "next", "href": f"{base}?{urlencode(params)}"}]
+        payload["links"] = [{"rel": "next", "href": f"{kind.path}?{urlencode(params)}"}]
     if with_count:
-        payload["count"] = await store.count_queues(project)
+        payload["count"] = await store.count_queues(feeds.project)
     return json_response(payload)
 
 
-async def create_queue(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def create_queue(request: web.Request, feed: Feed) -> web.Response:
     v.metadata_length(request)
     metadata = v.queue_metadata(await read_body(request), _settings(request))
-    created = await feed_store(request).create_queue(project, queue, metadata)
+    created = await feed.store.create_queue(feed.project, feed.name, metadata)
     # Like Zaqar, a PUT on an existing queue changes nothing (use PATCH).
-    return web.Response(
-        status=201 if created else 204, headers={"Location": feed_path(request, queue)}
-    )
+    return web.Response(status=201 if created else 204, headers={"Location": feed.path})
 
 
-async def get_queue(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def get_queue(request: web.Request, feed: Feed) -> web.Response:
     # Like Zaqar, a queue that does not exist shows the defaults (200).
-    metadata = await feed_store(request).get_queue_metadata(project, queue) or {}
-    return json_response(_with_defaults(_settings(request), metadata, is_topic(request)))
+    metadata = await feed.store.get_queue_metadata(feed.project, feed.name) or {}
+    return json_response(_with_defaults(_settings(request), metadata, feed.is_topic))
 
 
-async def patch_queue(request: web.Request) -> web.Response:
+async def patch_queue(request: web.Request, feed: Feed) -> web.Response:
     settings = _settings(request)
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
     v.metadata_length(request)
     patch = v.metadata_patch(request, await read_body(request))
 
     def change(current: dict[str, Any]) -> dict[str, Any]:
         return v.checked_metadata(v.apply_patch(current, patch), settings)
 
-    updated = await feed_store(request).update_queue_metadata(project, queue, change)
-    return json_response(_with_defaults(settings, updated, is_topic(request)))
+    updated = await feed.store.update_queue_metadata(feed.project, feed.name, change)
+    return json_response(_with_defaults(settings, updated, feed.is_topic))
 
 
-async def purge_queue(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def purge_queue(request: web.Request, feed: Feed) -> web.Response:
     types = v.purge_types(await read_body(request))
     if "messages" in types:
-        await feed_store(request).purge_queue(project, queue)
+        await feed.store.purge_queue(feed.project, feed.name)
     if "subscriptions" in types:
-        await feed_store(request).subscriptions.purge(feed_parent(request, project, queue))
+        await feed.store.subscriptions.purge(feed.parent)
     return web.Response(status=204)
 
 
-async def delete_queue(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def delete_queue(request: web.Request, feed: Feed) -> web.Response:
     # its subscriptions go with it (a deliberate difference from Zaqar's
     # Redis driver, which leaves them behind: see docs/zaqar-differences.md)
-    await feed_store(request).subscriptions.purge(feed_parent(request, project, queue))
-    await feed_store(request).delete_queue(project, queue)
+    await feed.store.subscriptions.purge(feed.parent)
+    await feed.store.delete_queue(feed.project, feed.name)
     return web.Response(status=204)
 
 
-async def get_queue_stats(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
-    stats = await feed_store(request).queue_stats(project, queue)
+async def get_queue_stats(request: web.Request, feed: Feed) -> web.Response:
+    stats = await feed.store.queue_stats(feed.project, feed.name)
     now = _now(request)
     messages: dict[str, Any] = {
         "claimed": stats.claimed,
         "free": stats.free,
         "total": stats.total,
     }
-    feed = feed_path(request, queue)
     if stats.oldest is not None:
-        messages["oldest"] = _summary_json(feed, stats.oldest, now)
+        messages["oldest"] = _summary_json(feed.path, stats.oldest, now)
     if stats.newest is not None:
-        messages["newest"] = _summary_json(feed, stats.newest, now)
+        messages["newest"] = _summary_json(feed.path, stats.newest, now)
     return json_response({"messages": messages})
 
 
 # -- messages ----------------------------------------------------------------
 
 
-async def post_messages(request: web.Request) -> web.Response:
+async def post_messages(request: web.Request, feed: Feed) -> web.Response:
     settings = _settings(request)
-    project, client = v.caller(request)
-    queue = v.queue_name(request)
     idempotency_key = v.idempotency_key(request)
     v.post_length(request, settings)
     raw = await read_body(request, lambda: v.post_too_large(settings))
     messages = v.new_messages(v.json_document(raw), settings)
-    store = feed_store(request)
+    store, project, queue = feed.store, feed.project, feed.name
     if tracing.ENABLED:
         # the request's W3C context parents the publish span, whose context
         # then goes into the messages that carry none (consumers link to it)
@@ -432,12 +387,14 @@ async def post_messages(request: web.Request) -> web.Response:
             if context:
                 stamp(messages, tracing.carrier_of(span))
             ids = await store.post_messages(
-                project, queue, client, messages, len(raw), idempotency_key
+                project, queue, feed.client, messages, len(raw), idempotency_key
             )
             tracing.message_ids(span, ids)
     else:
-        ids = await store.post_messages(project, queue, client, messages, len(raw), idempotency_key)
-    return posted_response(f"{feed_path(request, queue)}/messages", ids)
+        ids = await store.post_messages(
+            project, queue, feed.client, messages, len(raw), idempotency_key
+        )
+    return posted_response(f"{feed.path}/messages", ids)
 
 
 def posted_response(base: str, ids: list[str]) -> web.Response:
@@ -452,32 +409,27 @@ def posted_response(base: str, ids: list[str]) -> web.Response:
     )
 
 
-async def get_messages(request: web.Request) -> web.Response:
+async def get_messages(request: web.Request, feed: Feed) -> web.Response:
     """GET .../messages: a page after a marker, or the messages named by ?ids=."""
     rules = _rules(request)
-    project, client = v.caller(request)
-    queue = v.queue_name(request)
+    project, queue, store = feed.project, feed.name, feed.store
     query = request.query
-    store = feed_store(request)
     ids = v.id_list(query, rules.ids)
     tail = v.from_tail(query, rules.start, rules.message_marker)
     now = _now(request)
     if ids is not None:
         found = await store.get_messages(project, queue, [i for i in ids if v.is_id(i)])
         if not found:
-            kind = "topic" if is_topic(request) else "queue"
-            raise NotFound(f"No messages with ids {', '.join(ids)} in {kind} {queue}.")
-        feed = feed_path(request, queue)
-        return json_response(
-            {"messages": [message_json(f"{feed}/messages/", m, now) for m in found]}
-        )
+            raise NotFound(f"No messages with ids {', '.join(ids)} in {feed.kind.name} {queue}.")
+        prefix = f"{feed.path}/messages/"
+        return json_response({"messages": [message_json(prefix, m, now) for m in found]})
 
-    list_query = list_query_of(request, client)
+    list_query = list_query_of(request, feed.client)
     if tail:  # nothing yet: a next link to poll from (docs/live-following.md)
         page = MessagePage([], await store.tail_marker(project, queue))
     else:
         page = await store.list_messages(project, queue, list_query)
-    return page_response(feed_path(request, queue), page, list_query, now)
+    return page_response(feed.path, page, list_query, now)
 
 
 def list_query_of(request: web.Request, client: str) -> ListQuery:
@@ -531,38 +483,30 @@ def gap_header(page: MessagePage) -> str:
     return f"missed={page.missed}{first}"
 
 
-async def get_message(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def get_message(request: web.Request, feed: Feed) -> web.Response:
     message_id = request.match_info["message_id"]
     found = []
     if v.is_id(message_id):
-        found = await feed_store(request).get_messages(project, queue, [message_id])
+        found = await feed.store.get_messages(feed.project, feed.name, [message_id])
     if not found:
         raise MessageNotFound(message_id)
-    return json_response(
-        message_json(f"{feed_path(request, queue)}/messages/", found[0], _now(request))
-    )
+    return json_response(message_json(f"{feed.path}/messages/", found[0], _now(request)))
 
 
-async def delete_message(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def delete_message(request: web.Request, feed: Feed) -> web.Response:
     message_id = request.match_info["message_id"]
     # A malformed claim_id is passed on: it holds no message, so deleting an
     # existing message with it is a 400 and deleting a missing one a 204.
     claim_id = v.text(request.query, _rules(request).claim_id)
     if v.is_id(message_id):
-        await feed_store(request).delete_message(project, queue, message_id, claim_id)
+        await feed.store.delete_message(feed.project, feed.name, message_id, claim_id)
     return web.Response(status=204)
 
 
-async def release_message(request: web.Request) -> web.Response:
+async def release_message(request: web.Request, feed: Feed) -> web.Response:
     """Take one message out of its claim, claimable again after a delay (a
     feedsvc extension: a consumer that failed on one message gives it back
     without waiting for the claim to expire, nor giving back the others)."""
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
     message_id = request.match_info["message_id"]
     claim_id = v.text(request.query, _rules(request).release_claim_id)
     if claim_id is None:
@@ -572,14 +516,12 @@ async def release_message(request: web.Request) -> web.Response:
         raise MessageNotFound(message_id)
     if not v.is_id(claim_id):
         raise ClaimDoesNotHold(f"Claim {claim_id} does not hold message {message_id}.")
-    await feed_store(request).release_message(project, queue, message_id, claim_id, delay)
+    await feed.store.release_message(feed.project, feed.name, message_id, claim_id, delay)
     return web.Response(status=204)
 
 
-async def delete_messages(request: web.Request) -> web.Response:
+async def delete_messages(request: web.Request, feed: Feed) -> web.Response:
     rules = _rules(request)
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
     ids = v.id_list(request.query, rules.ids)
     pop = request.query.get(rules.pop.name)
     if ids is not None and pop is not None:
@@ -587,101 +529,83 @@ async def delete_messages(request: web.Request) -> web.Response:
     if pop is not None:
         limit = v.integer(request.query, rules.pop)
         if tracing.ENABLED:
-            with tracing.span("receive", queue) as span:
-                popped = await feed_store(request).pop_messages(project, queue, limit)
+            with tracing.span("receive", feed.name) as span:
+                popped = await feed.store.pop_messages(feed.project, feed.name, limit)
                 consumed(span, popped)
         else:
-            popped = await feed_store(request).pop_messages(project, queue, limit)
+            popped = await feed.store.pop_messages(feed.project, feed.name, limit)
         now = _now(request)
         return json_response({"messages": [popped_json(m, now) for m in popped]})
     if ids is None:
         raise BadRequest('Either "ids" or "pop" must be given to delete messages.')
-    await feed_store(request).delete_messages(project, queue, [i for i in ids if v.is_id(i)])
+    await feed.store.delete_messages(feed.project, feed.name, [i for i in ids if v.is_id(i)])
     return web.Response(status=204)
 
 
 # -- claims ------------------------------------------------------------------
 
 
-def _claim_href(queue: str, claim_id: str) -> str:
-    return f"/v2/queues/{queue}/claims/{claim_id}"
+def _claim_href(feed: Feed, claim_id: str) -> str:
+    return f"{feed.path}/claims/{claim_id}"
 
 
-async def post_claim(request: web.Request) -> web.Response:
+async def post_claim(request: web.Request, feed: Feed) -> web.Response:
     settings = _settings(request)
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
     rules = _rules(request)
     limit = v.integer(request.query, rules.claim_limit)
     seconds = v.wait_seconds(request.query, rules.claim_wait)
     ttl, grace = v.claim_options(await read_body(request), settings)
-    store = feed_store(request)
     terms = (ttl, grace, limit)
     if tracing.ENABLED:
-        with tracing.span("receive", queue) as span:
-            claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
+        with tracing.span("receive", feed.name) as span:
+            claim = await _claim_now_or_later(feed, terms, seconds, request)
             if claim is not None:
                 consumed(span, claim.messages)
     else:
-        claim = await _claim_now_or_later(store, project, queue, terms, seconds, request)
+        claim = await _claim_now_or_later(feed, terms, seconds, request)
     if claim is None:
         return web.Response(status=204)
     now = _now(request)
-    body = orjson.dumps(
-        {"messages": [message_json(f"{QUEUES}/{queue}/messages/", m, now) for m in claim.messages]}
-    )
+    prefix = f"{feed.path}/messages/"
+    body = orjson.dumps({"messages": [message_json(prefix, m, now) for m in claim.messages]})
     return web.Response(
         status=201,
         body=body,
         content_type="application/json",
-        headers={"Location": _claim_href(queue, claim.id)},
+        headers={"Location": _claim_href(feed, claim.id)},
     )
 
 
 async def _claim_now_or_later(
-    store: FeedStore,
-    project: str,
-    queue: str,
-    terms: tuple[int, int, int],
-    seconds: float,
-    request: web.Request,
+    feed: Feed, terms: tuple[int, int, int], seconds: float, request: web.Request
 ) -> Claim | None:
     """A claim at once, else (with wait=) once something is claimable."""
     ttl, grace, limit = terms
-    claim = await store.claim_messages(project, queue, ttl, grace, limit)
+    claim = await feed.store.claim_messages(feed.project, feed.name, ttl, grace, limit)
     if claim is None and seconds:
-        draining = request.app[DRAINING]
-        claim = await _claim_waiting(store, project, queue, terms, seconds, draining)
+        claim = await _claim_waiting(feed, terms, seconds, request.app[DRAINING])
     return claim
 
 
 async def _claim_waiting(
-    store: FeedStore,
-    project: str,
-    queue: str,
-    terms: tuple[int, int, int],
-    seconds: float,
-    draining: DrainSignal,
+    feed: Feed, terms: tuple[int, int, int], seconds: float, draining: DrainSignal
 ) -> Claim | None:
     """Claim as soon as something is claimable, however it became so: a
     post or a release (each announced), a delayed message falling due or a
     claim expiring (the fruitless claim says when: a local timer, no Redis
     command meanwhile), or give up after seconds or once the process begins
     to stop (then 204 at once: the client claims elsewhere)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
     ttl, grace, limit = terms
-    async with store.follow(project, queue) as follow:
-        while (remaining := deadline - loop.time()) > 0:
-            token = follow.token()
-            claim = await store.try_claim(project, queue, ttl, grace, limit)
+    async with feed.store.follow(feed.project, feed.name) as follow:
+        rounds = Rounds(follow, seconds, draining, read_at_deadline=False)
+        async for _ in rounds:
+            claim = await feed.store.try_claim(feed.project, feed.name, ttl, grace, limit)
             if isinstance(claim, Claim):
                 return claim
-            if follow.ended or draining.is_set():
+            if follow.ended:
                 return None
             if claim.free_at is not None:
-                follow.due(claim.free_at)
-            await draining.unless_set(follow.wait(token, remaining))
+                rounds.due(claim.free_at)
     return None
 
 
@@ -692,40 +616,33 @@ def _claim_id(request: web.Request) -> str:
     return claim_id
 
 
-async def get_claim(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
-    claim = await feed_store(request).get_claim(project, queue, _claim_id(request))
+async def get_claim(request: web.Request, feed: Feed) -> web.Response:
+    claim = await feed.store.get_claim(feed.project, feed.name, _claim_id(request))
     now = _now(request)
+    prefix = f"{feed.path}/messages/"
     return json_response(
         {
             "age": claim.age(now),
             "ttl": claim.ttl,
-            "messages": [
-                message_json(f"{QUEUES}/{queue}/messages/", m, now) for m in claim.messages
-            ],
-            "href": _claim_href(queue, claim.id),
+            "messages": [message_json(prefix, m, now) for m in claim.messages],
+            "href": _claim_href(feed, claim.id),
         }
     )
 
 
-async def patch_claim(request: web.Request) -> web.Response:
+async def patch_claim(request: web.Request, feed: Feed) -> web.Response:
     settings = _settings(request)
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
     claim_id = _claim_id(request)
     raw = await read_body(request)
     if not raw.strip():
         raise BadRequest("Request body can not be empty")
     ttl, grace = v.claim_options(raw, settings)
-    await feed_store(request).renew_claim(project, queue, claim_id, ttl, grace)
+    await feed.store.renew_claim(feed.project, feed.name, claim_id, ttl, grace)
     return web.Response(status=204)
 
 
-async def delete_claim(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+async def delete_claim(request: web.Request, feed: Feed) -> web.Response:
     claim_id = request.match_info["claim_id"]
     if v.is_id(claim_id):
-        await feed_store(request).release_claim(project, queue, claim_id)
+        await feed.store.release_claim(feed.project, feed.name, claim_id)
     return web.Response(status=204)

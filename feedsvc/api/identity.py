@@ -3,12 +3,14 @@
 Run by ``feedsvc.api.middleware`` on every request once any token source is
 set (``Authenticator.on``), after a pre-signed URL was checked: the route's
 action comes from the table built with the routes (``routes.ACTIONS``), the
-name from the route's ``{queue}`` or ``{topic}``. A route whose action is
-None is open; a request whose pre-signed URL was verified is served for what
-the URL allows; any other needs a bearer token (401) -- with ``--keystone-url``
-a Keystone ``X-Auth-Token``, which wins over ``Authorization`` -- whose scopes
-allow the action on that name (403), before its handler runs, so a refused request
-changes nothing.
+name from the route's ``{queue}`` or ``{topic}`` (``feeds.name_of``: the
+feed's own; see ``feedsvc.api.feeds`` for why this check runs before the
+feed is resolved). A route whose action is None is open; a request whose
+pre-signed URL was verified is served for what the URL allows; any other
+needs a bearer token (401) -- with ``--keystone-url`` a Keystone
+``X-Auth-Token``, which wins over ``Authorization`` -- whose scopes allow
+the action on that name (403), before its handler runs, so a refused
+request changes nothing.
 
 The token may instead come as ``access_token`` in the query string (RFC 6750
 section 2.3), for what a browser's ``EventSource`` cannot do otherwise
@@ -26,6 +28,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from feedsvc.access import ADMIN, Identity
+from feedsvc.api.feeds import name_of
 from feedsvc.api.validation import IDENTITY, SIGNED_PROJECT
 from feedsvc.appkeys import AUTHENTICATOR, ROUTE_ACTIONS
 from feedsvc.errors import BadRequest, Forbidden, InsufficientScope, Unauthorized
@@ -102,8 +105,7 @@ async def authorize(request: web.Request) -> None:
         identity = await authenticator.identify(
             query_token(request, action) or bearer_token(request)
         )
-    info = request.match_info
-    name = info.get("queue") or info.get("topic")
+    name = name_of(request)  # the name the feed will be resolved with (feeds.resolve)
     if not identity.allows(action, name):
         raise InsufficientScope(action, name)
     request[IDENTITY] = identity

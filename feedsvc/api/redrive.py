@@ -15,8 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from feedsvc.api import validation as v
+from feedsvc.api.feeds import Feed
 from feedsvc.api.handlers import json_response, read_body
-from feedsvc.appkeys import REDRIVER, STORE
+from feedsvc.appkeys import REDRIVER
 from feedsvc.errors import BadRequest, InsufficientScope, NotFound
 from feedsvc.storage.base import MAX_REDRIVE_RATE as MAX_RATE
 from feedsvc.storage.base import Redrive
@@ -65,35 +66,30 @@ def _no_redrive(queue: str) -> NotFound:
     return NotFound(f"Queue {queue} has no redrive.")
 
 
-async def start_redrive(request: web.Request) -> web.Response:
+async def start_redrive(request: web.Request, feed: Feed) -> web.Response:
     """Start moving the queue's dead letters back: 202 with its progress."""
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+    project, queue = feed.project, feed.name
     rate, to = redrive_options(await read_body(request), queue)
     identity = request[v.IDENTITY]
     if to is not None and identity is not None and not identity.allows("post", to):
         raise InsufficientScope("post", to)
-    redrive = await request.app[STORE].redrives.start(project, queue, rate, to)
+    redrive = await feed.store.redrives.start(project, queue, rate, to)
     request.app[REDRIVER].kick()
     response = json_response(redrive_json(redrive), status=202)
     response.headers["Location"] = request.path
     return response
 
 
-async def get_redrive(request: web.Request) -> web.Response:
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
-    redrive = await request.app[STORE].redrives.get(project, queue)
+async def get_redrive(request: web.Request, feed: Feed) -> web.Response:
+    redrive = await feed.store.redrives.get(feed.project, feed.name)
     if redrive is None:
-        raise _no_redrive(queue)
+        raise _no_redrive(feed.name)
     return json_response(redrive_json(redrive))
 
 
-async def cancel_redrive(request: web.Request) -> web.Response:
+async def cancel_redrive(request: web.Request, feed: Feed) -> web.Response:
     """Stop a running redrive (what moved stays moved): 200 with its progress."""
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
-    redrive = await request.app[STORE].redrives.cancel(project, queue)
+    redrive = await feed.store.redrives.cancel(feed.project, feed.name)
     if redrive is None:
-        raise _no_redrive(queue)
+        raise _no_redrive(feed.name)
     return json_response(redrive_json(redrive))

@@ -11,6 +11,7 @@ from feedsvc.access import ADMIN as ADMIN_ACTION
 from feedsvc.api import admin, console, metrics, openapi, redrive, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
+from feedsvc.api.feeds import QUEUES, TOPICS, FeedHandler, Kind, on_feed, on_feeds
 from feedsvc.appkeys import ROUTE_ACTIONS
 
 QUEUE = "/v2/queues/{queue}"
@@ -23,6 +24,9 @@ TOPIC = "/v2/topics/{topic}"
 #: (claims, and deleting a claimed message: identity.WITH_CLAIM_ID), delete,
 #: manage (the queue itself, purge, subscriptions, share).
 Route = tuple[str, str, Handler, str | None]
+#: A route below a queue or a topic: its handler takes the request's feed
+#: (``feeds.on_feed`` binds it to the kind where the route is added).
+FeedRoute = tuple[str, str, FeedHandler, str | None]
 
 # The operator's routes (feedsvc.api.admin), behind the admin token (or
 # admin:PROJECT_GLOB, checked by admin.py).
@@ -42,7 +46,7 @@ ADMIN_ROUTES: list[Route] = [
 # nearly all the traffic, come first (the whole-path lookup of a POST or a
 # GET of messages: 3.3 → 1.7 µs). A path's methods stay together: aiohttp
 # adds a method to the last resource only when the path is the same.
-FEED: list[Route] = [
+FEED: list[FeedRoute] = [
     ("POST", "/messages", h.post_messages, "post"),
     ("GET", "/messages", streams.get_messages, "read"),
     ("DELETE", "/messages", h.delete_messages, "delete"),
@@ -62,6 +66,16 @@ FEED: list[Route] = [
     ("PUT", "/subscriptions/{subscription_id}/confirm", subs.confirm_subscription, "manage"),
 ]
 
+
+def below(kind: Kind, prefix: str, routes: list[FeedRoute]) -> list[Route]:
+    """routes under prefix (a queue's or a topic's path), each handler bound
+    to kind: it is handed the request's feed, resolved once (``feeds``)."""
+    return [
+        (method, prefix + path, on_feed(kind, handler), action)
+        for method, path, handler, action in routes
+    ]
+
+
 ROUTES: list[Route] = [
     ("GET", "/", h.get_versions, None),
     ("GET", "/v2", h.get_home, None),
@@ -69,20 +83,21 @@ ROUTES: list[Route] = [
     ("GET", "/v2/ping", h.ping, None),
     ("GET", "/v2/health", h.get_health, None),
     ("GET", "/v2/openapi.json", openapi.get_openapi, None),
-    *[(method, QUEUE + path, handler, action) for method, path, handler, action in FEED],
-    ("GET", "/v2/queues", h.list_queues, "read"),  # after a queue's routes: see FEED
-    ("POST", QUEUE + "/share", signed_urls.share_queue, "manage"),
-    ("POST", QUEUE + "/claims", h.post_claim, "claim"),
-    ("GET", QUEUE + "/claims/{claim_id}", h.get_claim, "claim"),
-    ("PATCH", QUEUE + "/claims/{claim_id}", h.patch_claim, "claim"),
-    ("DELETE", QUEUE + "/claims/{claim_id}", h.delete_claim, "claim"),
-    ("POST", QUEUE + "/messages/{message_id}/release", h.release_message, "claim"),
+    *below(QUEUES, QUEUE, FEED),
+    ("GET", "/v2/queues", on_feeds(QUEUES, h.list_queues), "read"),  # after: see FEED
+    # what only queues answer (topics have no claims and no share)
+    ("POST", QUEUE + "/share", on_feed(QUEUES, signed_urls.share_queue), "manage"),
+    ("POST", QUEUE + "/claims", on_feed(QUEUES, h.post_claim), "claim"),
+    ("GET", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.get_claim), "claim"),
+    ("PATCH", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.patch_claim), "claim"),
+    ("DELETE", QUEUE + "/claims/{claim_id}", on_feed(QUEUES, h.delete_claim), "claim"),
+    ("POST", QUEUE + "/messages/{message_id}/release", on_feed(QUEUES, h.release_message), "claim"),
     # a dead-letter queue's redrive; "to" another queue needs post there too
-    ("POST", QUEUE + "/redrive", redrive.start_redrive, "manage"),
-    ("GET", QUEUE + "/redrive", redrive.get_redrive, "manage"),
-    ("DELETE", QUEUE + "/redrive", redrive.cancel_redrive, "manage"),
-    *[(method, TOPIC + path, handler, action) for method, path, handler, action in FEED],
-    ("GET", "/v2/topics", h.list_queues, "read"),
+    ("POST", QUEUE + "/redrive", on_feed(QUEUES, redrive.start_redrive), "manage"),
+    ("GET", QUEUE + "/redrive", on_feed(QUEUES, redrive.get_redrive), "manage"),
+    ("DELETE", QUEUE + "/redrive", on_feed(QUEUES, redrive.cancel_redrive), "manage"),
+    *below(TOPICS, TOPIC, FEED),
+    ("GET", "/v2/topics", on_feeds(TOPICS, h.list_queues), "read"),
     *[(method, ADMIN + path, handler, action) for method, path, handler, action in ADMIN_ROUTES],
 ]
 

@@ -41,6 +41,7 @@ from aiohttp import web
 
 from feedsvc.api import handlers as h
 from feedsvc.api import validation as v
+from feedsvc.api.feeds import Feed
 from feedsvc.appkeys import CLOCK, SETTINGS
 from feedsvc.errors import BadRequest, FeedError, Forbidden, NotFound
 
@@ -197,11 +198,10 @@ def _string_list(document: dict[str, Any], name: str, allowed: Sequence[str]) ->
     return value
 
 
-async def share_queue(request: web.Request) -> web.Response:
+async def share_queue(request: web.Request, feed: Feed) -> web.Response:
     """POST .../share: a pre-signed URL for the queue's messages (or the
     paths named), in the caller's project."""
-    project, _ = v.caller(request)
-    queue = v.queue_name(request)
+    project = feed.project
     document = v.json_document(await h.read_body(request))
     if not isinstance(document, dict):
         raise BadRequest("The request body must be a JSON object.")
@@ -222,7 +222,7 @@ async def share_queue(request: web.Request) -> web.Response:
     if key is None:
         # Zaqar's status too ("The `key` can't be None")
         raise BadRequest("Pre-signed URLs are off here: the service has no --signed-url-key.")
-    paths = sorted(f"/v2/queues/{queue}/{name}" for name in names)
+    paths = sorted(f"{feed.path}/{name}" for name in names)
     return h.json_response(
         {
             "paths": paths,

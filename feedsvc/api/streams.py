@@ -31,6 +31,7 @@ from feedsvc import tracing
 from feedsvc.api import handlers as h
 from feedsvc.api import spec
 from feedsvc.api import validation as v
+from feedsvc.api.feeds import Feed
 from feedsvc.api.handlers import message_json
 from feedsvc.api.middleware import REQUEST_ID, REQUEST_ID_HEADER
 from feedsvc.api.protocol import on_hang_up
@@ -38,48 +39,38 @@ from feedsvc.api.traced import consumed
 from feedsvc.appkeys import CLOCK, DRAINING, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, MarkerNotGivenOut, TooManyFollowers, Unavailable
-from feedsvc.live import PAGE, Batch, Filters, Follower, LiveFeeds, Waiter
+from feedsvc.live import PAGE, Batch, Filters, Follower, Rounds, Waiter
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
 EVENT_STREAM = "text/event-stream"
 
 
-async def get_messages(request: web.Request) -> web.StreamResponse:
+async def get_messages(request: web.Request, feed: Feed) -> web.StreamResponse:
     """GET .../messages: an event stream if asked for, a long poll with
     wait=, else the plain list (``handlers.get_messages``)."""
     rules = spec.rules(request.app[SETTINGS])
     query = request.query
     if wants_stream(request):
-        project, client = v.caller(request)
-        queue = v.queue_name(request)
         # limit, wait and ids do not apply to a stream, but what a list
         # refuses a stream refuses too, through the same parsers
-        list_query = h.list_query_of(request, client)
+        list_query = h.list_query_of(request, feed.client)
         v.wait_seconds(query, rules.wait)
         v.id_list(query, rules.ids)
         tail = v.from_tail(query, rules.start, rules.message_marker)
-        return await stream_messages(request, project, queue, list_query, tail)
+        return await stream_messages(request, feed, list_query, tail)
     seconds = v.wait_seconds(query, rules.wait)
     if not seconds or rules.ids.name in query:
-        return await h.get_messages(request)
-    project, client = v.caller(request)
-    queue = v.queue_name(request)
-    list_query = h.list_query_of(request, client)
+        return await h.get_messages(request, feed)
+    list_query = h.list_query_of(request, feed.client)
     tail = v.from_tail(query, rules.start, rules.message_marker)
     _room_for_a_follower(request)
     if tail:
-        marker = await h.feed_store(request).tail_marker(project, queue)
+        marker = await feed.store.tail_marker(feed.project, feed.name)
         list_query = dataclasses.replace(list_query, marker=marker)
-    page = await long_poll(request, project, queue, list_query, seconds)
+    page = await long_poll(request, feed, list_query, seconds)
     if tail and page.next_marker is None:  # nothing came: poll on from the tail
         page = MessagePage([], list_query.marker)
-    feed = h.feed_path(request, queue)
-    return h.page_response(feed, page, list_query, request.app[CLOCK].now_ms())
-
-
-def _live(request: web.Request) -> LiveFeeds:
-    """The live followers of queues, or of topics on a topic route."""
-    return request.app[TOPIC_LIVE] if h.is_topic(request) else request.app[LIVE]
+    return h.page_response(feed.path, page, list_query, request.app[CLOCK].now_ms())
 
 
 def _room_for_a_follower(request: web.Request) -> None:
@@ -112,26 +103,25 @@ def last_event_id(request: web.Request) -> int | None:
 
 
 async def long_poll(
-    request: web.Request, project: str, queue: str, query: ListQuery, seconds: float
+    request: web.Request, feed: Feed, query: ListQuery, seconds: float
 ) -> MessagePage:
     """A list page; if it would be empty, wait up to seconds for one that is
     not, or until the process begins to stop."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    store = h.feed_store(request)
+    project, queue, store = feed.project, feed.name, feed.store
     draining = request.app[DRAINING]
     if query.include_delayed:  # the shared tail skips delayed messages: read alone
         async with store.follow(project, queue) as follow:
-            while True:
-                token = follow.token()
+            rounds = Rounds(follow, seconds, draining)
+            async for _ in rounds:
                 page = await store.list_messages(project, queue, query)
-                remaining = deadline - loop.time()
-                if page.messages or follow.ended or remaining <= 0 or draining.is_set():
-                    return page
+                if page.messages or follow.ended:
+                    break
                 if page.claim_ends is not None:  # no post announces a claim's end
-                    follow.due(page.claim_ends)
-                await draining.unless_set(follow.wait(token, remaining))
-    live = _live(request)
+                    rounds.due(page.claim_ends)
+            return page
+    live = feed.kind.live(request.app)
     waiter = Waiter(query.marker, Filters(query.client_id, query.echo, query.include_claimed))
     async with live.follower(project, queue, waiter), _hung_up(request, waiter.hang_up):
         messages = await live.catch_up(project, queue, waiter, query.limit)
@@ -274,20 +264,21 @@ class Stream(Follower):
 
 
 async def stream_messages(
-    request: web.Request, project: str, queue: str, query: ListQuery, tail: bool = False
+    request: web.Request, feed: Feed, query: ListQuery, tail: bool = False
 ) -> web.StreamResponse:
     """The stream of a queue after Last-Event-ID, else after query's marker,
     else (tail: from=tail) after its last message; query's echo and
     include_claimed filter it (its limit does not apply)."""
     settings = request.app[SETTINGS]
     draining = request.app[DRAINING]
-    live = _live(request)
-    prefix = f"{h.feed_path(request, queue)}/messages/"  # what the events' hrefs name
+    project, queue = feed.project, feed.name
+    live = feed.kind.live(request.app)
+    prefix = f"{feed.path}/messages/"  # what the events' hrefs name
     resumed = last_event_id(request)
     position = query.marker if resumed is None else resumed
     if tail and resumed is None:
         # an EventSource reconnects to the same URL with Last-Event-ID: that wins
-        position = await h.feed_store(request).tail_marker(project, queue)
+        position = await feed.store.tail_marker(project, queue)
     filters = Filters(query.client_id, query.echo, query.include_claimed)
     _room_for_a_follower(request)
     loop = asyncio.get_running_loop()

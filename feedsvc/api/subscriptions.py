@@ -33,27 +33,18 @@ from aiohttp import web
 from feedsvc.api import spec
 from feedsvc.api import subscription_rules as rules
 from feedsvc.api import validation as v
-from feedsvc.api.handlers import feed_parent, feed_path, feed_store, json_response, read_body
+from feedsvc.api.feeds import Feed
+from feedsvc.api.handlers import json_response, read_body
 from feedsvc.api.signed_urls import DATE_FORMAT, signature
 from feedsvc.appkeys import CLOCK, DELIVERIES, SETTINGS
 from feedsvc.errors import BadRequest, SubscriptionExists, SubscriptionNotFound
-from feedsvc.storage.base import Parent, Subscription, SubscriptionStore
+from feedsvc.storage.base import Subscription
 
 # Ids are UUIDs made by the service; anything else cannot exist (and never
 # reaches a key name).
 #: On a 201 to a POST of a subscriber the queue already has (unconfirmed).
 EXISTING_HEADER = "X-Subscription-Existing"
 SUBSCRIPTION_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def _subscriptions(request: web.Request) -> SubscriptionStore:
-    """The subscriptions of queues, or of topics on a topic route."""
-    return feed_store(request).subscriptions
-
-
-def _parent(request: web.Request) -> Parent:
-    project, _ = v.caller(request)
-    return feed_parent(request, project, v.queue_name(request))
 
 
 async def _document(request: web.Request) -> Any:
@@ -100,13 +91,14 @@ def subscription_json(sub: Subscription, now: int) -> dict[str, Any]:
 
 
 def confirmation(
-    request: web.Request, parent: Parent, sid: str, ttl: int, unsubscribe: bool = False
+    request: web.Request, feed: Feed, sid: str, ttl: int, unsubscribe: bool = False
 ) -> bytes | None:
     """Zaqar's confirmation notification (None: confirmation is off)."""
     settings = request.app[SETTINGS]
     if not settings.require_confirmation or settings.signed_url_key is None:
         return None
-    path = f"{feed_path(request, parent.name)}/subscriptions/{sid}/confirm"
+    parent = feed.parent
+    path = f"{feed.path}/subscriptions/{sid}/confirm"
     now = dt.datetime.fromtimestamp(request.app[CLOCK].now_ms() / 1000, dt.UTC)
     expires = (now + dt.timedelta(seconds=ttl)).strftime(DATE_FORMAT)
     if unsubscribe:
@@ -136,17 +128,17 @@ def confirmation(
     )
 
 
-async def create_subscription(request: web.Request) -> web.Response:
-    parent = _parent(request)
+async def create_subscription(request: web.Request, feed: Feed) -> web.Response:
+    parent = feed.parent
     settings = request.app[SETTINGS]
     subscriber, ttl, options = rules.posting(await _document(request), settings)
-    store = feed_store(request)
+    store = feed.store
     if await store.get_queue_metadata(parent.project, parent.name) is None:
         await store.create_queue(parent.project, parent.name, {})
     made = await store.subscriptions.create(parent, subscriber, ttl, options)
     if not made.created and made.confirmed:
         raise SubscriptionExists()
-    control = confirmation(request, parent, made.id, ttl)
+    control = confirmation(request, feed, made.id, ttl)
     if control is not None:
         await store.subscriptions.request_confirmation(parent, made.id, control)
     _kick(request)
@@ -160,13 +152,12 @@ async def create_subscription(request: web.Request) -> web.Response:
     return response
 
 
-async def list_subscriptions(request: web.Request) -> web.Response:
-    parent = _parent(request)
+async def list_subscriptions(request: web.Request, feed: Feed) -> web.Response:
     bounds = spec.rules(request.app[SETTINGS])
     query = request.query
     limit = v.integer(query, bounds.subscription_limit)
     marker = v.text(query, bounds.subscription_marker)
-    found = await _subscriptions(request).list(parent, marker, limit)
+    found = await feed.store.subscriptions.list(feed.parent, marker, limit)
     now = request.app[CLOCK].now_ms()
     links = []
     if found:
@@ -179,40 +170,36 @@ async def list_subscriptions(request: web.Request) -> web.Response:
     )
 
 
-async def get_subscription(request: web.Request) -> web.Response:
-    parent = _parent(request)
-    sub = await _subscriptions(request).get(parent, _subscription_id(request))
+async def get_subscription(request: web.Request, feed: Feed) -> web.Response:
+    sub = await feed.store.subscriptions.get(feed.parent, _subscription_id(request))
     return json_response(subscription_json(sub, request.app[CLOCK].now_ms()))
 
 
-async def patch_subscription(request: web.Request) -> web.Response:
-    parent = _parent(request)
+async def patch_subscription(request: web.Request, feed: Feed) -> web.Response:
     subscriber, ttl, options = rules.patching(await _document(request), request.app[SETTINGS])
-    await _subscriptions(request).update(
-        parent, _subscription_id(request), subscriber, ttl, options
+    await feed.store.subscriptions.update(
+        feed.parent, _subscription_id(request), subscriber, ttl, options
     )
     response = web.Response(status=204)
     response.headers["Location"] = request.path
     return response
 
 
-async def delete_subscription(request: web.Request) -> web.Response:
-    parent = _parent(request)
+async def delete_subscription(request: web.Request, feed: Feed) -> web.Response:
     sid = request.match_info["subscription_id"]
     if SUBSCRIPTION_ID.match(sid):
-        await _subscriptions(request).delete(parent, sid)
+        await feed.store.subscriptions.delete(feed.parent, sid)
     return web.Response(status=204)
 
 
-async def confirm_subscription(request: web.Request) -> web.Response:
-    parent = _parent(request)
+async def confirm_subscription(request: web.Request, feed: Feed) -> web.Response:
     confirmed = rules.confirming(await _document(request))
     sid = _subscription_id(request)
     control = None
     if not confirmed:
         ttl = request.app[SETTINGS].default_subscription_ttl
-        control = confirmation(request, parent, sid, ttl, unsubscribe=True)
-    await _subscriptions(request).confirm(parent, sid, confirmed, control)
+        control = confirmation(request, feed, sid, ttl, unsubscribe=True)
+    await feed.store.subscriptions.confirm(feed.parent, sid, confirmed, control)
     _kick(request)
     response = web.Response(status=204)
     response.headers["Location"] = request.path

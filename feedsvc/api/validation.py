@@ -174,10 +174,8 @@ def idempotency_key(request: web.Request) -> str | None:
     return key
 
 
-def queue_name(request: web.Request) -> str:
-    """The queue's (or, on a topic route, the topic's) name: the same rule."""
-    kind = "topic" if "topic" in request.match_info else "queue"
-    name = request.match_info[kind]
+def feed_name(name: str, kind: str) -> str:
+    """A queue's (or, kind "topic", a topic's) name: the same rule."""
     if not QUEUE_NAME.match(name):
         raise BadRequest(
             f"{kind.capitalize()} names may not be more than 64 characters long and may "

@@ -33,6 +33,7 @@ from feedsvc.config.subscriptions import SubscriptionSettings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
+from feedsvc.live import Rounds
 from feedsvc.storage.base import FeedStore, Parent, checkpoint, feed_of
 
 log = logging.getLogger("feedsvc")
@@ -150,14 +151,13 @@ class Deliverer:
         while not self._closing:
             try:
                 async with feed.follow(parent.project, parent.name) as follow:
-                    token = follow.token()
-                    while True:
-                        checkpoint()
-                        await follow.wait(token, self._settings.delivery_sweep * 10)
-                        # taken before reading: a post meanwhile wakes the next wait
-                        token = follow.token()
-                        ids = await self._store.deliveries.subscription_ids(parent)
-                        await self._try(parent, ids)
+                    # the sweep that started this has just tried them: the
+                    # first round waits before it reads
+                    longest = self._settings.delivery_sweep * 10
+                    async for round_ in Rounds(follow, longest=longest):
+                        if round_:
+                            ids = await self._store.deliveries.subscription_ids(parent)
+                            await self._try(parent, ids)
             except FeedError as exc:
                 log.warning("delivery wake-ups of %s: %s", parent.name, exc)
                 checkpoint()
