@@ -51,13 +51,14 @@ check: lint types pytest
 # The fast loop leaves out the tests marked (pyproject.toml, tests/conftest.py)
 # cluster (the local Redis Cluster), process (feedsvc serve, redis-servers of
 # their own, pip, docker tools, locust), slow (real time: expiry end to end,
-# slow clients) and full_driver (the contract suites on watch-naive, the
-# driver no client is meant to run), keystone (a real Keystone); a test that starts a process without
-# its mark fails here and says so. make test runs them all. It runs on
+# slow clients, streams and long polls that run out, background sweeps: each
+# test of 0.6 s or more), full_driver (the contract suites on watch-naive,
+# the driver no client is meant to run) and keystone (a real Keystone); a
+# test that starts a process without its mark fails here and says so. make test runs them all. It runs on
 # FAST_WORKERS pytest-xdist workers: its tests compute (about 50 CPU-s in
 # one process), and two workers use both cores. Measured with
-# /usr/bin/time make test-fast on 2 cores, venv built, 2026-11-27: 47-53 s
-# wall, 59-68 CPU-s, 1,852 tests.
+# /usr/bin/time make test-fast on 2 cores, venv built, quiet machine,
+# 2026-11-27 06:27 UTC: 55.9-57.1 s wall, 94-97 CPU-s, 1,972 tests.
 test-fast: $(VENV)/.installed-test
 	$(MAKE) --no-print-directory lint types pytest-fast
 

@@ -639,6 +639,7 @@ def json_probes(seed: Seed, settings: Settings) -> list[Probe]:
     return probes
 
 
+@pytest.mark.slow
 async def test_json_probes_are_refused_and_change_nothing(
     http: Client, seed: Seed, settings: Settings
 ) -> None:
@@ -889,6 +890,7 @@ def http_probes(seed: Seed) -> list[tuple[str, tuple[bytes, ...]]]:
     ]
 
 
+@pytest.mark.slow
 async def test_http_level_errors_are_json_and_logged_as_client_errors(
     http: Client, seed: Seed, served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -968,6 +970,7 @@ async def test_chunked_posts(http: Client, seed: Seed, served: Served) -> None:
     assert [m["body"] for m in after["kept"]["messages"]][-2:] == ["chunked", "chunked"]
 
 
+@pytest.mark.slow
 async def test_2000_idle_connections(http: Client, seed: Seed, served: Served) -> None:
     connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:

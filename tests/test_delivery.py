@@ -229,6 +229,7 @@ async def test_retry_policy_backs_off_then_gives_up_and_counts_it(
     assert 'feedsvc_deliveries_total{outcome="given_up",scheme="http"} 1.0' in metrics
 
 
+@pytest.mark.slow
 async def test_queue_policy_applies_when_the_subscription_has_none(
     settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
 ) -> None:
@@ -510,6 +511,7 @@ async def test_an_unconfirmed_subscription_with_a_backlog_leaves_its_worker_idle
     assert [b["Message_Type"] for b in receiver.bodies()] == ["SubscriptionConfirmation"]
 
 
+@pytest.mark.slow
 async def test_a_message_that_expires_while_retried_is_skipped(
     settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
 ) -> None:
@@ -625,6 +627,7 @@ async def test_a_stuck_receiver_does_not_hold_up_posting(
     assert bodies == sorted(bodies), "out of post order"
 
 
+@pytest.mark.slow
 async def test_stopping_at_once_ends_the_worker_whatever_it_was_doing(
     settings: Settings, clock: ManualClock
 ) -> None:
@@ -738,6 +741,7 @@ async def test_any_exception_in_a_send_is_a_recorded_failed_attempt(
     assert "MemoryError" in doc["delivery"]["last_error"]
 
 
+@pytest.mark.slow
 async def test_a_failure_outside_any_attempt_is_recorded_and_tried_again_later(
     settings: Settings,
     clock: ManualClock,
@@ -772,6 +776,7 @@ async def test_a_failure_outside_any_attempt_is_recorded_and_tried_again_later(
     assert counted(metrics, "attempt_failed", "http") >= 1
 
 
+@pytest.mark.slow
 async def test_a_deleted_queue_s_subscriptions_deliver_nothing_more_and_are_swept(
     settings: Settings, clock: ManualClock, headers: Headers, receiver: Receiver
 ) -> None:

@@ -434,6 +434,7 @@ async def test_with_another_key_pop_and_claim_take_nothing(
         assert [m.id for m in await keyed.pop_messages(project, "q", 5)] == ids
 
 
+@pytest.mark.slow
 async def test_delivery_skips_an_unreadable_message_after_the_retry_policy(
     redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
 ) -> None:
@@ -503,6 +504,7 @@ async def stores_of(
         await feed.close()
 
 
+@pytest.mark.slow
 async def test_a_live_follower_passes_over_an_unreadable_message(
     redis_url: str, driver: str, clock: ManualClock, headers: dict[str, str], project: str
 ) -> None:

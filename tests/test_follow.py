@@ -51,6 +51,7 @@ async def test_a_wake_up_between_read_and_wait_is_not_lost(store: FeedStore, pro
         assert await follow.wait(token, 0.001), "the wake-up before wait() was lost"
 
 
+@pytest.mark.slow
 async def test_posts_to_other_queues_do_not_wake(store: FeedStore, project: str) -> None:
     async with store.follow(project, "q") as follow:
         token = follow.token()
@@ -80,6 +81,7 @@ async def test_a_delayed_message_wakes_its_follower_when_due(
         assert await follow.wait(token, 5), "the delayed message's due time woke nobody"
 
 
+@pytest.mark.slow
 async def test_an_idle_follower_costs_redis_nothing(
     store: FeedStore, project: str, redis_url: str
 ) -> None:

@@ -10,6 +10,7 @@ so a new file has to be given its place here.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,8 +149,11 @@ def layer_of(name: str, layers: list[tuple[str, ...]]) -> int | None:
     return None
 
 
+@functools.cache
 def import_graph(package: Path) -> dict[str, dict[str, int]]:
-    """module -> {imported module of ours: first line}, self-imports left out."""
+    """module -> {imported module of ours: first line}, self-imports left out
+    (read once per package a session: several tests walk the same graph;
+    callers do not change it)."""
     names = module_names(package)
     known = set(names)
     graph: dict[str, dict[str, int]] = {}

@@ -64,6 +64,7 @@ async def test_a_long_poll_returns_as_soon_as_a_message_arrives(
     assert (await again.json())["messages"] == []
 
 
+@pytest.mark.slow
 async def test_a_long_poll_with_nothing_ends_empty_after_its_wait(
     http: Client, headers: Headers
 ) -> None:
@@ -83,6 +84,7 @@ async def test_a_long_poll_from_a_marker_sees_only_what_follows(
     assert first != second
 
 
+@pytest.mark.slow
 async def test_a_long_poll_is_not_woken_by_its_own_posts(http: Client, headers: Headers) -> None:
     async def own_post() -> None:
         await asyncio.sleep(0.1)
@@ -141,6 +143,7 @@ async def test_a_long_poll_after_a_marker_past_the_last_message_is_400(
         assert (await response.json())["title"] == "Unknown marker"
 
 
+@pytest.mark.slow
 async def test_a_waiting_claim_takes_the_message_posted_meanwhile(
     http: Client, headers: Headers
 ) -> None:
@@ -464,6 +467,7 @@ async def test_a_queue_deleted_while_its_tail_subscribes_still_ends_it(
         await live.close()
 
 
+@pytest.mark.slow
 async def test_a_caught_up_tail_reads_once_per_post(http: Client, headers: Headers) -> None:
     stream = await open_stream(http, headers)
     try:
@@ -502,6 +506,7 @@ async def test_a_caught_up_stream_gets_heartbeats(settings: Settings, headers: H
             stream.close()
 
 
+@pytest.mark.slow
 async def test_a_stream_ends_after_its_lifetime(settings: Settings, headers: Headers) -> None:
     app = create_app(settings.replace(stream_lifetime=1.0))
     async with TestClient(TestServer(app)) as http:
@@ -776,6 +781,7 @@ async def release(http: Client, headers: Headers, claim: str) -> None:
     assert released.status == 204
 
 
+@pytest.mark.slow
 async def test_a_long_poll_returns_a_message_released_meanwhile(
     http: Client, headers: Headers
 ) -> None:
@@ -788,6 +794,7 @@ async def test_a_long_poll_returns_a_message_released_meanwhile(
     assert [m["id"] for m in (await response.json())["messages"]] == [mid]
 
 
+@pytest.mark.slow
 async def test_a_stream_gets_a_message_released_meanwhile(http: Client, headers: Headers) -> None:
     [first] = await post(http, other_client(headers), "seen")
     listed = await (await http.get(MESSAGES, headers=headers)).json()
@@ -825,6 +832,7 @@ async def a_claimed_message_read_by_the_tail(
     return later, claim
 
 
+@pytest.mark.slow
 async def test_a_long_poll_gets_a_message_the_tail_read_claimed_once_released(
     http: Client, headers: Headers, clock: ManualClock
 ) -> None:
@@ -837,6 +845,7 @@ async def test_a_long_poll_gets_a_message_the_tail_read_claimed_once_released(
     assert [m["id"] for m in (await response.json())["messages"]] == [later]
 
 
+@pytest.mark.slow
 async def test_a_stream_gets_a_message_the_tail_read_claimed_once_released(
     http: Client, headers: Headers, clock: ManualClock
 ) -> None:
@@ -927,6 +936,7 @@ async def test_a_long_poll_with_delayed_messages_returns_one_whose_claim_expires
     await deleting
 
 
+@pytest.mark.slow
 async def test_a_follower_held_further_back_than_one_read_is_let_go(
     store: FeedStore, project: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

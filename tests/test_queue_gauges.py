@@ -126,6 +126,7 @@ async def followers(http: Client, project: str, queue: str, expected: float) -> 
     return found
 
 
+@pytest.mark.slow
 async def test_followers_of_a_queue(gauged: Client, headers: Headers, project: str) -> None:
     poll = asyncio.create_task(gauged.get("/v2/queues/work/messages?wait=20", headers=headers))
     assert await followers(gauged, project, "work", 1) == 1
@@ -138,6 +139,7 @@ async def test_followers_of_a_queue(gauged: Client, headers: Headers, project: s
     assert await followers(gauged, project, "work", 0) == 0
 
 
+@pytest.mark.slow
 async def test_every_process_reports_all_followers(
     settings: Settings, clock: ManualClock, headers: Headers, project: str
 ) -> None:
@@ -231,6 +233,7 @@ def series(text: str) -> set[str]:
     return {line.rpartition(" ")[0] for line in text.splitlines() if not line.startswith("#")}
 
 
+@pytest.mark.slow
 async def test_invented_queues_add_no_series(
     gauged: Client, headers: Headers, project: str
 ) -> None:

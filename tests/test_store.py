@@ -332,6 +332,7 @@ async def test_queue_listing_pages_by_name(store: FeedStore, project: str) -> No
     assert await store.count_queues(project) == 7
 
 
+@pytest.mark.slow
 async def test_delete_queue_leaves_no_keys(store: FeedStore, project: str, redis_url: str) -> None:
     await store.create_queue(project, "q", {"a": 1})
     await post_n(store, project, "q", 30)
@@ -619,6 +620,7 @@ async def test_concurrent_creates_of_one_subscriber_make_one_subscription(
     assert [s.id for s in listed] == [made[0].id]
 
 
+@pytest.mark.slow
 async def test_deleting_a_queue_with_many_subscriptions_is_bounded_work(
     store: FeedStore, project: str, redis_url: str
 ) -> None:

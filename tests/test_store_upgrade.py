@@ -244,6 +244,7 @@ def test_the_legacy_fields_are_the_ones_record_reads() -> None:
     assert set(record.ROW) == {"b", *LEGACY_FIELDS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [False, True])
 async def test_deleting_or_purging_a_queue_removes_legacy_messages(
     store: FeedStore, project: str, redis_url: str, clock: ManualClock, keep: bool
