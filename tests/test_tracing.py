@@ -14,14 +14,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -33,10 +31,14 @@ from feedsvc import tracing
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.embedded_redis.server import RedisServer
+from tests import test_message_headers
 from tests.test_api import Client, Headers, messages_path, ok_json, other_client, post
 from tests.test_cli import one_line_error, run_cli
 from tests.test_delivery import Receiver, delivery_settings, service, subscribe
 from tests.test_live import next_event, open_stream
+
+#: the fixture: a real webhook receiver on 127.0.0.1
+receiver = test_message_headers.receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -188,16 +190,6 @@ async def test_a_stream_s_events_are_consumer_spans(
     assert linked_to(backlog) == [hex_ids(first)]
     assert linked_to(tail) == [hex_ids(second)]
     assert tail.kind == SpanKind.CONSUMER
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    found = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", found.handle)
-    async with TestServer(app, host="127.0.0.1") as server:
-        found.url = str(server.make_url("/hook"))
-        yield found
 
 
 async def test_a_webhook_delivery_is_a_process_span_and_carries_the_context(
