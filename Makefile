@@ -7,6 +7,9 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+# the real Keystone's venv (see the keystone target below): defined before any
+# rule names it, as make reads a rule's prerequisites when it reads the rule
+KEYSTONE_VENV ?= .venv-keystone
 BIN := $(VENV)/bin
 ARGS ?=
 
@@ -36,8 +39,6 @@ test: $(VENV)/.installed-test $(KEYSTONE_VENV)/.installed
 # pip cache, 2 min 37 s with a warm one; the first test that starts a
 # Keystone then bootstraps its template (about a minute, kept in the venv).
 # tests/test_keystone.py with a fresh template, -n 2, load 10: 3 min 20 s.
-KEYSTONE_VENV ?= .venv-keystone
-
 keystone: $(KEYSTONE_VENV)/.installed
 
 $(KEYSTONE_VENV)/.installed: requirements/keystone.txt
