@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 from redis.utils import HIREDIS_AVAILABLE
 
-from feedsvc.access import Authenticator
 from feedsvc.api import cors
 from feedsvc.api.metrics import setup_metrics
 from feedsvc.api.middleware import request_middleware
@@ -35,15 +34,16 @@ from feedsvc.appkeys import (
     STORE,
     TOPIC_LIVE,
 )
+from feedsvc.auth.access import Authenticator
 from feedsvc.clock import SYSTEM_CLOCK, Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
 from feedsvc.drain_signal import DrainSignal
 from feedsvc.errors import RateLimited, TooManyFollowers, TooMuchContention
-from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
-from feedsvc.rate_limiter import ProjectRateLimiter
-from feedsvc.redriver import Redriver
+from feedsvc.services.live import LiveFeeds
+from feedsvc.services.rate_limiter import ProjectRateLimiter
+from feedsvc.services.redriver import Redriver
 from feedsvc.storage.drivers import make_store
 
 log = logging.getLogger("feedsvc")
@@ -65,7 +65,7 @@ def _storage_context(
         if deliverer is not None:
             deliverer.start()
             app[DELIVERIES] = deliverer
-        # every serving process moves running redrives on (see feedsvc.redriver)
+        # every serving process moves running redrives on (see feedsvc.services.redriver)
         redriver = Redriver(store)
         redriver.start()
         app[REDRIVER] = redriver

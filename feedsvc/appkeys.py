@@ -16,15 +16,15 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import AbstractRoute
 from prometheus_client import CollectorRegistry, Histogram
 
-from feedsvc.access import Authenticator
+from feedsvc.auth.access import Authenticator
 from feedsvc.clock import Clock
 from feedsvc.config import Settings
 from feedsvc.delivery.worker import Deliverer
 from feedsvc.drain_signal import DrainSignal
-from feedsvc.live import LiveFeeds
 from feedsvc.log_counter import LogCounter
-from feedsvc.rate_limiter import ProjectRateLimiter
-from feedsvc.redriver import Redriver
+from feedsvc.services.live import LiveFeeds
+from feedsvc.services.rate_limiter import ProjectRateLimiter
+from feedsvc.services.redriver import Redriver
 from feedsvc.storage.base import FeedStore
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -43,7 +43,7 @@ TOPIC_LIVE = web.AppKey("topic_live", LiveFeeds)
 RATE_LIMITER = web.AppKey("rate_limiter", ProjectRateLimiter)
 #: This process's delivery worker for subscriptions; set with STORE.
 DELIVERIES = web.AppKey("deliveries", Deliverer)
-#: this process's redriver (feedsvc.redriver): a started redrive kicks it
+#: this process's redriver (feedsvc.services.redriver): a started redrive kicks it
 REDRIVER = web.AppKey("redriver", Redriver)
 #: Bearer token -> identity (--auth-token, --auth-token-file, JWTs); ``on`` is
 #: False when none is set: then no request is authenticated.

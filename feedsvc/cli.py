@@ -17,11 +17,11 @@ from typing import Any
 from aiohttp import web
 
 from feedsvc import __version__, tracing
-from feedsvc.access import Authenticator
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.api.query_secrets import AccessLogger
 from feedsvc.app import create_app
 from feedsvc.appkeys import AUTHENTICATOR, DRAINING
+from feedsvc.auth.access import Authenticator
 from feedsvc.clock import SYSTEM_CLOCK
 from feedsvc.config import LogSettings, Settings, UnusableSetting, add_arguments, settings_from
 from feedsvc.embedded_redis.server import RedisServerError, RedisServerNotFound

@@ -1,6 +1,6 @@
 """A request's feed is resolved once, by the kind its route was added with
 (``feedsvc.api.feeds``), and live following waits through one owner of
-"take the token, then read, then wait" (``feedsvc.live.Rounds``)."""
+"take the token, then read, then wait" (``feedsvc.services.live.Rounds``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from feedsvc.api.routes import add_routes
 from feedsvc.api.validation import IDENTITY, SIGNED_PROJECT
 from feedsvc.appkeys import STORE
 from feedsvc.drain_signal import DrainSignal
-from feedsvc.live import Rounds
+from feedsvc.services.live import Rounds
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 
 Client = TestClient[web.Request, web.Application]

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from feedsvc.access import role_scopes
 from feedsvc.app import create_app
+from feedsvc.auth.access import role_scopes
 from feedsvc.config import Settings
 from feedsvc.testing import keystone as harness
 from feedsvc.testing.keystone import Keystone

@@ -27,12 +27,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("feedsvc.log_counter", "feedsvc.message_headers", "feedsvc.tracing"),
     # bearer tokens: their identities and scopes, JWTs and the issuer's keys,
     # Keystone tokens
-    ("feedsvc.access", "feedsvc.jwt_keys", "feedsvc.keystone"),
+    ("feedsvc.auth.*",),
     # the FeedStore interface and its Redis drivers; never sees HTTP
     ("feedsvc.storage.*",),
     # live followers' shared reads, each process's share of the projects'
     # request rates, and its redriver, over the storage interface
-    ("feedsvc.live", "feedsvc.rate_limiter", "feedsvc.redriver"),
+    ("feedsvc.services.*",),
     # subscriptions' delivery workers (webhooks, mail), over the storage interface
     ("feedsvc.delivery.*",),
     # the app's typed state keys: a leaf every HTTP module may read
@@ -72,29 +72,18 @@ ROOT_MODULES = {
     "feedsvc.tracing",
     # api, app and cli: the app's typed state keys
     "feedsvc.appkeys",
-    # Floors of their own, still at the root (docs/design.md, "The house"):
-    # bearer tokens (access, and jwt_keys and keystone under it) and, over
-    # storage, live followers' shared reads and the projects' request rates.
-    "feedsvc.access",
-    "feedsvc.jwt_keys",
-    "feedsvc.keystone",
-    "feedsvc.live",
-    "feedsvc.rate_limiter",
-    # and each process's redriver of dead-letter queues (a floor over storage
-    # with the two above)
-    "feedsvc.redriver",
 }
 #: Above storage, only its interface and its factory are named; drivers stay hidden.
 STORAGE_FACES = {"feedsvc.storage", "feedsvc.storage.base", "feedsvc.storage.drivers"}
 #: appkeys is a leaf: lower layers only, and of those only what its keys' types need.
 APPKEYS_MAY_IMPORT = {
-    "feedsvc.access",
+    "feedsvc.auth.access",
     "feedsvc.config",
     "feedsvc.clock",
     "feedsvc.storage.base",
-    "feedsvc.live",
-    "feedsvc.rate_limiter",
-    "feedsvc.redriver",
+    "feedsvc.services.live",
+    "feedsvc.services.rate_limiter",
+    "feedsvc.services.redriver",
     "feedsvc.delivery.worker",
     "feedsvc.drain_signal",
     "feedsvc.log_counter",

@@ -15,13 +15,13 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from feedsvc import live as live_module
 from feedsvc.api.protocol import FeedAppRunner
 from feedsvc.app import create_app
 from feedsvc.appkeys import LIVE
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
-from feedsvc.live import Filters, LiveFeeds, Waiter
+from feedsvc.services import live as live_module
+from feedsvc.services.live import Filters, LiveFeeds, Waiter
 from feedsvc.storage.base import FeedStore, NewMessage
 from tests.conftest import make_settings
 

@@ -27,7 +27,7 @@ from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.embedded_redis.server import RedisServer
-from feedsvc.rate_limiter import FAIL_OPEN_MS, LEASE_MS
+from feedsvc.services.rate_limiter import FAIL_OPEN_MS, LEASE_MS
 from feedsvc.storage.keys import project_limits_key, rate_bucket_key, registry_key
 from feedsvc.testing.service import ServiceProcess
 from tests.conftest import direct_client, make_settings

@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from feedsvc.access import ACTIONS, ADMIN, Identity, parse_scopes, read_token_file
 from feedsvc.api.openapi import UNAUTHENTICATED, openapi_document
 from feedsvc.api.routes import ACTIONS as ROUTE_ACTIONS
 from feedsvc.api.routes import add_routes, route_actions
 from feedsvc.app import create_app
+from feedsvc.auth.access import ACTIONS, ADMIN, Identity, parse_scopes, read_token_file
 from feedsvc.clock import ManualClock
 from tests.conftest import direct_client, make_settings
 

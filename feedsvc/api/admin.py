@@ -6,7 +6,7 @@ admin token (``--admin-token``, ``--admin-token-file`` or
 ``FEEDSVC_ADMIN_TOKEN``) sent as ``Authorization: Bearer <token>``, compared
 in constant time, or also, once the admin token is set, a token from
 ``--auth-token-file`` or a JWT whose scope holds ``admin:PROJECT_GLOB``
-(``feedsvc.access``) matching the project. Without an admin token the routes
+(``feedsvc.auth.access``) matching the project. Without an admin token the routes
 are 404: the service has no admin API (and posts pay no admission unless a
 default quota is set). Any other caller, project tokens included, gets 403
 (an unknown token 401 where tokens with scopes are checked). Under /v2 so
@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from feedsvc.access import ADMIN
 from feedsvc.api.handlers import json_response, read_body
 from feedsvc.api.validation import MAX_PROJECT_LENGTH
 from feedsvc.appkeys import ADMIN_TOKEN, AUTHENTICATOR, STORE
+from feedsvc.auth.access import ADMIN
 from feedsvc.config import MAX_QUOTA
 from feedsvc.errors import BadRequest, Forbidden, InsufficientScope, NotFound
 from feedsvc.storage.base import LIMIT_FIELDS, ProjectLimits

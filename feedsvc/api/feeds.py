@@ -35,7 +35,7 @@ from aiohttp.typedefs import Handler
 
 from feedsvc.api import validation as v
 from feedsvc.appkeys import LIVE, STORE, TOPIC_LIVE
-from feedsvc.live import LiveFeeds
+from feedsvc.services.live import LiveFeeds
 from feedsvc.storage.base import FeedStore, Parent
 
 
@@ -55,7 +55,7 @@ class Kind:
         return app[STORE].topics() if self.name == "topic" else app[STORE]
 
     def live(self, app: web.Application) -> LiveFeeds:
-        """This process's live followers of this kind (``feedsvc.live``)."""
+        """This process's live followers of this kind (``feedsvc.services.live``)."""
         return app[TOPIC_LIVE] if self.name == "topic" else app[LIVE]
 
 

@@ -36,7 +36,7 @@ from feedsvc.errors import (
     RequestTimeout,
     Unavailable,
 )
-from feedsvc.live import Rounds
+from feedsvc.services.live import Rounds
 from feedsvc.storage.base import (
     Claim,
     ListQuery,

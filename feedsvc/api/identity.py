@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from feedsvc.access import ADMIN, Identity
 from feedsvc.api.feeds import name_of
 from feedsvc.api.validation import IDENTITY, SIGNED_PROJECT
 from feedsvc.appkeys import AUTHENTICATOR, ROUTE_ACTIONS
+from feedsvc.auth.access import ADMIN, Identity
+from feedsvc.auth.keystone import KeystoneUnauthorized
 from feedsvc.errors import BadRequest, Forbidden, InsufficientScope, Unauthorized
-from feedsvc.keystone import KeystoneUnauthorized
 
 #: A route's action when its request names a claim: deleting a claimed
 #: message (``?claim_id=``) is the consumer's, a claim action.

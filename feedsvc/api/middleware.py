@@ -153,7 +153,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     """feedsvc's one middleware, run on every request: its id, its pre-signed
     URL checked (``signed_urls.mark_signed``), its bearer token and scope
     checked when authentication is on (``identity.authorize``), its
-    project's rate (``feedsvc.rate_limiter``, with --project-rate), a CORS
+    project's rate (``feedsvc.services.rate_limiter``, with --project-rate), a CORS
     preflight answered (``cors.preflight``), errors answered as JSON, and
     the request counted in the metrics (``metrics.observe_request``, with the
     status sent, 500 for whatever left unanswered).

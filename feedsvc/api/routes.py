@@ -7,19 +7,19 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import AbstractRoute
 
-from feedsvc.access import ADMIN as ADMIN_ACTION
 from feedsvc.api import admin, console, metrics, openapi, redrive, signed_urls, streams
 from feedsvc.api import handlers as h
 from feedsvc.api import subscriptions as subs
 from feedsvc.api.feeds import QUEUES, TOPICS, FeedHandler, Kind, on_feed, on_feeds
 from feedsvc.appkeys import ROUTE_ACTIONS
+from feedsvc.auth.access import ADMIN as ADMIN_ACTION
 
 QUEUE = "/v2/queues/{queue}"
 # A topic is a feed like a queue (the same handlers, on FeedStore.topics()),
 # without claims or share, as in Zaqar.
 TOPIC = "/v2/topics/{topic}"
 #: A route: method, path, handler, and the action a token's scope must allow
-#: to use it (``feedsvc.access``; None: open to all, no stored data shown).
+#: to use it (``feedsvc.auth.access``; None: open to all, no stored data shown).
 #: Below a queue or topic: read (list, get, stats, follow), post, claim
 #: (claims, and deleting a claimed message: identity.WITH_CLAIM_ID), delete,
 #: manage (the queue itself, purge, subscriptions, share).

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from feedsvc import access
+from feedsvc.auth import access
 from feedsvc.config import MAX_QUOTA, Settings
 
 #: A queue's or topic's name. "." and ".." are refused: HTTP clients (curl,
@@ -34,7 +34,7 @@ QUEUE_MARKER_PATTERN = rf"^[a-zA-Z0-9_.-]{{1,{MAX_NAME_LENGTH}}}$"
 ID_PATTERN = r"^[0-9a-f]{24}$"
 #: What a message marker looks like (a sequence number).
 MARKER_PATTERN = "^[0-9]{1,19}$"
-#: X-Project-ID's longest, as tokens name projects too (feedsvc.access).
+#: X-Project-ID's longest, as tokens name projects too (feedsvc.auth.access).
 MAX_PROJECT_LENGTH = access.MAX_PROJECT_LENGTH
 #: The most claims a queue's _max_claim_count may allow.
 MAX_CLAIM_COUNT = 2**31

@@ -1,6 +1,6 @@
 """Live reads of a queue over plain HTTP: long polls (``wait=``) and
 Server-Sent Events (``Accept: text/event-stream``), both followers of
-``feedsvc.live``, woken through Redis.
+``feedsvc.services.live``, woken through Redis.
 
 An event is ``id: <marker>``, ``event: message``, ``data: <the message JSON
 exactly as in a list page>``; its bytes are made once per batch and written
@@ -39,7 +39,7 @@ from feedsvc.api.traced import consumed
 from feedsvc.appkeys import CLOCK, DRAINING, LIVE, SETTINGS, TOPIC_LIVE
 from feedsvc.clock import Clock
 from feedsvc.errors import BadRequest, MarkerNotGivenOut, TooManyFollowers, Unavailable
-from feedsvc.live import PAGE, Batch, Filters, Follower, Rounds, Waiter
+from feedsvc.services.live import PAGE, Batch, Filters, Follower, Rounds, Waiter
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 
 EVENT_STREAM = "text/event-stream"

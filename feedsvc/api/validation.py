@@ -16,10 +16,10 @@ import orjson
 from aiohttp import web
 from multidict import MultiMapping
 
-from feedsvc.access import Identity
 from feedsvc.api import spec
 from feedsvc.api.spec import Field, Param
 from feedsvc.appkeys import AUTHENTICATOR
+from feedsvc.auth.access import Identity
 from feedsvc.config import Settings
 from feedsvc.delivery import retry
 from feedsvc.errors import (

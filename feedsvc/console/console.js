@@ -110,9 +110,8 @@
     return new ApiError(response.status, title, description);
   }
 
-  // A /v2 request; the decoded JSON (null for 204), or an ApiError.
-  // options.body: JSON text to send.
-  // options.withGap: answer {payload, gap} with the page's X-Gap (gapOf).
+  // A /v2 request; the decoded JSON (null for 204), or an ApiError. options.body:
+  // JSON text to send; options.withGap: answer {payload, gap} with X-Gap (gapOf).
   async function api(path, options = {}) {
     const headers = apiHeaders();
     const body = options.body;

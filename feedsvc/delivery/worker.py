@@ -33,7 +33,7 @@ from feedsvc.config.subscriptions import SubscriptionSettings
 from feedsvc.delivery.runner import DeliveryCounters, Runner
 from feedsvc.delivery.senders import Senders
 from feedsvc.errors import FeedError
-from feedsvc.live import Rounds
+from feedsvc.services.live import Rounds
 from feedsvc.storage.base import FeedStore, Parent, checkpoint, feed_of
 
 log = logging.getLogger("feedsvc")

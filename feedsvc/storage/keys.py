@@ -56,7 +56,7 @@ ORIGINS_SUFFIX = ":dlo"
 REDRIVEN_INFIX = ":rdm:"
 #: Every dead-letter queue with a running redrive: JSON ``[project, queue]``
 #: members. One key in one slot; the redrivers of every process read it
-#: (``feedsvc.redriver``); a member whose redrive is over is removed.
+#: (``feedsvc.services.redriver``); a member whose redrive is over is removed.
 REDRIVES_KEY = f"{NAMESPACE}:redrives"
 
 

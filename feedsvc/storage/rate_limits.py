@@ -2,7 +2,7 @@
 (``lua/rate_limit.lua``), shared by every process and host on that Redis.
 
 A caller takes requests in chunks (:meth:`RedisRateLimits.take`), so Redis
-sees one call per chunk, not one per request (``feedsvc.rate_limiter`` keeps
+sees one call per chunk, not one per request (``feedsvc.services.rate_limiter`` keeps
 each process's chunk). Both drivers use this one script: the limiter is not
 part of the lua-vs-watch comparison, and a WATCH version would need two
 round trips where the script needs one.

@@ -12,11 +12,11 @@ from three places, checked in this order by :class:`Authenticator`:
 - ``--auth-token-file``: ``TOKEN PROJECT SCOPE...`` per line, read again on
   SIGHUP (:meth:`Authenticator.reload`);
 - JWTs (``--jwt-jwks-url`` or ``--jwt-key-file``), checked by
-  :class:`feedsvc.jwt_keys.JwtVerifier`; a verified token's identity is kept
+  :class:`feedsvc.auth.jwt_keys.JwtVerifier`; a verified token's identity is kept
   until its ``exp`` or until the issuer's keys change, so a busy client's
   token costs one dict lookup, not a signature check, per request;
 - Keystone tokens (``X-Auth-Token``, with ``--keystone-url``), validated by
-  :class:`feedsvc.keystone.KeystoneValidator` and cached likewise; their
+  :class:`feedsvc.auth.keystone.KeystoneValidator` and cached likewise; their
   roles give the scopes (``--keystone-roles``, :func:`role_scopes`).
 
 Which action a route is, and where the check runs, is the HTTP layer's
@@ -32,11 +32,11 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from feedsvc.auth.jwt_keys import JwtVerifier
+from feedsvc.auth.keystone import KeystoneValidator
 from feedsvc.clock import Clock
 from feedsvc.config import AccessSettings
 from feedsvc.errors import Unauthorized
-from feedsvc.jwt_keys import JwtVerifier
-from feedsvc.keystone import KeystoneValidator
 
 log = logging.getLogger("feedsvc.access")
 
