@@ -60,8 +60,10 @@ METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 #: The methods that may leave Client-ID out and carry credentials in the query.
 READS = ("GET", "HEAD")
 # Examples per operation and generation mode (valid and invalid data). The
-# default keeps the fuzzing well under a minute for both drivers; raise it
-# locally with FUZZ_EXAMPLES=200.
+# default keeps the fuzzing about a minute a driver on a quiet machine (the
+# timeout below leaves room for a loaded one: CI's run of 2026-11-27, with
+# the redrive and release operations added, passed 110 s); raise it locally
+# with FUZZ_EXAMPLES=200.
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
 CHECKS = [
     not_a_server_error,
@@ -549,7 +551,7 @@ def fuzz(
 
 
 @pytest.mark.process
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("driver", PROCESS_DRIVERS)
 def test_fuzzing_finds_no_5xx_and_no_answer_off_the_document(
     driver: str, services: dict[str, LiveService]
