@@ -40,6 +40,14 @@ from loadtest.checker import (
     Stamp,
     read_stamp,
 )
+from loadtest.consumption import (
+    ACK_ORDER,
+    GROUP_SHARED,
+    HANDED_EARLY,
+    UNACKNOWLEDGED,
+    ConsumptionChecker,
+    ConsumptionFinding,
+)
 from loadtest.eventstream import ChunkedDecoder, Event, EventStreamParser, FramingError
 from tests.conftest import REPO_ROOT
 
@@ -132,6 +140,9 @@ def test_stamps_round_trip_and_foreign_bodies_are_ignored() -> None:
 def test_posted_stamps_round_trip() -> None:
     stamp = Stamp("p.1", 7, T0, T0 + 5.25)
     assert read_stamp(json.loads(json.dumps(stamp.body()))) == stamp
+    grouped = Stamp("p.1", 7, T0, T0 + 5.25, "r", "g.0", 3)
+    assert read_stamp(json.loads(json.dumps(grouped.body()))) == grouped
+    assert read_stamp({"p": "a", "s": 1, "t": T0, "g": "g.0", "k": "3"}) == Stamp("a", 1, T0)
     assert read_stamp({"p": "a", "s": 1, "t": T0, "w": True}) == Stamp("a", 1, T0)
 
 
@@ -179,6 +190,92 @@ def test_missed_is_what_was_acknowledged_before_the_latest_seen_post() -> None:
     consumed.see(Stamp("b", 1, T0, T0 + 9.0), TTL, T0 + 10)
     assert consumed.missed(acks) == []
     assert FeedChecker("q").missed(acks) == []
+
+
+def grouped(k: int, group: str = "g1") -> Stamp:
+    """Producer a's seq k, group seq k of ``group``."""
+    return Stamp("a", k, T0, T0, "r", group, k)
+
+
+def consume(
+    checker: ConsumptionChecker, claim: str, stamps: list[Stamp], at: float, ttl: float = 60
+) -> None:
+    """A claim sent at ``at`` and answered 0.1 s later."""
+    checker.claimed("q", claim, stamps, at, at + 0.1, ttl)
+
+
+def test_consumption_of_groups_in_order_with_releases_passes() -> None:
+    checker = ConsumptionChecker()
+    loose = Stamp("a", 4, T0, T0, "r")
+    for stamp in [grouped(1), grouped(2), grouped(3), loose]:
+        checker.posted("q", stamp, acknowledged=True)
+    assert checker.pending("q") == 4
+    consume(checker, "c1", [grouped(1), grouped(2), loose], at=1.0)
+    checker.deleted("q", "c1", grouped(1), 1.2, 1.3, 204)
+    # releasing 2 also releases the claim's later messages of its group
+    checker.released("q", "c1", grouped(2), 1.4, 204)
+    checker.deleted("q", "c1", loose, 1.5, 1.6, 204)
+    checker.claim_released("c1", 1.7, 204)
+    consume(checker, "c2", [grouped(2), grouped(3)], at=2.0)
+    checker.deleted("q", "c2", grouped(2), 2.2, 2.3, 204)
+    checker.deleted("q", "c2", grouped(3), 2.4, 2.5, 204)
+    assert checker.unreleased_claims() == {"c2"}
+    checker.claim_released("c2", 2.6, 204)
+    assert checker.finish() == []
+    assert (checker.pending("q"), checker.releases, checker.redelivered) == (0, 1, 1)
+    assert checker.unreleased_claims() == set()
+
+
+def test_consumption_flags_an_out_of_order_group_acknowledgement() -> None:
+    checker = ConsumptionChecker()
+    for k in (1, 2):
+        checker.posted("q", grouped(k), acknowledged=True)
+    consume(checker, "c1", [grouped(2)], at=1.0)  # 1 is free, yet 2 is handed out
+    checker.deleted("q", "c1", grouped(2), 1.2, 1.3, 204)
+    consume(checker, "c2", [grouped(1)], at=2.0)
+    checker.deleted("q", "c2", grouped(1), 2.2, 2.3, 204)
+    found = checker.finish()
+    assert [f.kind for f in found] == [ACK_ORDER, HANDED_EARLY]
+    assert "group seq 2 was deleted before the delete of group seq 1" in str(found[0])
+    assert checker.findings == 2
+
+
+def test_consumption_flags_a_lost_message_and_excuses_an_unanswered_delete() -> None:
+    checker = ConsumptionChecker()
+    for seq in range(1, 6):
+        checker.posted("q", Stamp("a", seq, T0, run="r"), acknowledged=seq != 5)
+    consume(checker, "c1", [Stamp("a", s, T0, run="r") for s in (1, 3)], at=1.0)
+    checker.deleted("q", "c1", Stamp("a", 1, T0, run="r"), 1.2, 1.3, 204)
+    checker.deleted("q", "c1", Stamp("a", 3, T0, run="r"), 1.4, 16.4, 0)  # timed out
+    checker.deleted("q", "c1", Stamp("a", 2, T0, run="r"), 1.5, 1.6, 400)  # not its claim
+    # 2 and 4 were never deleted; 5 (no 201) is not judged
+    assert checker.finish() == [
+        ConsumptionFinding(UNACKNOWLEDGED, "q", "producer a seq 2: acknowledged, never deleted"),
+        ConsumptionFinding(UNACKNOWLEDGED, "q", "producer a seq 4: acknowledged, never deleted"),
+    ]
+    assert checker.excused_unanswered == 1
+
+
+def test_consumption_flags_two_claims_holding_a_group_at_once() -> None:
+    checker = ConsumptionChecker()
+    for k in (1, 2, 3):
+        checker.posted("q", grouped(k), acknowledged=True)
+    consume(checker, "c1", [grouped(1)], at=1.0)
+    consume(checker, "c2", [grouped(2)], at=2.0)  # while c1 holds 1
+    checker.deleted("q", "c2", grouped(2), 2.2, 2.3, 204)
+    checker.deleted("q", "c1", grouped(1), 3.0, 3.1, 204)
+    kinds = [f.kind for f in checker.finish()]
+    assert GROUP_SHARED in kinds and HANDED_EARLY in kinds
+    # a hold ends for sure only until the claim may have expired
+    expired = ConsumptionChecker()
+    for k in (1, 2):
+        expired.posted("q", grouped(k), acknowledged=True)
+    consume(expired, "c1", [grouped(1)], at=1.0, ttl=1)
+    consume(expired, "c2", [grouped(1), grouped(2)], at=2.5)
+    expired.deleted("q", "c1", grouped(1), 3.0, 3.1, 400)  # too late: c1 expired
+    for k in (1, 2):
+        expired.deleted("q", "c2", grouped(k), 3.0 + k, 3.1 + k, 204)
+    assert expired.finish() == []
 
 
 STREAM = (
