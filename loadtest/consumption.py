@@ -53,6 +53,7 @@ correct service.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -161,14 +162,15 @@ class ConsumptionChecker:
         if message is None:
             return
         self.deletes += 1
-        if status == 204 or not answered(status):
-            if message.first_delete_sent is None or sent < message.first_delete_sent:
-                message.first_delete_sent = sent
-        if status == 204:
-            if message.first_deleted is None:
-                if message.acknowledged:
-                    self._pending[queue] -= 1
-                message.first_deleted = received
+        removed_maybe = status == 204 or not answered(status)
+        if removed_maybe and (
+            message.first_delete_sent is None or sent < message.first_delete_sent
+        ):
+            message.first_delete_sent = sent
+        if status == 204 and message.first_deleted is None:
+            if message.acknowledged:
+                self._pending[queue] -= 1
+            message.first_deleted = received
         elif not answered(status):
             message.unanswered_deletes += 1
 
@@ -183,7 +185,7 @@ class ConsumptionChecker:
     def claim_released(self, claim: str, sent: float, status: int) -> None:
         """The whole claim was released (``DELETE`` on its Location)."""
         self._unreleased.discard(claim)
-        for (owner, key), delivery in list(self._open.items()):
+        for owner, key in list(self._open):
             if owner == claim:
                 self._end(claim, key, sent, status == 204)
 
@@ -225,8 +227,8 @@ class ConsumptionChecker:
         found = []
         for (queue, producer), seqs in sorted(lost.items()):
             for first, last in _runs(sorted(seqs)):
-                seq = str(first) if first == last else f"{first}..{last}"
-                detail = f"producer {producer} seq {seq}: acknowledged, never deleted"
+                seqs_text = str(first) if first == last else f"{first}..{last}"
+                detail = f"producer {producer} seq {seqs_text}: acknowledged, never deleted"
                 found.append(ConsumptionFinding(UNACKNOWLEDGED, queue, detail))
         return found
 
@@ -248,17 +250,17 @@ class ConsumptionChecker:
                 found.append(ConsumptionFinding(ACK_ORDER, queue, detail))
             start = message.first_delete_sent
             if start is not None and (
-                latest is None or latest.first_delete_sent is None or start > latest.first_delete_sent
+                latest is None
+                or latest.first_delete_sent is None
+                or start > latest.first_delete_sent
             ):
                 latest = message
         return found
 
     @staticmethod
-    def _handed_early(
-        queue: str, group: str, messages: list[_Message]
-    ) -> list[ConsumptionFinding]:
+    def _handed_early(queue: str, group: str, messages: list[_Message]) -> list[ConsumptionFinding]:
         found = []
-        for before, message in zip(messages, messages[1:], strict=False):
+        for before, message in itertools.pairwise(messages):
             gone = before.first_delete_sent
             if gone is None:  # never removed: expired, or lost (reported as such)
                 continue

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+from gevent.lock import Semaphore
 from locust import FastHttpUser, events, task
 from locust.env import Environment
 from locust.event import EventHook
@@ -65,11 +66,15 @@ from locust.runners import MasterRunner, WorkerRunner
 
 try:
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
+    from loadtest.drain import drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
+    from loadtest.drain import drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 
@@ -157,6 +162,9 @@ def add_options(parser: Any) -> None:
     option("poll-interval", float, 0.2, "observer wait at the end of a queue, seconds")
     option("producer-wait", float, 0.0, "producer wait between posts, seconds")
     option("timings-dir", str, "", "write per-request timings here at test stop")
+    option("groups", int, 0, "groups per queue a producer's messages go to (0: none)")
+    option("release-ratio", float, 0.0, "share of claimed messages consumers release (0..1)")
+    option("release-delay", int, 0, "delay of a consumer's release, seconds")
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,9 @@ class Options:
     poll_interval: float
     producer_wait: float
     long_poll_wait: float
+    groups: int
+    release_ratio: float
+    release_delay: int
 
     @classmethod
     def of(cls, environment: Environment) -> Options:
@@ -192,6 +203,9 @@ class Options:
             poll_interval=o.poll_interval,
             producer_wait=o.producer_wait,
             long_poll_wait=o.long_poll_wait,
+            groups=max(0, o.groups),
+            release_ratio=min(1.0, max(0.0, o.release_ratio)),
+            release_delay=max(0, o.release_delay),
         )
 
 
@@ -223,6 +237,14 @@ ACKED_STREAMS: dict[str, dict[str, int]] = {}
 #: what each reader must have seen by the end (FeedChecker.missed).
 ACK_LOG: dict[str, dict[str, list[tuple[float, int]]]] = {}
 JUDGE_GAPS = {"exact": True}
+#: the consumption checker of this run ("checker"), when it is judged: groups
+#: or releases are on, consumers run, and all in this one process
+CONSUMPTION: dict[str, ConsumptionChecker] = {}
+#: queue -> group -> [the next group seq, the lock a producer posts under]
+GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
+#: names this process's groups apart from other processes' (each has its own)
+PROCESS = uuid.uuid4().hex[:6]
+CLAIM_TTL = 60
 #: this run's id, stamped on every message posted and the only one judged:
 #: made by the master (or the one process) at each test start and handed to
 #: the workers with the spawn message, as Locust does for custom options
@@ -246,11 +268,12 @@ class CheckFailed(Exception):
     """A no-miss checker finding, reported as a Locust failure."""
 
 
-def report(environment: Environment, finding: Finding) -> None:
-    log.error("no-miss checker: %s", finding)
+def report(environment: Environment, finding: Finding | ConsumptionFinding) -> None:
+    what = "no-miss" if isinstance(finding, Finding) else "consumers"
+    log.error("%s checker: %s", what, finding)
     environment.events.request.fire(  # type: ignore[no-untyped-call]
         request_type="CHECK",
-        name=f"no-miss: {finding.kind}",
+        name=f"{what}: {finding.kind}",
         response_time=0,
         response_length=0,
         exception=CheckFailed(str(finding)),
@@ -281,6 +304,19 @@ def on_init(environment: Environment, **_: Any) -> None:
             "Consumer runs in several processes: observers cannot know what other "
             "processes deleted, so gaps are not judged (duplicates and reorders are)"
         )
+    o = environment.parsed_options
+    if distributed and o is not None and (o.groups > 0 or o.release_ratio > 0):
+        log.warning("several processes: at-least-once and group order are not judged")
+
+
+def judges_consumption(environment: Environment) -> bool:
+    o = environment.parsed_options
+    return (
+        o is not None
+        and (o.groups > 0 or o.release_ratio > 0)
+        and Consumer in environment.user_classes
+        and not isinstance(environment.runner, MasterRunner | WorkerRunner)
+    )
 
 
 @listen(events.test_start)
@@ -303,6 +339,10 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     CHECKERS.clear()
     CONSUMED.clear()
     FOLLOWER_NUMBERS.clear()
+    GROUPS.clear()
+    CONSUMPTION.clear()
+    if judges_consumption(environment):
+        CONSUMPTION["checker"] = ConsumptionChecker()
 
 
 @listen(events.spawning_complete)
@@ -341,17 +381,35 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
         for finding in checker.missed(ACK_LOG.get(checker.queue, {})):
             missed += 1
             report(environment, finding)
-    totals = {
+    consumption = CONSUMPTION.get("checker")
+    drained: dict[str, Any] = {}
+    if consumption is not None:
+        o = Options.of(environment)
+        drained = drain(environment.host or "", o.project, o.queues, consumption, o.release_delay)
+        for found in consumption.finish():
+            report(environment, found)
+    totals: dict[str, Any] = {
         "acknowledged": ACKED["messages"],
         "checked": sum(c.checked for c in CHECKERS),
         "other_runs": sum(c.other_runs for c in CHECKERS),
         "readers": len(CHECKERS),
         "missed_at_stop": missed,
-        "findings": sum(c.findings for c in CHECKERS),
+        "findings": sum(c.findings for c in CHECKERS)
+        + (consumption.findings if consumption else 0),
         "excused_expired": sum(c.excused_expired for c in CHECKERS),
         "excused_consumed": sum(c.excused_consumed for c in CHECKERS),
         "gaps_judged": JUDGE_GAPS["exact"],
     }
+    if consumption is not None:
+        totals["consumption"] = {
+            "acknowledged": consumption.acknowledged,
+            "deletes": consumption.deletes,
+            "releases": consumption.releases,
+            "redelivered": consumption.redelivered,
+            "excused_unanswered": consumption.excused_unanswered,
+            "findings": consumption.findings,
+            **drained,
+        }
     log.info("checker: %s", totals)
     directory = environment.parsed_options.timings_dir if environment.parsed_options else ""
     if directory:
@@ -408,17 +466,32 @@ class Producer(FeedUser):
     def post_messages(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
+        if not o.groups:
+            self.post(queue, "", [0])
+            return
+        # one request at a time per group: group seqs are then in post order
+        group = f"{RUN['id']}.{PROCESS}.{random.randrange(o.groups)}"
+        next_seq, lock = GROUPS.setdefault(queue, {}).setdefault(group, ([1], Semaphore()))
+        with lock:
+            self.post(queue, group, next_seq)
+
+    def post(self, queue: str, group: str, next_seq: list[int]) -> None:
+        """Post 1..--batch messages of ``group`` (numbered from ``next_seq``)."""
+        o = self.options
         stream = self._stream(queue)
         count = random.randint(1, o.batch)
-        first = stream.next_seq
+        first, group_first = stream.next_seq, next_seq[0]
         posted = time.time()
-        messages = [
-            {
-                "ttl": o.ttl,
-                "body": Stamp(stream.producer, seq, stream.started, posted, RUN["id"]).body(o.pad),
-            }
-            for seq in range(first, first + count)
-        ]
+        stamps = [
+            Stamp(stream.producer, first + i, stream.started, posted, RUN["id"], group,
+                  group_first + i if group else 0)
+            for i in range(count)
+        ]  # fmt: skip
+        messages = [{"ttl": o.ttl, "body": stamp.body(o.pad)} for stamp in stamps]
+        if group:
+            next_seq[0] += count
+            for message in messages:
+                message["group"] = group
         with self.client.post(
             f"/v2/queues/{queue}/messages",
             data=json.dumps({"messages": messages}),
@@ -426,6 +499,9 @@ class Producer(FeedUser):
             name="POST messages",
             catch_response=True,
         ) as response:
+            if (consumption := CONSUMPTION.get("checker")) is not None:
+                for stamp in stamps:
+                    consumption.posted(queue, stamp, response.status_code == 201)
             if response.status_code == 201:
                 stream.next_seq += count
                 ACKED["messages"] += count
@@ -484,13 +560,15 @@ class Consumer(FeedUser):
 
     def on_start(self) -> None:
         super().on_start()
-        self.claim_body = json.dumps({"ttl": 60, "grace": 60})
+        self.claim_body = json.dumps({"ttl": CLAIM_TTL, "grace": 60})
+        self.release_body = json.dumps({"delay": self.options.release_delay})
         self.idle = False
 
     @task
     def claim_messages(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
+        sent = time.time()
         with self.client.post(
             f"/v2/queues/{queue}/claims?limit={o.claim_limit}",
             data=self.claim_body,
@@ -505,15 +583,51 @@ class Consumer(FeedUser):
             if response.status_code != 201:
                 response.failure(describe(response))
                 return
-            claim = response.headers.get("Location") if response.headers else None
+            claim = (response.headers.get("Location") if response.headers else None) or ""
             messages = json.loads(response.content or b"null")["messages"]
-        for message in messages:
-            stamp = read_stamp(message["body"])
-            if stamp is not None:
-                CONSUMED.add((queue, stamp.producer, stamp.seq))
-            self.client.delete(message["href"], headers=self.headers, name="DELETE message")
+        stamps = [read_stamp(message["body"]) for message in messages]
+        checker = CONSUMPTION.get("checker") if claim else None
+        ours = [s if s is not None and s.run == RUN["id"] else None for s in stamps]
+        if checker is not None:
+            checker.claimed(queue, claim, [s for s in ours if s], sent, time.time(), CLAIM_TTL)
+        # releasing a message also releases the claim's later messages of its group
+        released: dict[str, tuple[float, int]] = {}
+        for message, stamp, mine in zip(messages, stamps, ours, strict=True):
+            group = message.get("group") or ""
+            if group in released:
+                outcome = released[group]
+            elif random.random() < o.release_ratio:
+                outcome = released[group] = self.release(message["href"])
+                released.pop("", None)  # an ungrouped release releases that message only
+            else:
+                if stamp is not None:
+                    CONSUMED.add((queue, stamp.producer, stamp.seq))
+                started = time.time()
+                deleted = self.client.delete(
+                    message["href"], headers=self.headers, name="DELETE message"
+                )
+                if checker is not None and mine is not None:
+                    checker.deleted(queue, claim, mine, started, time.time(), deleted.status_code)
+                continue
+            if checker is not None and mine is not None:
+                checker.released(queue, claim, mine, *outcome)
         if claim:
-            self.client.delete(claim, headers=self.headers, name="DELETE claim")
+            started = time.time()
+            status = self.client.delete(claim, headers=self.headers, name="DELETE claim")
+            if checker is not None:
+                checker.claim_released(claim, started, status.status_code)
+
+    def release(self, href: str) -> tuple[float, int]:
+        """POST .../messages/{id}/release?claim_id=...: (time sent, status)."""
+        path, _, query = href.partition("?")
+        started = time.time()
+        response = self.client.post(
+            f"{path}/release?{query}",
+            data=self.release_body,
+            headers=self.headers,
+            name="POST release",
+        )
+        return started, response.status_code
 
 
 def follower_queue(environment: Environment, kind: str) -> str:
