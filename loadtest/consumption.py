@@ -118,22 +118,49 @@ class ConsumptionChecker:
     releases: int = 0
     redelivered: int = 0
     excused_unanswered: int = 0
+    #: claim requests that got no answer (stopped, timed out, 5xx): they may
+    #: hold messages nobody knows of until they expire
+    unanswered_claims: int = 0
     findings: int = 0
     _messages: dict[MessageKey, _Message] = field(default_factory=dict)
     _unreleased: set[str] = field(default_factory=set)
     _open: dict[tuple[str, MessageKey], _Delivery] = field(default_factory=dict)
+    _claims_in_flight: int = 0
     _pending: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
+    def posting(self, queue: str, stamp: Stamp) -> None:
+        """A producer is about to send this message (a consumer may claim and
+        delete it before the producer has read its 201)."""
+        self._messages[(queue, stamp.producer, stamp.seq)] = _Message(stamp, False)
+
     def posted(self, queue: str, stamp: Stamp, acknowledged: bool) -> None:
-        """A producer's message, with or without its 201."""
-        self._messages[(queue, stamp.producer, stamp.seq)] = _Message(stamp, acknowledged)
+        """The post of a message sent (``posting``) got its 201, or not."""
+        message = self._messages[(queue, stamp.producer, stamp.seq)]
+        message.acknowledged = acknowledged
         if acknowledged:
             self.acknowledged += 1
-            self._pending[queue] += 1
+            if message.first_deleted is None:
+                self._pending[queue] += 1
 
     def pending(self, queue: str) -> int:
         """Acknowledged messages of ``queue`` that no delete has answered 204 yet."""
         return self._pending[queue]
+
+    def claim_requested(self) -> None:
+        """A claim request is about to be sent (see ``claim_answered``)."""
+        self._claims_in_flight += 1
+
+    def claim_answered(self, status: int) -> None:
+        """A claim request's answer (0: none); call before ``claimed``."""
+        self._claims_in_flight -= 1
+        if not answered(status):
+            self.unanswered_claims += 1
+
+    def claims_maybe_holding(self) -> int:
+        """Claim requests that may hold messages unknown to this checker until
+        they expire: unanswered, or still on their way (their consumer was
+        stopped)."""
+        return self.unanswered_claims + self._claims_in_flight
 
     def claimed(
         self, queue: str, claim: str, stamps: Iterable[Stamp], sent: float, received: float,

@@ -6,9 +6,10 @@ all consumed. So the Locust process first releases every claim its
 consumers did not release (their messages become claimable at once), then
 claims and deletes, in order, what is left in each queue, feeding the same
 checker, until every acknowledged message of the run has been deleted, or
-nothing more can be claimed once the last release's delay has passed, or
-``DRAIN_SECONDS`` (plus that delay) ran out. What is still not deleted then
-is reported as unacknowledged.
+nothing more can be claimed once the last release's delay has passed (and,
+if a claim request went unanswered, its claim has expired), or
+``DRAIN_SECONDS`` more ran out. What is still not deleted then is reported
+as unacknowledged.
 """
 
 from __future__ import annotations
@@ -71,8 +72,11 @@ def drain(
             status, _, _ = client.request("DELETE", claim)
             checker.claim_released(claim, sent, status)
             released += 1
-        settled = started + release_delay + 1.0  # by then every released message is due
-        deadline = started + release_delay + DRAIN_SECONDS
+        # by then every released message is due, and every claim nobody knows of expired
+        settled = started + release_delay + 1.0
+        if checker.claims_maybe_holding():
+            settled = max(settled, started + CLAIM_TTL + 1.0)
+        deadline = settled + DRAIN_SECONDS
         for queue in queues:
             while checker.pending(queue) > 0 and time.time() < deadline:
                 got = _claim_and_delete(client, queue, checker)

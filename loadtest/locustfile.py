@@ -67,14 +67,14 @@ from locust.runners import MasterRunner, WorkerRunner
 try:
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
-    from loadtest.drain import drain
+    from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
-    from loadtest.drain import drain
+    from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
     from loadtest.timings import Recorder
 
@@ -244,7 +244,7 @@ CONSUMPTION: dict[str, ConsumptionChecker] = {}
 GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
 #: names this process's groups apart from other processes' (each has its own)
 PROCESS = uuid.uuid4().hex[:6]
-CLAIM_TTL = 60
+STOP_TIMEOUT = 10.0
 #: this run's id, stamped on every message posted and the only one judged:
 #: made by the master (or the one process) at each test start and handed to
 #: the workers with the spawn message, as Locust does for custom options
@@ -343,6 +343,9 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     CONSUMPTION.clear()
     if judges_consumption(environment):
         CONSUMPTION["checker"] = ConsumptionChecker()
+        # let a consumer finish its claim when the run stops, rather than
+        # leave messages held by a claim nobody knows of (--stop-timeout)
+        environment.stop_timeout = environment.stop_timeout or STOP_TIMEOUT
 
 
 @listen(events.spawning_complete)
@@ -492,6 +495,9 @@ class Producer(FeedUser):
             next_seq[0] += count
             for message in messages:
                 message["group"] = group
+        if (consumption := CONSUMPTION.get("checker")) is not None:
+            for stamp in stamps:
+                consumption.posting(queue, stamp)
         with self.client.post(
             f"/v2/queues/{queue}/messages",
             data=json.dumps({"messages": messages}),
@@ -499,7 +505,7 @@ class Producer(FeedUser):
             name="POST messages",
             catch_response=True,
         ) as response:
-            if (consumption := CONSUMPTION.get("checker")) is not None:
+            if consumption is not None:
                 for stamp in stamps:
                     consumption.posted(queue, stamp, response.status_code == 201)
             if response.status_code == 201:
@@ -569,6 +575,8 @@ class Consumer(FeedUser):
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
         sent = time.time()
+        if (checker := CONSUMPTION.get("checker")) is not None:
+            checker.claim_requested()
         with self.client.post(
             f"/v2/queues/{queue}/claims?limit={o.claim_limit}",
             data=self.claim_body,
@@ -576,6 +584,8 @@ class Consumer(FeedUser):
             name="POST claims",
             catch_response=True,
         ) as response:
+            if checker is not None:
+                checker.claim_answered(response.status_code)
             self.idle = response.status_code == 204
             if self.idle:
                 response.success()
@@ -586,7 +596,7 @@ class Consumer(FeedUser):
             claim = (response.headers.get("Location") if response.headers else None) or ""
             messages = json.loads(response.content or b"null")["messages"]
         stamps = [read_stamp(message["body"]) for message in messages]
-        checker = CONSUMPTION.get("checker") if claim else None
+        checker = checker if claim else None
         ours = [s if s is not None and s.run == RUN["id"] else None for s in stamps]
         if checker is not None:
             checker.claimed(queue, claim, [s for s in ours if s], sent, time.time(), CLAIM_TTL)

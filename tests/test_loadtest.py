@@ -197,6 +197,11 @@ def grouped(k: int, group: str = "g1") -> Stamp:
     return Stamp("a", k, T0, T0, "r", group, k)
 
 
+def post(checker: ConsumptionChecker, stamp: Stamp, acknowledged: bool = True) -> None:
+    checker.posting("q", stamp)
+    checker.posted("q", stamp, acknowledged)
+
+
 def consume(
     checker: ConsumptionChecker, claim: str, stamps: list[Stamp], at: float, ttl: float = 60
 ) -> None:
@@ -208,7 +213,7 @@ def test_consumption_of_groups_in_order_with_releases_passes() -> None:
     checker = ConsumptionChecker()
     loose = Stamp("a", 4, T0, T0, "r")
     for stamp in [grouped(1), grouped(2), grouped(3), loose]:
-        checker.posted("q", stamp, acknowledged=True)
+        post(checker, stamp)
     assert checker.pending("q") == 4
     consume(checker, "c1", [grouped(1), grouped(2), loose], at=1.0)
     checker.deleted("q", "c1", grouped(1), 1.2, 1.3, 204)
@@ -229,7 +234,7 @@ def test_consumption_of_groups_in_order_with_releases_passes() -> None:
 def test_consumption_flags_an_out_of_order_group_acknowledgement() -> None:
     checker = ConsumptionChecker()
     for k in (1, 2):
-        checker.posted("q", grouped(k), acknowledged=True)
+        post(checker, grouped(k))
     consume(checker, "c1", [grouped(2)], at=1.0)  # 1 is free, yet 2 is handed out
     checker.deleted("q", "c1", grouped(2), 1.2, 1.3, 204)
     consume(checker, "c2", [grouped(1)], at=2.0)
@@ -243,11 +248,18 @@ def test_consumption_flags_an_out_of_order_group_acknowledgement() -> None:
 def test_consumption_flags_a_lost_message_and_excuses_an_unanswered_delete() -> None:
     checker = ConsumptionChecker()
     for seq in range(1, 6):
-        checker.posted("q", Stamp("a", seq, T0, run="r"), acknowledged=seq != 5)
+        post(checker, Stamp("a", seq, T0, run="r"), acknowledged=seq != 5)
     consume(checker, "c1", [Stamp("a", s, T0, run="r") for s in (1, 3)], at=1.0)
     checker.deleted("q", "c1", Stamp("a", 1, T0, run="r"), 1.2, 1.3, 204)
     checker.deleted("q", "c1", Stamp("a", 3, T0, run="r"), 1.4, 16.4, 0)  # timed out
     checker.deleted("q", "c1", Stamp("a", 2, T0, run="r"), 1.5, 1.6, 400)  # not its claim
+    # claimed and deleted before its producer read the 201: not lost
+    early = Stamp("a", 6, T0, run="r")
+    checker.posting("q", early)
+    consume(checker, "c2", [early], at=2.0)
+    checker.deleted("q", "c2", early, 2.2, 2.3, 204)
+    checker.posted("q", early, acknowledged=True)
+    assert checker.pending("q") == 3  # 2, 4 and 3 (its delete got no answer)
     # 2 and 4 were never deleted; 5 (no 201) is not judged
     assert checker.finish() == [
         ConsumptionFinding(UNACKNOWLEDGED, "q", "producer a seq 2: acknowledged, never deleted"),
@@ -259,7 +271,7 @@ def test_consumption_flags_a_lost_message_and_excuses_an_unanswered_delete() -> 
 def test_consumption_flags_two_claims_holding_a_group_at_once() -> None:
     checker = ConsumptionChecker()
     for k in (1, 2, 3):
-        checker.posted("q", grouped(k), acknowledged=True)
+        post(checker, grouped(k))
     consume(checker, "c1", [grouped(1)], at=1.0)
     consume(checker, "c2", [grouped(2)], at=2.0)  # while c1 holds 1
     checker.deleted("q", "c2", grouped(2), 2.2, 2.3, 204)
@@ -269,7 +281,7 @@ def test_consumption_flags_two_claims_holding_a_group_at_once() -> None:
     # a hold ends for sure only until the claim may have expired
     expired = ConsumptionChecker()
     for k in (1, 2):
-        expired.posted("q", grouped(k), acknowledged=True)
+        post(expired, grouped(k))
     consume(expired, "c1", [grouped(1)], at=1.0, ttl=1)
     consume(expired, "c2", [grouped(1), grouped(2)], at=2.5)
     expired.deleted("q", "c1", grouped(1), 3.0, 3.1, 400)  # too late: c1 expired
