@@ -69,6 +69,7 @@ try:
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
     from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -76,6 +77,7 @@ except ImportError:  # `locust -f .../loadtest/locustfile.py` from another direc
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
     from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 
 log = logging.getLogger("loadtest")
@@ -129,84 +131,7 @@ keep_alive_past_fd_1023()
 # -- options -----------------------------------------------------------------
 
 
-@listen(events.init_command_line_parser)
-def add_options(parser: Any) -> None:
-    def option(name: str, kind: type, default: Any, help: str) -> None:
-        env = "LOCUST_" + name.upper().replace("-", "_")
-        parser.add_argument(f"--{name}", type=kind, default=default, env_var=env, help=help)
-
-    option("queues", int, 4, "number of queues producers post to")
-    parser.add_argument(
-        "--hot",
-        action="store_true",
-        default=False,
-        env_var="LOCUST_HOT",
-        help="hot-queue mode: every producer posts to the first queue",
-    )
-    option("queue-prefix", str, "lt", "queue names are <prefix>0, <prefix>1, ...")
-    option("project", str, "loadtest", "X-Project-ID of every request")
-    option("producer-weight", int, 4, "weight of the Producer class")
-    option("observer-weight", int, 1, "weight of the Observer class")
-    option("consumer-weight", int, 1, "weight of the Consumer class")
-    option("long-poller-weight", int, 1, "weight of the LongPoller class")
-    option("streamer-weight", int, 1, "weight of the Streamer class")
-    option("observers", int, 0, "exact number of observers (0: by weight)")
-    option("long-pollers", int, 0, "exact number of long pollers (0: by weight)")
-    option("streamers", int, 0, "exact number of SSE streamers (0: by weight)")
-    option("long-poll-wait", float, 20.0, "long pollers' wait=, seconds (0..20)")
-    option("batch", int, 1, "a producer posts 1..BATCH messages per request")
-    option("message-size", int, 100, "padding in each message body, bytes")
-    option("ttl", int, 3600, "message ttl, seconds")
-    option("page-size", int, 20, "observer page size (list limit, 1..20)")
-    option("claim-limit", int, 10, "consumer claim limit (1..20)")
-    option("poll-interval", float, 0.2, "observer wait at the end of a queue, seconds")
-    option("producer-wait", float, 0.0, "producer wait between posts, seconds")
-    option("timings-dir", str, "", "write per-request timings here at test stop")
-    option("groups", int, 0, "groups per queue a producer's messages go to (0: none)")
-    option("release-ratio", float, 0.0, "share of claimed messages consumers release (0..1)")
-    option("release-delay", int, 0, "delay of a consumer's release, seconds")
-
-
-@dataclass(frozen=True)
-class Options:
-    """The custom options, read once per user from Locust's parsed options."""
-
-    queues: list[str]
-    hot: bool
-    project: str
-    batch: int
-    pad: str
-    ttl: int
-    page_size: int
-    claim_limit: int
-    poll_interval: float
-    producer_wait: float
-    long_poll_wait: float
-    groups: int
-    release_ratio: float
-    release_delay: int
-
-    @classmethod
-    def of(cls, environment: Environment) -> Options:
-        o = environment.parsed_options
-        assert o is not None, "run through the locust command"
-        count = 1 if o.hot else max(1, o.queues)
-        return cls(
-            queues=[f"{o.queue_prefix}{i}" for i in range(count)],
-            hot=o.hot,
-            project=o.project,
-            batch=max(1, o.batch),
-            pad="x" * max(0, o.message_size),
-            ttl=o.ttl,
-            page_size=o.page_size,
-            claim_limit=o.claim_limit,
-            poll_interval=o.poll_interval,
-            producer_wait=o.producer_wait,
-            long_poll_wait=o.long_poll_wait,
-            groups=max(0, o.groups),
-            release_ratio=min(1.0, max(0.0, o.release_ratio)),
-            release_delay=max(0, o.release_delay),
-        )
+listen(events.init_command_line_parser)(add_options)
 
 
 def apply_weights(environment: Environment) -> None:
@@ -245,6 +170,8 @@ GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
 #: names this process's groups apart from other processes' (each has its own)
 PROCESS = uuid.uuid4().hex[:6]
 STOP_TIMEOUT = 10.0
+#: consumption findings reported one by one (all are counted in the totals)
+REPORTED = 20
 #: this run's id, stamped on every message posted and the only one judged:
 #: made by the master (or the one process) at each test start and handed to
 #: the workers with the spawn message, as Locust does for custom options
@@ -389,8 +316,11 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
     if consumption is not None:
         o = Options.of(environment)
         drained = drain(environment.host or "", o.project, o.queues, consumption, o.release_delay)
-        for found in consumption.finish():
-            report(environment, found)
+        found = consumption.finish()
+        for problem in found[:REPORTED]:
+            report(environment, problem)
+        if len(found) > REPORTED:
+            log.error("consumers checker: %d more findings not reported", len(found) - REPORTED)
     totals: dict[str, Any] = {
         "acknowledged": ACKED["messages"],
         "checked": sum(c.checked for c in CHECKERS),

@@ -508,6 +508,43 @@ def test_a_second_run_against_the_same_queues_judges_only_its_own_messages(
 
 
 @pytest.mark.process
+def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
+    redis_url: str, driver: str, tmp_path: Path
+) -> None:
+    """Consumers release a third of what they claim (after a second) and
+    delete the rest; each claim holds up to 10 messages of 2 queues x 3
+    groups: every acknowledged message is deleted by the end of the drain, in
+    its group's order, and no two claims hold a group at once (issue 32)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
+    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
+    with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
+        result = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
+             "--headless", "--only-summary", "-u", "7", "-r", "7", "-t", "5s", "--host", serve.url,
+             "--project", f"groups-{uuid.uuid4().hex}", "--queues", "2", "--batch", "3",
+             "--groups", "3", "--release-ratio", "0.3", "--release-delay", "1",
+             "--producer-weight", "4", "--consumer-weight", "3", "--producer-wait", "0.02",
+             "--poll-interval", "0.05", "--csv", str(tmp_path / "locust"),
+             "--timings-dir", str(tmp_path / "timings"), "Producer", "Consumer"],
+            capture_output=True, text=True, timeout=120, check=False, env=env, cwd=REPO_ROOT,
+        )  # fmt: skip
+        serve.stop(signal.SIGTERM)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    with (tmp_path / "locust_stats.csv").open() as f:
+        stats = {row["Name"]: row for row in csv.DictReader(f)}
+    for name in ("POST messages", "POST claims", "DELETE message", "POST release"):
+        assert int(stats[name]["Request Count"]) > 0, output
+    assert int(stats["Aggregated"]["Failure Count"]) == 0, output
+    [record] = timings.load(tmp_path / "timings")
+    consumption = record.meta["checker"]["consumption"]
+    assert consumption["findings"] == 0, consumption
+    # released messages were claimed again; everything was deleted in the end
+    assert consumption["acknowledged"] > 0 and consumption["redelivered"] > 0, consumption
+    assert consumption["releases"] > 0 and consumption["drained"] >= 0, consumption
+
+
+@pytest.mark.process
 def test_locust_followers_check_every_message(redis_url: str, tmp_path: Path) -> None:
     """Long pollers, SSE streamers and pollers each check every message and
     record its post-to-delivery latency; nothing is missed at the stop."""
