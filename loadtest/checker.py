@@ -13,7 +13,9 @@ the stream began (before seq 1 was sent). A producer sends one request at a
 time and starts a new stream (a new ``producer`` name, seq back to 1) after
 any request that did not get a 201, so within a stream seq n was stored (its
 201 had arrived, or it was earlier in the same atomically indexed batch)
-before seq n+1 was sent.
+before seq n+1 was sent. A stamp may also carry a ``group`` and the
+message's ``group_seq`` in it, which only the consumption checker
+(consumption.py) reads.
 
 What feedsvc promises (docs/design.md, rule 1): a reader following ``next``
 links sees every live message posted after its marker exactly once, in post

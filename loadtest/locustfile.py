@@ -5,21 +5,28 @@ Run it from the repository root, with the web UI::
     locust -f loadtest/locustfile.py --host http://127.0.0.1:8888
 
 or headless (``--headless -u 100 -r 100 -t 30s``); ``python -m loadtest
-compare`` drives it against each driver. Options (see ``add_options``
-below and loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
+compare`` drives it against each driver. Options (see options.py and
+loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
 the web UI shows them under "Custom parameters"):
 
 * ``Producer`` posts 1..``--batch`` messages per request to one of
   ``--queues`` queues picked at random, or always to the first one with
   ``--hot`` (the contention case). Each body carries a stamp (producer, seq,
-  start time, see checker.py) padded to ``--message-size`` bytes.
+  start time, see checker.py) padded to ``--message-size`` bytes. With
+  ``--groups N`` each request's messages go to one of this process's N
+  groups of the queue, posted one request at a time per group, and the stamp
+  also carries the group and the message's place in it (its group seq).
 * ``Observer`` reads every queue from its head with its own marker
   (``--page-size`` per page, ``echo=true&include_claimed=true``), follows
   ``next`` links and polls every ``--poll-interval`` s at the end. Each
   message goes through the no-miss checker; a gap, duplicate or reorder is
   a Locust failure named ``no-miss: gap`` / ``duplicate`` / ``reorder``.
-* ``Consumer`` claims up to ``--claim-limit`` messages, deletes each through
-  its href (which carries the claim id) and releases the claim.
+* ``Consumer`` claims up to ``--claim-limit`` messages and, in the order
+  given, releases each with probability ``--release-ratio`` (``POST
+  .../release`` with ``--release-delay``; the service also releases the
+  claim's later messages of its group, which the consumer then leaves
+  alone) or deletes it through its href (which carries the claim id); then
+  it releases the claim.
 * ``LongPoller`` follows one queue from its head with long polls
   (``wait=--long-poll-wait``), following ``next`` links; ``Streamer`` follows
   one with a Server-Sent Events stream, reconnecting with ``Last-Event-ID``
@@ -39,6 +46,13 @@ check stays exact with consumers running. With ``--processes``/workers a
 consumer's deletions are not visible to observers in other processes, so
 gaps are then not judged at all while Consumer runs (duplicates and reorders
 still are); the checked comparison runs use no consumers.
+
+With groups or releases on, Consumer running and one Locust process, the
+consumption checker (consumption.py) is fed every post, claim, delete and
+release; at the stop, consumers finish their claim (``--stop-timeout``
+defaults to 10 s then), drain.py consumes what is left, and each finding
+(unacknowledged, ack order, handed early, group shared) is a Locust
+failure named ``consumers: ...``.
 """
 
 from __future__ import annotations
