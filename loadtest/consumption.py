@@ -122,6 +122,7 @@ class ConsumptionChecker:
     #: hold messages nobody knows of until they expire
     unanswered_claims: int = 0
     findings: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
     _messages: dict[MessageKey, _Message] = field(default_factory=dict)
     _unreleased: set[str] = field(default_factory=set)
     _open: dict[tuple[str, MessageKey], _Delivery] = field(default_factory=dict)
@@ -240,6 +241,8 @@ class ConsumptionChecker:
             found += self._handed_early(queue, group, messages)
             found += self._shared(queue, group, messages)
         self.findings += len(found)
+        for finding in found:
+            self.by_kind[finding.kind] = self.by_kind.get(finding.kind, 0) + 1
         return found
 
     def _unacknowledged(self) -> list[ConsumptionFinding]:

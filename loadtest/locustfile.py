@@ -355,6 +355,7 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
             "redelivered": consumption.redelivered,
             "excused_unanswered": consumption.excused_unanswered,
             "findings": consumption.findings,
+            "by_kind": consumption.by_kind,
             **drained,
         }
     log.info("checker: %s", totals)

@@ -241,6 +241,7 @@ def test_consumption_flags_an_out_of_order_group_acknowledgement() -> None:
     checker.deleted("q", "c2", grouped(1), 2.2, 2.3, 204)
     found = checker.finish()
     assert [f.kind for f in found] == [ACK_ORDER, HANDED_EARLY]
+    assert checker.by_kind == {ACK_ORDER: 1, HANDED_EARLY: 1}
     assert "group seq 2 was deleted before the delete of group seq 1" in str(found[0])
     assert checker.findings == 2
 
