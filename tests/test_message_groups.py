@@ -285,7 +285,7 @@ async def test_the_next_claim_gets_the_group_s_next_message_after_delete_release
     assert bodies(got) == ["a2"]
     # the claim released whole: a2 again
     await deleted(http, headers, f"/v2/queues/{q}/claims/{second}")
-    third, got = await claim(http, headers, q, limit=1)
+    _, got = await claim(http, headers, q, limit=1)
     assert bodies(got) == ["a2"]
     assert await claim(http, headers, q) == (None, [])
     # the claim expired: a2 again, and the rest of the group after it
