@@ -1,9 +1,10 @@
 """The drain at the end of a run whose consumption is judged (consumption.py).
 
-When Locust stops, consumers are stopped mid-claim and producers' last
-messages were never claimed: at-least-once can only be judged once they are
-all consumed. So the Locust process first releases every claim its
-consumers did not release (their messages become claimable at once), then
+When Locust stops, producers' last messages were never claimed: at-least-once
+can only be judged once they are all consumed. So the Locust process first
+waits for the consumers' claims on their way to be answered and handled,
+releases every claim its consumers did not release (their messages become
+claimable at once), then
 claims and deletes, in order, what is left in each queue, feeding the same
 checker, until every acknowledged message of the run has been deleted, or
 nothing more can be claimed once the last release's delay has passed (and,
@@ -32,6 +33,8 @@ DRAIN_SECONDS: Final = 30.0
 #: how long a claim that found nothing waits before the next, seconds
 EMPTY_WAIT: Final = 0.1
 CLAIM_LIMIT: Final = 20
+#: how long the drain waits for claim requests on their way to be answered
+IN_FLIGHT_WAIT: Final = 20.0
 CLAIM_TTL: Final = 60
 
 
@@ -66,6 +69,10 @@ def drain(
     client = _Client(base, project)
     deleted = released = 0
     started = time.time()
+    # consumers stopped mid-claim finish it first (see the locustfile's Consumer)
+    while checker.claims_in_flight() and time.time() < started + IN_FLIGHT_WAIT:
+        time.sleep(EMPTY_WAIT)
+    unknown_claims = checker.claims_maybe_holding()
     try:
         for claim in sorted(checker.unreleased_claims()):
             sent = time.time()
@@ -74,7 +81,7 @@ def drain(
             released += 1
         # by then every released message is due, and every claim nobody knows of expired
         settled = started + release_delay + 1.0
-        if checker.claims_maybe_holding():
+        if unknown_claims:
             settled = max(settled, started + CLAIM_TTL + 1.0)
         deadline = settled + DRAIN_SECONDS
         for queue in queues:
@@ -92,6 +99,7 @@ def drain(
     left = sum(checker.pending(queue) for queue in queues)
     log.info("drain: %d claims released, %d messages deleted, %d left", released, deleted, left)
     return {
+        "drain_unknown_claims": unknown_claims,
         "drain_released_claims": released,
         "drained": deleted,
         "drain_seconds": round(time.time() - started, 2),

@@ -49,8 +49,8 @@ still are); the checked comparison runs use no consumers.
 
 With groups or releases on, Consumer running and one Locust process, the
 consumption checker (consumption.py) is fed every post, claim, delete and
-release; at the stop, consumers finish their claim (``--stop-timeout``
-defaults to 10 s then), drain.py consumes what is left, and each finding
+release; at the stop, consumers finish the claim in hand, drain.py
+consumes what is left, and each finding
 (unacknowledged, ack order, handed early, group shared) is a Locust
 failure named ``consumers: ...``.
 """
@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+import gevent
 from gevent.lock import Semaphore
 from locust import FastHttpUser, events, task
 from locust.env import Environment
@@ -183,7 +184,6 @@ CONSUMPTION: dict[str, ConsumptionChecker] = {}
 GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
 #: names this process's groups apart from other processes' (each has its own)
 PROCESS = uuid.uuid4().hex[:6]
-STOP_TIMEOUT = 10.0
 #: consumption findings reported one by one (all are counted in the totals)
 REPORTED = 20
 #: this run's id, stamped on every message posted and the only one judged:
@@ -284,9 +284,6 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     CONSUMPTION.clear()
     if judges_consumption(environment):
         CONSUMPTION["checker"] = ConsumptionChecker()
-        # let a consumer finish its claim when the run stops, rather than
-        # leave messages held by a claim nobody knows of (--stop-timeout)
-        environment.stop_timeout = environment.stop_timeout or STOP_TIMEOUT
 
 
 @listen(events.spawning_complete)
@@ -517,6 +514,14 @@ class Consumer(FeedUser):
 
     @task
     def claim_messages(self) -> None:
+        # Locust may kill a stopping user in the middle of a request, even with
+        # --stop-timeout (it decides on a state read a moment earlier): a claim
+        # cut off there holds messages nobody knows of until it expires. So a
+        # claim and its messages are handled in a greenlet of their own, which
+        # finishes even when this user is killed.
+        gevent.spawn(self.claim_and_handle).get()
+
+    def claim_and_handle(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
         sent = time.time()
