@@ -157,10 +157,6 @@ class ConsumptionChecker:
         if not answered(status):
             self.unanswered_claims += 1
 
-    def claims_in_flight(self) -> int:
-        """Claim requests sent and not answered yet."""
-        return self._claims_in_flight
-
     def claims_maybe_holding(self) -> int:
         """Claim requests that may hold messages unknown to this checker until
         they expire: unanswered, or still on their way (their consumer was

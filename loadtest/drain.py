@@ -1,10 +1,10 @@
 """The drain at the end of a run whose consumption is judged (consumption.py).
 
 When Locust stops, producers' last messages were never claimed: at-least-once
-can only be judged once they are all consumed. So the Locust process first
-waits for the consumers' claims on their way to be answered and handled,
-releases every claim its consumers did not release (their messages become
-claimable at once), then
+can only be judged once they are all consumed. So, once the consumers'
+claims in hand are handled (the locustfile waits for them), the Locust
+process releases every claim its consumers did not release (their messages
+become claimable at once), then
 claims and deletes, in order, what is left in each queue, feeding the same
 checker, until every acknowledged message of the run has been deleted, or
 nothing more can be claimed once the last release's delay has passed (and,
@@ -33,8 +33,6 @@ DRAIN_SECONDS: Final = 30.0
 #: how long a claim that found nothing waits before the next, seconds
 EMPTY_WAIT: Final = 0.1
 CLAIM_LIMIT: Final = 20
-#: how long the drain waits for claim requests on their way to be answered
-IN_FLIGHT_WAIT: Final = 20.0
 CLAIM_TTL: Final = 60
 
 
@@ -69,9 +67,6 @@ def drain(
     client = _Client(base, project)
     deleted = released = 0
     started = time.time()
-    # consumers stopped mid-claim finish it first (see the locustfile's Consumer)
-    while checker.claims_in_flight() and time.time() < started + IN_FLIGHT_WAIT:
-        time.sleep(EMPTY_WAIT)
     unknown_claims = checker.claims_maybe_holding()
     try:
         for claim in sorted(checker.unreleased_claims()):

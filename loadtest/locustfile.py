@@ -180,6 +180,10 @@ JUDGE_GAPS = {"exact": True}
 #: the consumption checker of this run ("checker"), when it is judged: groups
 #: or releases are on, consumers run, and all in this one process
 CONSUMPTION: dict[str, ConsumptionChecker] = {}
+#: claims being handled now (a stopped consumer's may still be: see Consumer)
+HANDLING = {"claims": 0}
+#: how long the stop waits for them, seconds
+HANDLING_WAIT = 20.0
 #: queue -> group -> [the next group seq, the lock a producer posts under]
 GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
 #: names this process's groups apart from other processes' (each has its own)
@@ -326,6 +330,9 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
     drained: dict[str, Any] = {}
     if consumption is not None:
         o = Options.of(environment)
+        deadline = time.time() + HANDLING_WAIT
+        while HANDLING["claims"] and time.time() < deadline:
+            gevent.sleep(0.05)
         drained = drain(environment.host or "", o.project, o.queues, consumption, o.release_delay)
         found = consumption.finish()
         for problem in found[:REPORTED]:
@@ -522,6 +529,13 @@ class Consumer(FeedUser):
         gevent.spawn(self.claim_and_handle).get()
 
     def claim_and_handle(self) -> None:
+        HANDLING["claims"] += 1
+        try:
+            self.handle_a_claim()
+        finally:
+            HANDLING["claims"] -= 1
+
+    def handle_a_claim(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
         sent = time.time()
