@@ -167,7 +167,8 @@ def apply_weights(environment: Environment) -> None:
 
 RECORDER = Recorder()
 #: (queue, producer, seq) of every message a consumer in this process deleted
-#: or is about to delete; the checker excuses gaps made of these only.
+#: or is about to delete, or released with a delay (lists hide a message until
+#: it is due); the checker excuses gaps made of these only.
 CONSUMED: set[tuple[str, str, int]] = set()
 CHECKERS: list[FeedChecker] = []
 ACKED = {"messages": 0}
@@ -566,11 +567,18 @@ class Consumer(FeedUser):
             checker.claimed(queue, claim, [s for s in ours if s], sent, time.time(), CLAIM_TTL)
         # releasing a message also releases the claim's later messages of its group
         released: dict[str, tuple[float, int]] = {}
-        for message, stamp, mine in zip(messages, stamps, ours, strict=True):
+        for index, (message, stamp, mine) in enumerate(zip(messages, stamps, ours, strict=True)):
             group = message.get("group") or ""
             if group in released:
                 outcome = released[group]
             elif random.random() < o.release_ratio:
+                if o.release_delay:  # hidden from lists until due, with the group's later ones
+                    later = zip(messages[index:], stamps[index:], strict=True)
+                    CONSUMED.update(
+                        (queue, s.producer, s.seq)
+                        for m, s in later
+                        if s is not None and (m is message or (group and m.get("group") == group))
+                    )
                 outcome = released[group] = self.release(message["href"])
                 released.pop("", None)  # an ungrouped release releases that message only
             else:
