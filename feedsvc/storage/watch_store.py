@@ -54,6 +54,7 @@ from feedsvc.errors import (
     Unavailable,
 )
 from feedsvc.storage import record as r
+from feedsvc.storage import claim_index
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
@@ -64,9 +65,10 @@ from feedsvc.storage.base import (
     new_id,
     reserved_fields,
 )
+from feedsvc.storage.claim_index import ClaimIndexing, Scan, Verdict, groups_since
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import Kind, QueueKeys
+from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
@@ -150,7 +152,13 @@ def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
     for message_id, message in zip(posting.ids, posting.messages, strict=True):
         orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
         commands += r.body_commands(
-            posting.keys, message_id, posting.client_id, message.body, orphan_ttl, message.headers
+            posting.keys,
+            message_id,
+            posting.client_id,
+            message.body,
+            orphan_ttl,
+            message.headers,
+            message.group,
         )
     return commands
 
@@ -169,13 +177,13 @@ def _post_plan(
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live = replies[:6]
-        seen = dict(zip(tokens, replies[6 : 6 + len(tokens)], strict=True))
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live, since = replies[:7]
+        seen = dict(zip(tokens, replies[7 : 7 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
             forget = [
                 field
-                for field, value in r.pairs(replies[6 + len(tokens)])
+                for field, value in r.pairs(replies[7 + len(tokens)])
                 if int(r.text(value).split()[0]) <= now
             ]
         if not inside and replies[-1] != sum(len(p.ids) for p in postings):
@@ -184,6 +192,8 @@ def _post_plan(
         default_ttl = int(dttl or settings.default_message_ttl)
         default_delay = int(ddelay or 0)
         seq = int(last) if last is not None else now * 1000
+        # from the first grouped message on, every post is claim-indexed
+        indexing = ClaimIndexing(keys, groups_since(since))
         writes = gc_commands(keys, dead, now)
         if last is None:  # where the counter starts (see list.lua's missed)
             writes.append(("HSET", keys.meta, r.SEQ_BASE, seq))
@@ -216,12 +226,16 @@ def _post_plan(
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                header = r.posted(posting.client_id, ttl, now, seq, delay, 0, message.headers)
+                header = r.posted(
+                    posting.client_id, ttl, now, seq, delay, 0, message.headers, message.group
+                )
                 if inside:
                     writes += r.post_commands(keys, message_id, header, message.body)
                 else:
                     writes += r.header_commands(keys, message_id, header)
                 writes += r.index_commands(keys, message_id, header)
+                if posting.kind == "queue":  # a topic has no claims
+                    writes += indexing.commands(message_id, header)
                 due = header.due
                 first_due = due if due and (not first_due or due < first_due) else first_due
             if token is not None:
@@ -254,6 +268,8 @@ def _post_plan(
 def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
     """The writes that forget expired messages and claims (see _lib.lua)."""
     commands = r.forget_commands(keys, dead) if dead else []
+    if dead:  # a group's zset keeps them until a claim's scan meets them (watch_scan.py)
+        commands.append(("ZREM", keys.claim_index, *dead))
     commands.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
     commands.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
     return commands
@@ -307,6 +323,16 @@ class WatchStore(RedisStore):
             if not ids:
                 break
             await transport.transaction(r.forget_commands(keys, ids))
+        while True:  # the claim index: every group's zset, named by its entry
+            [entries] = await transport.call_checked(
+                [("ZRANGE", keys.claim_index, 0, DROP_BATCH - 1)]
+            )
+            if not entries:
+                break
+            names = [r.text(e) for e in entries]
+            groups = [keys.group(n[len(GROUP_ENTRY) :]) for n in names if n.startswith(GROUP_ENTRY)]
+            dropped: list[Command] = [("DEL", *groups)] if groups else []
+            await transport.transaction([*dropped, ("ZREM", keys.claim_index, *entries)])
         while True:
             [claims] = await transport.call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
@@ -318,6 +344,8 @@ class WatchStore(RedisStore):
         # with a dead-letter queue's redrive and origins (storage/redrive.py)
         everything = [*keys.fixed(), keys.idempotency, keys.redrive, keys.origins]
         deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
+        if keep_queue:  # a purged queue claims as one that never had a group
+            deleted.append(("HDEL", keys.meta, r.GROUPS_SINCE))
         if not keep_queue:
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
@@ -371,6 +399,7 @@ class WatchStore(RedisStore):
             # keys.seq, which is watched, so the count cannot change unseen but
             # downwards (a delete, a pop: then a refusal is merely cautious)
             ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
+            ("HGET", keys.meta, r.GROUPS_SINCE),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
@@ -411,7 +440,12 @@ class WatchStore(RedisStore):
                     return None, "claimed"
                 if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
-            return r.forget_commands(keys, [message_id]), "ok"
+            if row is None:
+                return r.forget_commands(keys, [message_id]), "ok"
+            writes = claim_index.forget_commands(keys, [row])
+            if row.group and row.claimed(now):  # its group's next message may be free now
+                writes.append(("SPUBLISH", keys.feed, r.FREED))
+            return writes, "ok"
 
         reads = r.read_commands(keys, [message_id])
         watch = r.message_keys(keys, message_id)
@@ -427,86 +461,63 @@ class WatchStore(RedisStore):
         if not ids:
             return
         keys = self._keys(project, queue)
-        await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
+        unique = list(dict.fromkeys(ids))
+        # out of the claim index too; out of a group's zset once a scan meets them gone
+        forget = [*r.forget_commands(keys, unique), ("ZREM", keys.claim_index, *unique)]
+        await self._transport.transaction(forget)
 
-    async def _free_candidates(
-        self,
-        keys: QueueKeys,
-        now: int,
-        limit: int,
-        max_claims: int | None,
-        opened: dict[str, bytes],
-        where: tuple[str, str, str],
-    ) -> tuple[list[str], int | None]:
-        """Up to limit messages from the head that nobody holds (read without
-        WATCH), and the earliest time one of the others looked at becomes
-        free by itself (see Unclaimable).
+    def _judge(
+        self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
+    ) -> Callable[[r.Row], Verdict]:
+        """What a claim does with a free message (claim_index.Verdict). With
+        max_claims, one claimed that often is parked for the dead-letter
+        queue. A sealed body is taken only if this process can open it (else
+        it is left, logged and counted), and noted in opened as it was read."""
 
-        With max_claims, messages claimed that often (to be dead-lettered) are
-        included too but do not count towards limit. A sealed body is
-        included only if this process can open it (else it is skipped, logged
-        and counted), and noted in opened as it was read.
-        """
-        found: list[str] = []
-        next_free: int | None = None
-        counted = 0
-        offset, scanned, budget = 0, 0, self._claim_scan_limit()
-        while counted < limit and scanned < budget:
-            [ids] = await self._transport.call_checked(
-                [("ZRANGE", keys.index, offset, offset + 99)]
-            )
-            if not ids:
-                break
-            offset += len(ids)
-            names = [r.text(i) for i in ids]
-            replies = await self._transport.call_checked(r.read_commands(keys, names))
-            for row in r.rows(names, replies):
-                scanned += 1
-                at = None if row is None else row.free_at(now)
-                if at is not None and (next_free is None or at < next_free):
-                    next_free = at
-                if row is not None and row.free(now):
-                    parked = max_claims is not None and row.count >= max_claims
-                    if not parked and is_sealed(row.body):  # parked ones move as stored
-                        op, project, queue = where
-                        if not self._opener.verdict(
-                            row.id, row.body, op, self._noun, project, queue
-                        ):
-                            continue
-                        opened[row.id] = row.body
-                    found.append(row.id)
-                    if max_claims is None or row.count < max_claims:
-                        counted += 1
-                    if counted == limit:
-                        break
-        return found, next_free
+        def judge(row: r.Row) -> Verdict:
+            if max_claims is not None and row.count >= max_claims:
+                return "park"  # parked ones move as stored
+            if is_sealed(row.body):
+                op, project, queue = where
+                if not self._opener.verdict(row.id, row.body, op, self._noun, project, queue):
+                    return "leave"
+                opened[row.id] = row.body
+            return "take"
+
+        return judge
 
     async def _take(
         self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
     ) -> Any:
-        """Find free candidates, then run plan_for(now, candidates, meta) over
-        them in a transaction; again after a backoff on conflict (a sealed
-        body changed since it was opened is one). Unclaimable when nothing is
-        free; where is (what, project, queue) for the log."""
+        """Find candidates (claim_index.Scan, read without WATCH), then run
+        plan_for(now, meta)'s plan over them in a transaction, with the claim
+        index's upkeep the scan found; again after a backoff on conflict (a
+        sealed body changed since it was opened is one). Unclaimable when
+        nothing is free; where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
+        settings: Command = ("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS, r.GROUPS_SINCE)
         async with transport.transactions.write_slot():
             while True:
                 now = self._clock.now_ms()
-                [meta] = await transport.call_checked(
-                    [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                )
+                [meta] = await transport.call_checked([settings])
                 plan, max_claims = plan_for(now, meta)
                 opened: dict[str, bytes] = {}
-                candidates, next_free = await self._free_candidates(
-                    keys, now, limit, max_claims, opened, where
-                )
-                if not candidates:
-                    return Unclaimable(next_free)
+                judge = self._judge(max_claims, opened, where)
+                scan = Scan(transport, keys, now, limit, self._claim_scan_limit(), judge)
+                found = await scan.run(groups_since(meta[-1]))
+                candidates = found.ids
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
-                reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += r.read_commands(keys, candidates)
-                run = _as_opened(candidates, opened, plan(candidates))
+                watch += found.upkeep_watch(keys)
+                reads: list[Command] = [settings, *r.read_commands(keys, candidates)]
+                reads += found.upkeep_reads(keys)
+                if not candidates:
+                    if found.upkeep:  # once, as a courtesy: the next scan does it otherwise
+                        await transport.transactions.attempt(
+                            watch, reads, _upkeep_only(keys, found, meta)
+                        )
+                    return Unclaimable(found.next_free)
+                run = _as_opened(candidates, opened, _with_upkeep(keys, found, plan(candidates)))
                 done, result = await transport.transactions.attempt(watch, reads, run)
                 if done and result is not None:
                     return result
@@ -543,11 +554,11 @@ class WatchStore(RedisStore):
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = r.rows(candidates, replies[1:])
-                    if not all(row is not None and row.free(now) for row in rows):
+                    rows = [row for row in r.rows(candidates, replies[1:]) if row is not None]
+                    if len(rows) < len(candidates) or not all(row.free(now) for row in rows):
                         raise Conflicted
-                    popped = [row.message(now) for row in rows if row is not None]
-                    return r.forget_commands(keys, candidates), popped
+                    popped = [row.message(now) for row in rows]
+                    return claim_index.forget_commands(keys, rows), popped
 
                 return run
 
@@ -678,6 +689,32 @@ def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -
     return run
 
 
+def _with_upkeep(keys: QueueKeys, found: claim_index.Found, plan: Plan[T]) -> Plan[T]:
+    """plan, and the claim index's upkeep the scan found (its reads are the
+    last replies)."""
+    if not found.upkeep and not found.parked:
+        return plan
+    sizes = len(found.emptied)
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
+        upkeep = found.upkeep_writes(keys, replies[len(replies) - sizes :])
+        writes, result = plan(replies)
+        return ([*(writes or []), *upkeep] if writes or upkeep else None), result
+
+    return run
+
+
+def _upkeep_only(keys: QueueKeys, found: claim_index.Found, meta: list[Any]) -> Plan[None]:
+    """The claim index's upkeep by itself (a scan that found nothing to take)."""
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, None]:
+        if replies[0] != meta:
+            raise Conflicted
+        return found.upkeep_writes(keys, replies[1:]), None
+
+    return run
+
+
 def _claim_plan(
     keys: QueueKeys,
     claim_id: str,
@@ -706,7 +743,9 @@ def _claim_plan(
                 # until it is copied to the dead-letter queue
                 dttl = int(meta[2]) if meta[2] else row.ttl
                 parked.append(
-                    r.Parked(message_id, row.body, row.author, dttl, row.count, row.headers)
+                    r.Parked(
+                        message_id, row.body, row.author, dttl, row.count, row.headers, row.group
+                    )
                 )
                 writes += r.hold_commands(keys, row, claim_id, claim_expires)
                 continue

@@ -1,0 +1,311 @@
+"""The ordered groups' claim index as the watch drivers write and read it
+(lua/post.lua and lua/claim.lua do the same in scripts; docs/consumers.md,
+"Ordered groups"): a post's index entries (:class:`ClaimIndexing`), and
+the claim and pop scan (:class:`Scan`), which finds the messages a claim
+(or a pop) may take, read without WATCH, groups honoured, and the upkeep of
+the index it meets on the way (:class:`Found`).
+
+Posts: the first grouped message posted to a queue sets the queue's ``gs``
+to its seq; from then on every post is claim-indexed too: a grouped
+message goes into its group's zset ``Q:g:<G>`` (id -> seq) and gives its
+group an entry ``g:<G>`` in ``Q:ci`` if it has none (NX: the entry's score
+is its head's seq, kept by the scan), an ungrouped one goes into ``Q:ci``
+itself (id -> seq). A topic has no claims, so nothing of this.
+
+A queue without ``gs`` (no grouped message was ever posted to it) is
+scanned as it always was: ``Q:idx`` from the head, each message on its own.
+A queue with ``gs``: first ``Q:idx`` below ``gs`` (the messages from before
+groups), then the claim index ``Q:ci`` in order. An id entry there is an
+ungrouped message, checked on its own; a group entry (``g:<G>``) stands
+for group G, whose messages (``Q:g:<G>``) are taken only from its head
+(its earliest live message), consecutively, stopping at the first one that
+cannot be taken (claimed, not due, unopenable). So the claimed messages of
+a group are always a prefix of its live messages, held by one claim: G is
+locked exactly while its head is claimed, and a head not due blocks it.
+
+Why the transaction that takes the candidates (``WatchStore._take``) need
+not WATCH a group's zset: it WATCHes each candidate's record, so two claims
+of one head conflict, and a candidate held meanwhile fails the plan's
+check; and the front of a group only ever shrinks (a post appends at a
+higher seq), by ids whose messages are gone or expired for good, so what
+the scan read as "the head is the earliest live message" stays true while
+the head's record is unchanged. Only removing a group's entry from
+``Q:ci`` depends on its zset being empty: that transaction WATCHes the zset
+and checks its size (:meth:`Found.upkeep_reads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from feedsvc.storage import record as r
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
+from feedsvc.storage.optimistic import Conflicted
+from feedsvc.storage.transport import Transport
+
+#: index entries read at a time
+CHUNK = 100
+#: a group's first ids read with the claim index entries naming it (more on demand)
+FRONT = 4
+
+#: what a claim does with a free message: take it, park it for the dead-letter
+#: queue (it does not count towards the limit), or leave it (a sealed body this
+#: process cannot open)
+Verdict = Literal["take", "park", "leave"]
+Judge = Callable[[r.Row], Verdict]
+
+
+@dataclass(slots=True)
+class Found:
+    """What a scan found: the candidates in order, when the first message
+    it looked at and could not take becomes free by itself, and the claim
+    index's upkeep (written by the transaction that takes the candidates)."""
+
+    ids: list[str] = field(default_factory=list)
+    next_free: int | None = None
+    counted: int = 0  # candidates taken, not parked
+    #: a grouped candidate's group
+    group_of: dict[str, str] = field(default_factory=dict)
+    #: candidates to park: a parked message leaves its group
+    parked: list[str] = field(default_factory=list)
+    #: group -> ids met at its front whose messages are gone or expired
+    stale: dict[str, list[str]] = field(default_factory=dict)
+    #: group -> the seq of its head, where Q:ci's entry holds another
+    heads: dict[str, int] = field(default_factory=dict)
+    #: group -> how many ids its zset held, all stale or parked: its entry goes
+    emptied: dict[str, int] = field(default_factory=dict)
+
+    def note(self, at: int | None) -> None:
+        if at is not None and (self.next_free is None or at < self.next_free):
+            self.next_free = at
+
+    def add(self, message_id: str, verdict: Verdict, group: str = "") -> None:
+        self.ids.append(message_id)
+        if group:
+            self.group_of[message_id] = group
+        if verdict == "park":
+            self.parked.append(message_id)
+        else:
+            self.counted += 1
+
+    @property
+    def upkeep(self) -> bool:
+        return bool(self.stale or self.heads or self.emptied)
+
+    def upkeep_watch(self, keys: QueueKeys) -> list[str]:
+        """The keys a transaction writing the upkeep WATCHes."""
+        return [keys.group(g) for g in self.emptied]
+
+    def upkeep_reads(self, keys: QueueKeys) -> list[Command]:
+        """Read last in that transaction; the replies go to upkeep_writes."""
+        return [("ZCARD", keys.group(g)) for g in self.emptied]
+
+    def upkeep_writes(self, keys: QueueKeys, sizes: list[Any]) -> list[Command]:
+        """The claim index's upkeep; Conflicted if a group to drop is not
+        (any more) exactly what the scan saw of it."""
+        if [int(n) for n in sizes] != list(self.emptied.values()):
+            raise Conflicted
+        writes: list[Command] = []
+        for group, ids in self.stale.items():
+            writes.append(("ZREM", keys.group(group), *ids))
+        for message_id in self.parked:  # it leaves its group (and the claim index)
+            group = self.group_of.get(message_id, "")
+            writes.append(("ZREM", keys.group(group) if group else keys.claim_index, message_id))
+        for group, seq in self.heads.items():
+            writes.append(("ZADD", keys.claim_index, "XX", seq, GROUP_ENTRY + group))
+        if self.emptied:
+            writes.append(("ZREM", keys.claim_index, *(GROUP_ENTRY + g for g in self.emptied)))
+        return writes
+
+
+def groups_since(raw: Any) -> int | None:
+    """The queue's ``gs`` field as read (None: it never had a grouped message)."""
+    return None if raw is None or raw == b"" else r.parse_seq(raw)
+
+
+class ClaimIndexing:
+    """The claim-index writes of the messages one transaction posts, in seq
+    order, to a queue whose ``gs`` was read as since."""
+
+    def __init__(self, keys: QueueKeys, since: int | None) -> None:
+        self._keys = keys
+        self._since = since
+
+    def commands(self, message_id: str, header: r.Header) -> list[Command]:
+        keys, group, seq = self._keys, header.group, header.seq
+        if not group:
+            return [] if self._since is None else [("ZADD", keys.claim_index, seq, message_id)]
+        writes: list[Command] = []
+        if self._since is None:
+            self._since = seq
+            writes.append(("HSET", keys.meta, r.GROUPS_SINCE, seq))
+        writes.append(("ZADD", keys.group(group), seq, message_id))
+        writes.append(("ZADD", keys.claim_index, "NX", seq, GROUP_ENTRY + group))
+        return writes
+
+
+def forget_commands(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
+    """Forget messages as read (record.forget_commands), out of the claim
+    index too: a grouped one out of its group's zset (an emptied group's
+    entry stays until a scan meets it empty: removing it needs a WATCH)."""
+    if not rows:
+        return []
+    ids = [row.id for row in rows]
+    writes = r.forget_commands(keys, ids)
+    writes.append(("ZREM", keys.claim_index, *ids))
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        if row.group:
+            groups.setdefault(row.group, []).append(row.id)
+    writes += [("ZREM", keys.group(g), *members) for g, members in groups.items()]
+    return writes
+
+
+class Scan:
+    """One scan of a queue for up to limit messages (see the module docstring)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        keys: QueueKeys,
+        now: int,
+        limit: int,
+        budget: int,
+        judge: Judge,
+    ) -> None:
+        self._transport = transport
+        self._keys = keys
+        self._now = now
+        self._limit = limit
+        self._budget = budget
+        self._judge = judge
+        self._scanned = 0
+        self.found = Found()
+
+    @property
+    def _more(self) -> bool:
+        return self.found.counted < self._limit and self._scanned < self._budget
+
+    async def run(self, since: int | None) -> Found:
+        await self._index(since)
+        if since is not None:
+            await self._claim_index()
+        return self.found
+
+    async def _read(self, ids: list[str]) -> list[r.Row | None]:
+        if not ids:
+            return []
+        return r.rows(ids, await self._transport.call_checked(r.read_commands(self._keys, ids)))
+
+    async def _index(self, since: int | None) -> None:
+        """Q:idx from the head (below since, if given), each message on its own."""
+        offset = 0
+        while self._more:
+            [raw] = await self._transport.call_checked(
+                [("ZRANGE", self._keys.index, offset, offset + CHUNK - 1, "WITHSCORES")]
+            )
+            entries = r.pairs(raw)
+            offset += len(entries)
+            before = [r.text(m) for m, s in entries if since is None or r.parse_seq(s) < since]
+            for row in await self._read(before):
+                self._single(row)
+                if not self._more:
+                    return
+            if len(before) < CHUNK:
+                return
+
+    def _single(self, row: r.Row | None) -> None:
+        """An ungrouped message: taken if free (and takeable)."""
+        self._scanned += 1
+        if row is None:
+            return
+        self.found.note(row.free_at(self._now))
+        if row.free(self._now) and (verdict := self._judge(row)) != "leave":
+            self.found.add(row.id, verdict)
+
+    async def _claim_index(self) -> None:
+        """Q:ci in order: ungrouped ids, and groups from their heads."""
+        keys, offset = self._keys, 0
+        while self._more:
+            [raw] = await self._transport.call_checked(
+                [("ZRANGE", keys.claim_index, offset, offset + CHUNK - 1, "WITHSCORES")]
+            )
+            entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+            if not entries:
+                return
+            offset += len(entries)
+            ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
+            groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
+            reads = r.read_commands(keys, ids)
+            reads += [("ZRANGE", keys.group(g), 0, FRONT - 1, "WITHSCORES") for g in groups]
+            replies = await self._transport.call_checked(reads)
+            rows = dict(zip(ids, r.rows(ids, replies), strict=True))
+            fronts = {
+                g: [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
+                for g, reply in zip(groups, replies[2 * len(ids) :], strict=True)
+            }
+            front_ids = [i for front in fronts.values() for i, _ in front]
+            rows.update(zip(front_ids, await self._read(front_ids), strict=True))
+            for member, score in entries:
+                if not self._more:
+                    return
+                if member.startswith(GROUP_ENTRY):
+                    group = member[len(GROUP_ENTRY) :]
+                    await self._group(group, score, fronts[group], rows)
+                else:
+                    self._single(rows[member])
+            if len(entries) < CHUNK:
+                return
+
+    async def _group(
+        self,
+        group: str,
+        score: int,
+        front: list[tuple[str, int]],
+        rows: dict[str, r.Row | None],
+    ) -> None:
+        """Group G from its head: its messages taken while each is free,
+        due and takeable; stale ids dropped; its entry's score kept at its
+        head's seq, the entry dropped once the group is empty."""
+        found, now = self.found, self._now
+        stale: list[str] = []
+        head: int | None = None
+        seen, asked = 0, FRONT
+        while True:
+            for message_id, seq in front:
+                seen += 1
+                self._scanned += 1
+                row = rows.get(message_id)
+                if row is None or not row.alive(now):
+                    stale.append(message_id)
+                    continue
+                verdict = self._judge(row) if row.free(now) else "leave"
+                if verdict == "park":  # it leaves the group: the next one is the head
+                    found.add(message_id, verdict, group)
+                    continue
+                head = seq if head is None else head
+                if verdict == "leave":  # claimed, not due, unopenable: G stops here
+                    found.note(row.free_at(now))
+                    break
+                found.add(message_id, verdict, group)
+                if not self._more:
+                    break
+            else:
+                if len(front) == asked and self._more:  # the group goes on: read on
+                    asked = max(FRONT, self._limit - found.counted + 1)
+                    [raw] = await self._transport.call_checked(
+                        [("ZRANGE", self._keys.group(group), seen, seen + asked - 1, "WITHSCORES")]
+                    )
+                    front = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+                    rows = dict(zip([i for i, _ in front], await self._read([i for i, _ in front])))
+                    continue
+                if len(front) < asked and head is None:  # nothing live is left in it
+                    found.emptied[group] = seen
+            break
+        if stale:
+            found.stale[group] = stale
+        if head is not None and head != score:
+            found.heads[group] = head
