@@ -31,6 +31,12 @@ local function claim_key(id)
   return PREFIX .. S_CLAIM .. id
 end
 
+-- Ordered groups (record.py, keys.py): the claim index (ungrouped ids and
+-- one GROUP_ENTRY .. group entry per group with messages, scored by seq)
+-- and each group's zset of ids, under GROUP_PREFIX .. group.
+local CLAIM_INDEX = PREFIX .. S_CLAIM_INDEX
+local GROUP_PREFIX = PREFIX .. S_GROUP
+
 -- A claimed message's new expiry (ms) and ttl (s): it lives at least until
 -- the claim expires plus grace, never shorter than it would have
 -- (record.claim_extension in Python is the same rule).
@@ -179,10 +185,51 @@ local function forget(id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
 end
 
+-- The group of a message (a read_message table), '' = none: it rides on
+-- the author line after H_GROUP_MARK (record.py's author_line).
+local GROUP_PATTERN = '^[^ ]*' .. H_GROUP_MARK .. '([^ ]+)'
+local function group_of(m)
+  return string.match(m.author, GROUP_PATTERN) or ''
+end
+
+-- Make group's claim index entry follow its zset: scored by the seq of its
+-- first id, or removed once the group has no message left.
+local function settle_group(group)
+  local first = redis.call('ZRANGE', GROUP_PREFIX .. group, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('ZREM', CLAIM_INDEX, GROUP_ENTRY .. group)
+  else
+    redis.call('ZADD', CLAIM_INDEX, 'XX', first[2], GROUP_ENTRY .. group)
+  end
+end
+
+-- Whether a message (a read_message table) is live: indexed and not expired.
+local function is_live(m, now)
+  return m and m.seq > 0 and m.expires > now
+end
+
+-- Drop the ids at the front of a group whose messages are gone or expired
+-- (up to 5 looked at), and settle its entry: expiry cannot tell which group
+-- an expired id was in (its record is gone), so groups are tidied from
+-- their fronts, by the claims that walk them and here.
+local function tidy_group(group, now)
+  local gkey = GROUP_PREFIX .. group
+  local front = redis.call('ZRANGE', gkey, 0, 4)
+  local stale = {}
+  for _, id in ipairs(front) do
+    if is_live(read_message(id), now) then break end
+    stale[#stale + 1] = id
+  end
+  if #stale > 0 then redis.call('ZREM', gkey, unpack(stale)) end
+  settle_group(group)
+end
+
 -- Forget up to GC_BATCH messages whose ttl has passed, and expired claims.
 -- Redis drops the message hashes by itself (PEXPIREAT); this drops their
--- index entries so that nothing outlives its message.
-local function collect_garbage(now_text)
+-- index entries so that nothing outlives its message. In a queue with
+-- ordered groups (groups_since: its F_GROUPS_SINCE, nil = none) the claim
+-- index's too, and the first two groups of the claim index are tidied.
+local function collect_garbage(now_text, groups_since)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[K_EXP], "-inf", now_text, "LIMIT", 0, GC_BATCH)
   if #dead > 0 then
     local mkeys = {}
@@ -194,7 +241,14 @@ local function collect_garbage(now_text)
     redis.call('ZREM', KEYS[K_IDX], unpack(dead))
     redis.call('ZREM', KEYS[K_EXP], unpack(dead))
     redis.call('ZREM', KEYS[K_CLAIMED], unpack(dead))
+    if groups_since then redis.call('ZREM', CLAIM_INDEX, unpack(dead)) end
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMED], "-inf", now_text)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMS], "-inf", now_text)
+  if groups_since then
+    local now = tonumber(now_text)
+    for _, entry in ipairs(redis.call('ZRANGE', CLAIM_INDEX, 0, 1)) do
+      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then tidy_group(sub(entry, #GROUP_ENTRY + 1), now) end
+    end
+  end
 end
