@@ -20,6 +20,7 @@ claimers move on now and then, so claims expire when the model says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -221,12 +222,10 @@ class Run:
             if roll < 0.2:
                 # the claim's later messages of its group are released with it
                 group = model.group_of[m.id]
-                later = [x.id for x in claim.messages[n + 1 :] if group and model.group_of[x.id] == group]
-                model.ended(claim.id, [m.id, *later])
-                try:
+                later = [x.id for x in claim.messages[n + 1 :] if model.group_of[x.id] == group]
+                model.ended(claim.id, [m.id, *(later if group else [])])
+                with contextlib.suppress(ClaimDoesNotHold, MessageNotFound):  # it expired
                     await store.release_message(project, QUEUE, m.id, claim.id, 0)
-                except (ClaimDoesNotHold, MessageNotFound):
-                    pass  # its claim expired meanwhile
                 continue
             model.ended(claim.id, [m.id])
             started = model.stamp()

@@ -300,7 +300,8 @@ class Scan:
                         [("ZRANGE", self._keys.group(group), seen, seen + asked - 1, "WITHSCORES")]
                     )
                     front = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
-                    rows = dict(zip([i for i, _ in front], await self._read([i for i, _ in front])))
+                    more = [i for i, _ in front]
+                    rows = dict(zip(more, await self._read(more), strict=True))
                     continue
                 if len(front) < asked and head is None:  # nothing live is left in it
                     found.emptied[group] = seen

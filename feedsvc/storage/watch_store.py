@@ -53,8 +53,8 @@ from feedsvc.errors import (
     TooMuchContention,
     Unavailable,
 )
-from feedsvc.storage import record as r
 from feedsvc.storage import claim_index
+from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
