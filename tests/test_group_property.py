@@ -20,7 +20,6 @@ claimers move on now and then, so claims expire when the model says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -223,9 +222,15 @@ class Run:
                 # the claim's later messages of its group are released with it
                 group = model.group_of[m.id]
                 later = [x.id for x in claim.messages[n + 1 :] if model.group_of[x.id] == group]
-                model.ended(claim.id, [m.id, *(later if group else [])])
-                with contextlib.suppress(ClaimDoesNotHold, MessageNotFound):  # it expired
+                later = later if group else []
+                model.ended(claim.id, [m.id, *later])
+                try:
                     await store.release_message(project, QUEUE, m.id, claim.id, 0)
+                    still = await store.get_claim(project, QUEUE, claim.id)
+                except (ClaimDoesNotHold, MessageNotFound, ClaimNotFound):
+                    continue  # the claim expired meanwhile
+                if kept := {x.id for x in still.messages} & {m.id, *later}:
+                    model.violations.append(f"releasing {m.id} of {group} left {kept} held")
                 continue
             model.ended(claim.id, [m.id])
             started = model.stamp()

@@ -228,15 +228,31 @@ class Scan:
 
     async def _claim_index(self) -> None:
         """Q:ci in order: ungrouped ids, and groups from their heads."""
-        keys, offset = self._keys, 0
+        keys, after, met = self._keys, "-inf", set[str]()
         while self._more:
+            # by score, not offset: entries leave as others scan (scores are seqs: unique)
             [raw] = await self._transport.call_checked(
-                [("ZRANGE", keys.claim_index, offset, offset + CHUNK - 1, "WITHSCORES")]
+                [
+                    (
+                        "ZRANGE",
+                        keys.claim_index,
+                        after,
+                        "+inf",
+                        "BYSCORE",
+                        "LIMIT",
+                        0,
+                        CHUNK,
+                        "WITHSCORES",
+                    )
+                ]
             )
-            entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
-            if not entries:
+            page = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+            if not page:
                 return
-            offset += len(entries)
+            after = f"({page[-1][1]}"
+            # an entry another claim moved on (a group's new head) may come again
+            entries = [(m, s) for m, s in page if m not in met]
+            met.update(m for m, _ in entries)
             ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
             groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
             reads = r.read_commands(keys, ids)
@@ -257,7 +273,7 @@ class Scan:
                     await self._group(group, score, fronts[group], rows)
                 else:
                     self._single(rows[member])
-            if len(entries) < CHUNK:
+            if len(page) < CHUNK:
                 return
 
     async def _group(
@@ -273,10 +289,10 @@ class Scan:
         found, now = self.found, self._now
         stale: list[str] = []
         head: int | None = None
-        seen, asked = 0, FRONT
+        seen, asked, last = 0, FRONT, 0
         while True:
             for message_id, seq in front:
-                seen += 1
+                seen, last = seen + 1, seq
                 self._scanned += 1
                 row = rows.get(message_id)
                 if row is None or not row.alive(now):
@@ -296,12 +312,15 @@ class Scan:
             else:
                 if len(front) == asked and self._more:  # the group goes on: read on
                     asked = max(FRONT, self._limit - found.counted + 1)
-                    [raw] = await self._transport.call_checked(
-                        [("ZRANGE", self._keys.group(group), seen, seen + asked - 1, "WITHSCORES")]
-                    )
+                    # by score: ids leave the front as others scan it
+                    more: Command = (
+                        "ZRANGE", self._keys.group(group), f"({last}", "+inf", "BYSCORE",
+                        "LIMIT", 0, asked, "WITHSCORES",
+                    )  # fmt: skip
+                    [raw] = await self._transport.call_checked([more])
                     front = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
-                    more = [i for i, _ in front]
-                    rows = dict(zip(more, await self._read(more), strict=True))
+                    ids = [i for i, _ in front]
+                    rows = dict(zip(ids, await self._read(ids), strict=True))
                     continue
                 if len(front) < asked and head is None:  # nothing live is left in it
                     found.emptied[group] = seen
