@@ -764,6 +764,7 @@ def _claim_plan(
                     claim_id,
                     row.count + 1,
                     headers=row.headers or None,
+                    group=row.group or None,
                 )
             )
         if not claimed:
