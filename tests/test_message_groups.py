@@ -11,11 +11,16 @@ and the queue's ``gs`` field.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.api.message_groups import MAX_GROUP_LENGTH
+from feedsvc.app import create_app
+from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
 from feedsvc.storage import record
 from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
 from tests.conftest import direct_client
@@ -208,3 +213,224 @@ def test_the_author_line_carries_group_and_headers_apart(headers: bytes, group: 
     assert record.split_author(line) == (author.encode(), group, headers)
     header = record.posted(author, 60, 1000, 7, 0, headers=headers, group=group)
     assert record.Header.decode(header.record(b"{}")) == header
+
+
+# -- the guarantee ---------------------------------------------------------------
+
+
+def bodies(messages: list[Any]) -> list[Any]:
+    return [m["body"] for m in messages]
+
+
+def release_path(queue: str, message_id: str, claim_id: str) -> str:
+    return f"{messages_path(queue)}/{message_id}/release?claim_id={claim_id}"
+
+
+def message_path(queue: str, message_id: str, claim_id: str) -> str:
+    return f"{messages_path(queue)}/{message_id}?claim_id={claim_id}"
+
+
+async def pop(http: Client, headers: Headers, queue: str, limit: int = 10) -> list[Any]:
+    doc = await ok_json(await http.delete(f"{messages_path(queue)}?pop={limit}", headers=headers))
+    return list(doc["messages"])
+
+
+async def deleted(http: Client, headers: Headers, url: str) -> None:
+    resp = await http.delete(url, headers=headers)
+    assert resp.status == 204, await resp.text()
+
+
+@grouped
+@both_topologies
+async def test_two_claims_never_hold_messages_of_one_group(http: Client, headers: Headers) -> None:
+    q = "two"
+    await post(
+        http,
+        headers,
+        q,
+        [
+            {"body": "a1", "group": "a"},
+            {"body": "a2", "group": "a"},
+            {"body": "u1"},
+            {"body": "b1", "group": "b"},
+            {"body": "a3", "group": "a"},
+            {"body": "u2"},
+        ],
+    )
+    _, first = await claim(http, headers, q, limit=2)
+    assert bodies(first) == ["a1", "a2"]
+    # a locked group is skipped: the other groups' and the ungrouped messages come
+    _, second = await claim(http, headers, q, limit=10)
+    assert bodies(second) == ["u1", "b1", "u2"]
+    assert await claim(http, headers, q) == (None, [])
+
+
+@grouped
+@both_topologies
+async def test_the_next_claim_gets_the_group_s_next_message_after_delete_release_or_expiry(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    q = "next"
+    ids = await post(
+        http, headers, q, [{"body": f"a{n}", "group": "a"} for n in (1, 2, 3)] + [{"body": "u"}]
+    )
+    first, got = await claim(http, headers, q, limit=1)
+    assert bodies(got) == ["a1"]
+    _, got = await claim(http, headers, q, limit=5)
+    assert bodies(got) == ["u"]
+    assert first is not None
+    # deleted: a2 is the head now, and the next claim gets it first
+    await deleted(http, headers, message_path(q, ids[0], first))
+    second, got = await claim(http, headers, q, limit=1)
+    assert bodies(got) == ["a2"]
+    # the claim released whole: a2 again
+    await deleted(http, headers, f"/v2/queues/{q}/claims/{second}")
+    _, got = await claim(http, headers, q, limit=1)
+    assert bodies(got) == ["a2"]
+    assert await claim(http, headers, q) == (None, [])
+    # the claim expired: a2 again, and the rest of the group after it
+    clock.advance(61)
+    _, got = await claim(http, headers, q, limit=5)
+    assert bodies(got) == ["a2", "a3", "u"]
+
+
+@grouped
+async def test_a_delayed_head_blocks_its_group(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    q = "delayed"
+    await post(
+        http,
+        headers,
+        q,
+        [
+            {"body": "a1", "group": "a", "delay": 30},
+            {"body": "a2", "group": "a"},
+            {"body": "b1", "group": "b"},
+        ],
+    )
+    _, got = await claim(http, headers, q)
+    assert bodies(got) == ["b1"]
+    clock.advance(31)
+    _, got = await claim(http, headers, q)
+    assert bodies(got) == ["a1", "a2"]
+
+
+@grouped
+@both_topologies
+async def test_releasing_a_message_releases_the_claim_s_later_messages_of_its_group(
+    http: Client, headers: Headers, clock: ManualClock
+) -> None:
+    q = "release"
+    ids = await post(
+        http,
+        headers,
+        q,
+        [
+            {"body": "a1", "group": "a"},
+            {"body": "a2", "group": "a"},
+            {"body": "b1", "group": "b"},
+            {"body": "a3", "group": "a"},
+        ],
+    )
+    held, got = await claim(http, headers, q)
+    # a group's messages come together, from its head on
+    assert held is not None and bodies(got) == ["a1", "a2", "a3", "b1"]
+    resp = await http.post(release_path(q, ids[1], held), json={"delay": 30}, headers=headers)
+    assert resp.status == 204, await resp.text()
+    # a2 and a3 left the claim (a3 may not be handed out before a2); a1 and b1 stay
+    doc = await ok_json(await http.get(f"/v2/queues/{q}/claims/{held}", headers=headers))
+    assert bodies(doc["messages"]) == ["a1", "b1"]
+    assert await claim(http, headers, q) == (None, [])  # a1 still holds the group
+    await deleted(http, headers, message_path(q, ids[0], held))
+    assert await claim(http, headers, q) == (None, [])  # a2 is not due: it blocks a3
+    clock.advance(31)
+    _, got = await claim(http, headers, q)
+    assert bodies(got) == ["a2", "a3"]
+
+
+@grouped
+async def test_pop_respects_groups(http: Client, headers: Headers) -> None:
+    q = "pop"
+    ids = await post(
+        http,
+        headers,
+        q,
+        [
+            {"body": "a1", "group": "a"},
+            {"body": "a2", "group": "a"},
+            {"body": "b1", "group": "b"},
+            {"body": "b2", "group": "b"},
+        ],
+    )
+    held, _ = await claim(http, headers, q, limit=1)
+    assert held is not None
+    assert bodies(await pop(http, headers, q)) == ["b1", "b2"]
+    await deleted(http, headers, message_path(q, ids[0], held))
+    assert bodies(await pop(http, headers, q, limit=1)) == ["a2"]
+    assert await pop(http, headers, q) == []
+
+
+@grouped
+async def test_a_hot_group_s_blocked_backlog_does_not_stop_a_claim(
+    settings: Settings, clock: ManualClock, headers: Headers
+) -> None:
+    """3,000 messages of one claimed group stand before another group's
+    message, more than a claim may look at (scan_limit 100: 1,000 entries):
+    the claim index names the hot group once."""
+    q = "hot"
+    async with TestClient(TestServer(create_app(settings.replace(scan_limit=100), clock))) as http:
+        for _ in range(10):  # (the Location of a post names each id: 300 fit)
+            await post(http, headers, q, [{"body": 0, "group": "hot"}] * 300)
+        await post(http, headers, q, [{"body": "cold", "group": "cold"}])
+        _, got = await claim(http, headers, q, limit=1)
+        assert bodies(got) == [0]
+        _, got = await claim(http, headers, q, limit=5)
+        assert bodies(got) == ["cold"]
+
+
+@grouped
+async def test_expired_grouped_messages_leave_no_stale_ids_after_gc(
+    http: Client, headers: Headers, clock: ManualClock, redis_url: str
+) -> None:
+    q = "gc"
+    keys = QueueKeys.of(headers["X-Project-ID"], q)
+    await post(
+        http,
+        headers,
+        q,
+        [
+            {"body": "a1", "group": "a", "ttl": 60},
+            {"body": "a2", "group": "a", "ttl": 60},
+            {"body": "u", "ttl": 60},
+            {"body": "b1", "group": "b", "ttl": 60},
+        ],
+    )
+    clock.advance(61)
+    # a post collects the expired messages (no claim walks the groups)
+    [kept] = await post(http, headers, q, [{"body": "kept", "ttl": 600}])
+    redis: Any = direct_client(redis_url)
+    try:
+        assert [m for m, _ in await zset(redis, keys.claim_index)] == [kept]
+        assert await redis.exists(keys.group("a"), keys.group("b")) == 0
+        assert [m for m, _ in await zset(redis, keys.index)] == [kept]
+    finally:
+        await redis.aclose()
+
+
+@grouped
+async def test_a_claim_wait_wakes_when_the_group_s_head_is_deleted(
+    http: Client, headers: Headers
+) -> None:
+    q = "wake"
+    ids = await post(http, headers, q, [{"body": f"a{n}", "group": "a"} for n in (1, 2)])
+    held, _ = await claim(http, headers, q, limit=1)
+    assert held is not None
+    url = f"/v2/queues/{q}/claims?limit=1&wait=10"
+    waiting = asyncio.ensure_future(http.post(url, json={"ttl": 60}, headers=headers))
+    await asyncio.sleep(0.3)  # let the wait begin (a later start claims at once: still a2)
+    assert not waiting.done()
+    await deleted(http, headers, message_path(q, ids[0], held))
+    resp = await asyncio.wait_for(waiting, 9)  # without a wake-up: 204 after 10 s
+    doc = await ok_json(resp, 201)
+    assert bodies(doc["messages"]) == ["a2"]

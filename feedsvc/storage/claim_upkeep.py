@@ -76,9 +76,14 @@ class ClaimUpkeep(FeedSpace):
         return Claim(claim_id, int(ttl), int(grace), int(created), opened)
 
     async def _claim_transaction(
-        self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]
+        self,
+        keys: QueueKeys,
+        claim_id: str,
+        plan_for: Callable[[list[str]], Plan[T]],
+        also: str | None = None,
     ) -> T:
-        """Run a transaction over a claim and the messages it lists."""
+        """Run a transaction over a claim and the messages it lists (and
+        message also, read after them if the claim does not list it)."""
         transport = self._transport
         claim_key = keys.claim(claim_id)
         attempt = 0
@@ -86,9 +91,10 @@ class ClaimUpkeep(FeedSpace):
             while True:
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []
-                watch = [claim_key, *(k for i in held for k in r.message_keys(keys, i))]
+                read = held if also is None or also in held else [*held, also]
+                watch = [claim_key, *(k for i in read for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-                reads += r.read_commands(keys, held)
+                reads += r.read_commands(keys, read)
                 done, result = await transport.transactions.attempt(watch, reads, plan_for(held))
                 if done:
                     return result  # type: ignore[return-value]
@@ -156,35 +162,57 @@ class ClaimUpkeep(FeedSpace):
     async def release_message(
         self, project: str, queue: str, message_id: str, claim_id: str, delay: int
     ) -> None:
-        # One message and its claim in one transaction, as release_claim: a
+        """Free one message of a claim, hidden until delay has passed; a
+        message of an ordered group takes the claim's later messages of its
+        group with it (docs/consumers.md#ordered-groups): they may not be
+        handed out before it, and a group's claimed messages stay a prefix
+        of its messages, held by one claim."""
+        # The claim and its messages in one transaction, as release_claim: a
         # consumer's failure path, rare beside claims and posts.
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
         due = now + delay * 1000 if delay > 0 else 0
-        claim_key = keys.claim(claim_id)
 
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
-            expires, ids = replies[0]
-            [row] = r.rows([message_id], replies[1:])
-            if row is None or not row.alive(now):
-                return None, "gone"
-            held = r.text(ids).split() if ids else []
-            # a message parked for the dead-letter queue carries the claim id
-            # but is not listed in the claim: it is not the consumer's
-            alive = expires is not None and int(expires) > now
-            if not (alive and row.claim == claim_id and row.claimed(now) and message_id in held):
-                return None, "notheld"
-            rest = " ".join(i for i in held if i != message_id)
-            writes = r.requeue_commands(keys, row, due)
-            writes.append(("HSET", claim_key, r.HELD, rest))
-            # free now: wake the queue's waiters; later: they set a timer
-            writes.append(("SPUBLISH", keys.feed, r.notification(0, due)))
-            return writes, "ok"
+        def plan_for(held: list[str]) -> Plan[str]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
+                expires, ids = replies[0]
+                if (r.text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                read = held if message_id in held else [*held, message_id]
+                rows = dict(zip(read, r.rows(read, replies[1:]), strict=True))
+                row = rows[message_id]
+                if row is None or not row.alive(now):
+                    return None, "gone"
+                # a message parked for the dead-letter queue carries the claim
+                # id but is not listed in the claim: it is not the consumer's
+                alive = expires is not None and int(expires) > now
+                if not (
+                    alive and row.claim == claim_id and row.claimed(now) and message_id in held
+                ):
+                    return None, "notheld"
+                freed = [row]
+                if row.group:
+                    freed += [
+                        later
+                        for later in rows.values()
+                        if later is not None
+                        and later.group == row.group
+                        and (later.seq or 0) > (row.seq or 0)
+                        and later.claim == claim_id
+                    ]
+                writes: list[Command] = []
+                for each in freed:
+                    writes += r.requeue_commands(keys, each, due)
+                gone = {each.id for each in freed}
+                rest = " ".join(i for i in held if i not in gone)
+                writes.append(("HSET", keys.claim(claim_id), r.HELD, rest))
+                # free now: wake the queue's waiters; later: they set a timer
+                writes.append(("SPUBLISH", keys.feed, r.notification(0, due)))
+                return writes, "ok"
 
-        watch = [claim_key, *r.message_keys(keys, message_id)]
-        reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-        reads += r.read_commands(keys, [message_id])
-        outcome = await self._transport.transactions.optimistic(watch, reads, plan)
+            return plan
+
+        outcome = await self._claim_transaction(keys, claim_id, plan_for, also=message_id)
         if outcome == "gone":
             raise MessageNotFound(message_id)
         if outcome == "notheld":
