@@ -69,8 +69,8 @@ class Found:
     counted: int = 0  # candidates taken, not parked
     #: a grouped candidate's group
     group_of: dict[str, str] = field(default_factory=dict)
-    #: candidates to park: a parked message leaves its group
-    parked: list[str] = field(default_factory=list)
+    #: candidates to park -> their seq: a parked message leaves its group
+    parked: dict[str, int] = field(default_factory=dict)
     #: group -> ids met at its front whose messages are gone or expired
     stale: dict[str, list[str]] = field(default_factory=dict)
     #: group -> the seq of its head, where Q:ci's entry holds another
@@ -82,12 +82,12 @@ class Found:
         if at is not None and (self.next_free is None or at < self.next_free):
             self.next_free = at
 
-    def add(self, message_id: str, verdict: Verdict, group: str = "") -> None:
+    def add(self, message_id: str, seq: int, verdict: Verdict, group: str = "") -> None:
         self.ids.append(message_id)
         if group:
             self.group_of[message_id] = group
         if verdict == "park":
-            self.parked.append(message_id)
+            self.parked[message_id] = seq
         else:
             self.counted += 1
 
@@ -111,9 +111,12 @@ class Found:
         writes: list[Command] = []
         for group, ids in self.stale.items():
             writes.append(("ZREM", keys.group(group), *ids))
-        for message_id in self.parked:  # it leaves its group (and the claim index)
-            group = self.group_of.get(message_id, "")
-            writes.append(("ZREM", keys.group(group) if group else keys.claim_index, message_id))
+        for message_id, seq in self.parked.items():
+            # it leaves its group (whose next message is its head now), and
+            # stays claimable alone until the dead-letter queue has its copy
+            if group := self.group_of.get(message_id, ""):
+                writes.append(("ZREM", keys.group(group), message_id))
+                writes.append(("ZADD", keys.claim_index, seq, message_id))
         for group, seq in self.heads.items():
             writes.append(("ZADD", keys.claim_index, "XX", seq, GROUP_ENTRY + group))
         if self.emptied:
@@ -224,7 +227,8 @@ class Scan:
             return
         self.found.note(row.free_at(self._now))
         if row.free(self._now) and (verdict := self._judge(row)) != "leave":
-            self.found.add(row.id, verdict)
+            assert row.seq is not None  # free: indexed
+            self.found.add(row.id, row.seq, verdict)
 
     async def _claim_index(self) -> None:
         """Q:ci in order: ungrouped ids, and groups from their heads."""
@@ -300,13 +304,13 @@ class Scan:
                     continue
                 verdict = self._judge(row) if row.free(now) else "leave"
                 if verdict == "park":  # it leaves the group: the next one is the head
-                    found.add(message_id, verdict, group)
+                    found.add(message_id, seq, verdict, group)
                     continue
                 head = seq if head is None else head
                 if verdict == "leave":  # claimed, not due, unopenable: G stops here
                     found.note(row.free_at(now))
                     break
-                found.add(message_id, verdict, group)
+                found.add(message_id, seq, verdict, group)
                 if not self._more:
                     break
             else:
