@@ -74,6 +74,8 @@ class Model:
     #: ... and at its return
     deleted_by: dict[str, int] = field(default_factory=dict)
     handouts: list[Handout] = field(default_factory=list)
+    #: each message's group as claims and pops returned it
+    told: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     _stamps: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -85,8 +87,11 @@ class Model:
             self.group_of[message_id] = group
             self.order.setdefault(group, []).append(message_id)
 
-    def _not_deleted(self, messages: list[Message], started: int) -> None:
+    def _seen(self, messages: list[Message], started: int) -> None:
+        """What a claim or pop returned: each message's group as it says
+        (its post may not have returned yet), and none deleted before."""
         for m in messages:
+            self.told[m.id] = m.group or ""
             if self.deleted_by.get(m.id, started) < started:
                 self.violations.append(f"{m.id} handed out after it was deleted")
 
@@ -94,8 +99,8 @@ class Model:
         """(a) against every claim still holding something, by the clock
         each was made at: two claims' lives overlap unless one ended first
         (its holding ended before the other returned)."""
-        self._not_deleted(claim.messages, started)
-        mine = {m.id: self.group_of[m.id] for m in claim.messages}
+        self._seen(claim.messages, started)
+        mine = {m.id: self.told[m.id] for m in claim.messages}
         new = Holding(claim.created_ms, claim.created_ms + ttl * 1000, mine)
         for other_id, other in self.holdings.items():
             if max(new.created, other.created) >= min(new.expires, other.expires):
@@ -121,9 +126,9 @@ class Model:
     def popped(self, messages: list[Message], started: int, before: list[str], now: int) -> None:
         """(a) for a pop: a claim made before it started (before), still live
         when it returned (now) and still holding the group, was a holder."""
-        self._not_deleted(messages, started)
+        self._seen(messages, started)
         for m in messages:
-            group = self.group_of[m.id]
+            group = self.told[m.id]
             for claim_id in before:
                 h = self.holdings[claim_id]
                 if h.expires > now and (m.id in h.held or (group and group in h.held.values())):
@@ -220,8 +225,8 @@ class Run:
                 return
             if roll < 0.2:
                 # the claim's later messages of its group are released with it
-                group = model.group_of[m.id]
-                later = [x.id for x in claim.messages[n + 1 :] if model.group_of[x.id] == group]
+                group = model.told[m.id]
+                later = [x.id for x in claim.messages[n + 1 :] if model.told[x.id] == group]
                 later = later if group else []
                 model.ended(claim.id, [m.id, *later])
                 try:
@@ -245,6 +250,7 @@ class Run:
         await asyncio.gather(self.post_all(), *claimers)
         self.model.check_order()
         assert self.model.violations == []
+        assert self.model.told.items() <= self.model.group_of.items()
         assert set(self.model.deleted_from) == set(self.model.group_of)
         page = await self.store.list_messages(
             self.project, QUEUE, ListQuery("reader", include_claimed=True, include_delayed=True)
