@@ -235,20 +235,9 @@ class Scan:
         keys, after, met = self._keys, "-inf", set[str]()
         while self._more:
             # by score, not offset: entries leave as others scan (scores are seqs: unique)
+            by_score = ("BYSCORE", "LIMIT", 0, CHUNK, "WITHSCORES")
             [raw] = await self._transport.call_checked(
-                [
-                    (
-                        "ZRANGE",
-                        keys.claim_index,
-                        after,
-                        "+inf",
-                        "BYSCORE",
-                        "LIMIT",
-                        0,
-                        CHUNK,
-                        "WITHSCORES",
-                    )
-                ]
+                [("ZRANGE", keys.claim_index, after, "+inf", *by_score)]
             )
             page = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
             if not page:
@@ -257,28 +246,41 @@ class Scan:
             # an entry another claim moved on (a group's new head) may come again
             entries = [(m, s) for m, s in page if m not in met]
             met.update(m for m, _ in entries)
-            ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
-            groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
-            reads = r.read_commands(keys, ids)
-            reads += [("ZRANGE", keys.group(g), 0, FRONT - 1, "WITHSCORES") for g in groups]
-            replies = await self._transport.call_checked(reads)
-            rows = dict(zip(ids, r.rows(ids, replies), strict=True))
-            fronts = {
-                g: [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
-                for g, reply in zip(groups, replies[2 * len(ids) :], strict=True)
-            }
-            front_ids = [i for front in fronts.values() for i, _ in front]
-            rows.update(zip(front_ids, await self._read(front_ids), strict=True))
-            for member, score in entries:
-                if not self._more:
-                    return
-                if member.startswith(GROUP_ENTRY):
-                    group = member[len(GROUP_ENTRY) :]
-                    await self._group(group, score, fronts[group], rows)
-                else:
-                    self._single(rows[member])
+            await self._entries(entries)
             if len(page) < CHUNK:
                 return
+
+    async def tidy(self, entries: list[tuple[str, int]]) -> Found:
+        """Only the upkeep of these claim index entries' groups (judge: leave
+        every message), for the garbage collection."""
+        await self._entries([(m, s) for m, s in entries if m.startswith(GROUP_ENTRY)])
+        return self.found
+
+    async def _entries(self, entries: list[tuple[str, int]]) -> None:
+        """Claim index entries, (member, score), in order: each id's record
+        and each group's front read in one round trip, the fronts' records
+        in a second."""
+        keys = self._keys
+        ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
+        groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
+        reads = r.read_commands(keys, ids)
+        reads += [("ZRANGE", keys.group(g), 0, FRONT - 1, "WITHSCORES") for g in groups]
+        replies = await self._transport.call_checked(reads)
+        rows = dict(zip(ids, r.rows(ids, replies), strict=True))
+        fronts = {
+            g: [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
+            for g, reply in zip(groups, replies[2 * len(ids) :], strict=True)
+        }
+        front_ids = [i for front in fronts.values() for i, _ in front]
+        rows.update(zip(front_ids, await self._read(front_ids), strict=True))
+        for member, score in entries:
+            if not self._more:
+                return
+            if member.startswith(GROUP_ENTRY):
+                group = member[len(GROUP_ENTRY) :]
+                await self._group(group, score, fronts[group], rows)
+            else:
+                self._single(rows[member])
 
     async def _group(
         self,

@@ -81,6 +81,8 @@ from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.watch_list import scan_page
 
 GC_BATCH = 100
+# Ids a post's garbage collection looks at in the first groups' fronts.
+TIDY_BUDGET = 10
 DROP_BATCH = 500
 # Posts indexed by one transaction at most (a burst beyond waits for the next).
 MAX_COMBINED_POSTS = 64
@@ -169,9 +171,11 @@ def _post_plan(
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
     full: Callable[[str, bytes], QueueFull],
+    tidy: list[bool],
 ) -> Plan[list[Outcome]]:
     """The indexing transaction of postings to one queue (see WatchStore._index),
-    each checked on its own: a refused one does not stop the others."""
+    each checked on its own: a refused one does not stop the others. tidy
+    is set to [True] when it collects garbage in a queue with groups."""
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
@@ -192,7 +196,8 @@ def _post_plan(
         seq = int(last) if last is not None else now * 1000
         # from the first grouped message on, every post is claim-indexed
         indexing = ClaimIndexing(keys, groups_since(since))
-        writes = gc_commands(keys, dead, now)
+        tidy[:] = [bool(dead) and since is not None]
+        writes = gc_commands(keys, dead, now, since is not None)
         if last is None:  # where the counter starts (see list.lua's missed)
             writes.append(("HSET", keys.meta, r.SEQ_BASE, seq))
         if not exists:
@@ -263,10 +268,12 @@ def _post_plan(
     return plan
 
 
-def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
-    """The writes that forget expired messages and claims (see _lib.lua)."""
+def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int, grouped: bool) -> list[Command]:
+    """The writes that forget expired messages and claims (see _lib.lua);
+    grouped: the queue has ordered groups (the claim index's entries go too;
+    a group's zset keeps them until its front is tidied, WatchStore._tidy)."""
     commands = r.forget_commands(keys, dead) if dead else []
-    if dead:  # a group's zset keeps them until a claim's scan meets them (watch_scan.py)
+    if dead and grouped:
         commands.append(("ZREM", keys.claim_index, *dead))
     commands.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
     commands.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
@@ -385,7 +392,8 @@ class WatchStore(RedisStore):
         tokens = [p.token for p in postings if p.token is not None]
 
         full = functools.partial(queue_full, self._noun)
-        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full)
+        tidy: list[bool] = []
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full, tidy)
 
         reads: list[Command] = [
             await self._registry_add(first.project, first.queue, first.kind),
@@ -407,13 +415,38 @@ class WatchStore(RedisStore):
         if before:  # the bodies written ahead, counted (the plan's last reply)
             reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
         try:
-            return await self._transport.transactions.optimistic(watch, reads, plan, before)
+            outcomes = await self._transport.transactions.optimistic(watch, reads, plan, before)
+            if tidy == [True]:
+                await self._tidy(keys)
+            return outcomes
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
                 with contextlib.suppress(Unavailable):
                     dropped = [keys.record(i) for p in postings for i in p.ids]
                     await self._transport.call([("DEL", *dropped)])
             raise
+
+    async def _tidy(self, keys: QueueKeys) -> None:
+        """The garbage collection's share of the ordered groups, after a post
+        collected expired messages (_lib.lua's collect_garbage does it in the
+        script): expiry cannot tell which group an expired id was in (its
+        record is gone), so the first two groups of the claim index lose the
+        stale ids at their fronts, and their entries follow (claim_index.Found);
+        groups further on are tidied by the claims that walk them. Once: a
+        conflict leaves it to the next."""
+        transport, now = self._transport, self._clock.now_ms()
+        [raw] = await transport.call_checked([("ZRANGE", keys.claim_index, 0, 1, "WITHSCORES")])
+        entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+        found = await Scan(transport, keys, now, 1, TIDY_BUDGET, _leave).tidy(entries)
+        if not found.upkeep:
+            return
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            return found.upkeep_writes(keys, replies), None
+
+        watch = [keys.meta, *found.upkeep_watch(keys)]  # the first names the slot
+        async with transport.transactions.write_slot():
+            await transport.transactions.attempt(watch, found.upkeep_reads(keys), plan)
 
     async def tail_marker(self, project: str, queue: str) -> int:
         return await read_tail_marker(self._transport, self._keys(project, queue))
@@ -564,6 +597,11 @@ class WatchStore(RedisStore):
 
         popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
+
+
+def _leave(row: r.Row) -> Verdict:
+    """A tidy takes nothing."""
+    return "leave"
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
