@@ -34,6 +34,7 @@ from tests.test_api import (
     other_client,
     post,
 )
+from tests.test_api_redrive import progress_when
 
 #: The drivers that order claims by group so far.
 GROUPED_DRIVERS = ["lua", "watch", "watch-naive"]
@@ -434,3 +435,82 @@ async def test_a_claim_wait_wakes_when_the_group_s_head_is_deleted(
     resp = await asyncio.wait_for(waiting, 9)  # without a wake-up: 204 after 10 s
     doc = await ok_json(resp, 201)
     assert bodies(doc["messages"]) == ["a2"]
+
+
+# -- copies keep the group ----------------------------------------------------------
+
+
+async def dead_lettered(http: Client, headers: Headers) -> list[str]:
+    """Two messages of group a and one without, moved from q to dlq."""
+    meta = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+    assert (await http.put("/v2/queues/q", json=meta, headers=headers)).status == 201
+    ids = await post(
+        http,
+        headers,
+        "q",
+        [{"body": "a1", "group": "a"}, {"body": "a2", "group": "a"}, {"body": "u"}],
+    )
+    held, got = await claim(http, headers, "q")
+    assert bodies(got) == ["a1", "a2", "u"]
+    await deleted(http, headers, f"/v2/queues/q/claims/{held}")
+    assert await claim(http, headers, "q") == (None, [])  # all three parked and moved
+    return ids
+
+
+@grouped
+async def test_a_dead_letter_keeps_its_group_and_its_order(
+    http: Client, headers: Headers, redis_url: str
+) -> None:
+    ids = await dead_lettered(http, headers)
+    shown = await listed(http, headers, "dlq", "&echo=true")
+    assert [(m["id"], m.get("group")) for m in shown] == [
+        (ids[0], "a"),
+        (ids[1], "a"),
+        (ids[2], None),
+    ]
+    # claimed from the dead-letter queue, the group still holds
+    _, got = await claim(http, headers, "dlq", limit=1)
+    assert bodies(got) == ["a1"]
+    _, got = await claim(http, headers, "dlq")
+    assert bodies(got) == ["u"]
+    # and the source queue keeps no trace of them
+    keys = QueueKeys.of(headers["X-Project-ID"], "q")
+    redis: Any = direct_client(redis_url)
+    try:
+        assert await zset(redis, keys.claim_index) == []
+        assert await redis.exists(keys.group("a")) == 0
+    finally:
+        await redis.aclose()
+
+
+@grouped
+async def test_a_redriven_dead_letter_keeps_its_group_and_its_order(
+    http: Client, headers: Headers, redis_url: str
+) -> None:
+    ids = await dead_lettered(http, headers)
+    started = await http.post(
+        "/v2/queues/dlq/redrive", json={"max_per_second": 50}, headers=headers
+    )
+    assert started.status == 202
+    await progress_when(http, headers, lambda p: p["state"] == "done")
+    shown = await listed(http, headers, "q", "&echo=true")
+    assert [(m["id"], m.get("group")) for m in shown] == [
+        (ids[0], "a"),
+        (ids[1], "a"),
+        (ids[2], None),
+    ]
+    _, got = await claim(http, headers, "q", limit=1)
+    assert bodies(got) == ["a1"]
+    _, got = await claim(http, headers, "q")
+    assert bodies(got) == ["u"]
+    # the dead-letter queue keeps no trace of them: a group emptied by the
+    # redrive keeps its entry until a claim (or the GC) finds it empty
+    keys = QueueKeys.of(headers["X-Project-ID"], "dlq")
+    redis: Any = direct_client(redis_url)
+    try:
+        assert await redis.exists(keys.group("a")) == 0
+        assert [m for m, _ in await zset(redis, keys.claim_index)] in ([], [GROUP_ENTRY + "a"])
+        assert await claim(http, headers, "dlq") == (None, [])
+        assert await zset(redis, keys.claim_index) == []
+    finally:
+        await redis.aclose()

@@ -25,6 +25,7 @@ from feedsvc.errors import (
     ProjectQueuesFull,
     Unavailable,
 )
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
@@ -249,8 +250,9 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            last, exists, origins_ttl, *seqs = replies
+            last, exists, origins_ttl, since_raw, *seqs = replies
             seq = r.parse_seq(last) if last is not None else now * 1000
+            since = groups.groups_since(since_raw)
             writes: list[Command] = []
             latest = 0
             for message, have in zip(parked, seqs, strict=True):
@@ -258,10 +260,17 @@ class ClaimUpkeep(FeedSpace):
                     continue
                 seq += 1
                 author = message.author.decode()
-                header = r.posted(author, message.ttl, now, seq, 0, message.count, message.headers)
+                header = r.posted(
+                    author, message.ttl, now, seq, 0, message.count, message.headers, message.group
+                )
                 writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, header.expires, message.id))
+                # its group is kept: claim-indexed there as a post is
+                grouped, since = groups.index_commands(
+                    target, message.id, seq, message.group, since
+                )
+                writes += grouped
                 # where it came from, for a redrive (storage/redrive.py)
                 writes.append(("HSET", target.origins, message.id, queue))
                 latest = max(latest, header.expires)
@@ -282,11 +291,14 @@ class ClaimUpkeep(FeedSpace):
 
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
             held = [
-                m.id
+                m
                 for n, m in enumerate(parked)
                 if r.holder(replies[2 * n], replies[2 * n + 1]) == claim_id
             ]
-            return (r.forget_commands(source, held) if held else None), None
+            if not held:
+                return None, None
+            writes = r.forget_commands(source, [m.id for m in held])
+            return writes + groups.forget_commands(source, [(m.id, m.group) for m in held]), None
 
         transport = self._transport
         try:
@@ -304,6 +316,7 @@ class ClaimUpkeep(FeedSpace):
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
                     ("PTTL", target.origins),
+                    ("HGET", target.meta, r.GROUPS_SINCE),
                     *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
                 ],
                 copy,
