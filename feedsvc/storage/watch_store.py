@@ -53,7 +53,7 @@ from feedsvc.errors import (
     TooMuchContention,
     Unavailable,
 )
-from feedsvc.storage import claim_index
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -65,7 +65,7 @@ from feedsvc.storage.base import (
     new_id,
     reserved_fields,
 )
-from feedsvc.storage.claim_index import ClaimIndexing, Scan, Verdict, groups_since
+from feedsvc.storage.claim_scan import Found, Scan, Verdict
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
@@ -195,7 +195,7 @@ def _post_plan(
         default_delay = int(ddelay or 0)
         seq = int(last) if last is not None else now * 1000
         # from the first grouped message on, every post is claim-indexed
-        indexing = ClaimIndexing(keys, groups_since(since))
+        grouped = groups.groups_since(since)
         tidy[:] = [bool(dead) and since is not None]
         writes = gc_commands(keys, dead, now, since is not None)
         if last is None:  # where the counter starts (see list.lua's missed)
@@ -237,8 +237,11 @@ def _post_plan(
                 else:
                     writes += r.header_commands(keys, message_id, header)
                 writes += r.index_commands(keys, message_id, header)
-                if posting.kind == "queue":  # a topic has no claims
-                    writes += indexing.commands(message_id, header)
+                if posting.kind == "queue":  # a topic has no claims to order
+                    claim_indexed, grouped = groups.index_commands(
+                        keys, message_id, seq, message.group, grouped
+                    )
+                    writes += claim_indexed
                 due = header.due
                 first_due = due if due and (not first_due or due < first_due) else first_due
             if token is not None:
@@ -431,7 +434,7 @@ class WatchStore(RedisStore):
         collected expired messages (_lib.lua's collect_garbage does it in the
         script): expiry cannot tell which group an expired id was in (its
         record is gone), so the first two groups of the claim index lose the
-        stale ids at their fronts, and their entries follow (claim_index.Found);
+        stale ids at their fronts, and their entries follow (Found);
         groups further on are tidied by the claims that walk them. Once: a
         conflict leaves it to the next."""
         transport, now = self._transport, self._clock.now_ms()
@@ -473,7 +476,7 @@ class WatchStore(RedisStore):
                     return None, "badclaim"
             if row is None:
                 return r.forget_commands(keys, [message_id]), "ok"
-            writes = claim_index.forget_commands(keys, [row])
+            writes = _forget(keys, [row])
             if row.group and row.claimed(now):  # its group's next message may be free now
                 writes.append(("SPUBLISH", keys.feed, r.FREED))
             return writes, "ok"
@@ -500,7 +503,7 @@ class WatchStore(RedisStore):
     def _judge(
         self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
     ) -> Callable[[r.Row], Verdict]:
-        """What a claim does with a free message (claim_index.Verdict). With
+        """What a claim does with a free message (claim_scan.Verdict). With
         max_claims, one claimed that often is parked for the dead-letter
         queue. A sealed body is taken only if this process can open it (else
         it is left, logged and counted), and noted in opened as it was read."""
@@ -520,7 +523,7 @@ class WatchStore(RedisStore):
     async def _take(
         self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
     ) -> Any:
-        """Find candidates (claim_index.Scan, read without WATCH), then run
+        """Find candidates (claim_scan.Scan, read without WATCH), then run
         plan_for(now, meta)'s plan over them in a transaction, with the claim
         index's upkeep the scan found; again after a backoff on conflict (a
         sealed body changed since it was opened is one). Unclaimable when
@@ -536,7 +539,7 @@ class WatchStore(RedisStore):
                 opened: dict[str, bytes] = {}
                 judge = self._judge(max_claims, opened, where)
                 scan = Scan(transport, keys, now, limit, self._claim_scan_limit(), judge)
-                found = await scan.run(groups_since(meta[-1]))
+                found = await scan.run(groups.groups_since(meta[-1]))
                 candidates = found.ids
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
                 watch += found.upkeep_watch(keys)
@@ -589,7 +592,7 @@ class WatchStore(RedisStore):
                     if len(rows) < len(candidates) or not all(row.free(now) for row in rows):
                         raise Conflicted
                     popped = [row.message(now) for row in rows]
-                    return claim_index.forget_commands(keys, rows), popped
+                    return _forget(keys, rows), popped
 
                 return run
 
@@ -597,6 +600,12 @@ class WatchStore(RedisStore):
 
         popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
+
+
+def _forget(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
+    """Forget messages as read: out of the claim index and their groups too."""
+    forgotten = r.forget_commands(keys, [row.id for row in rows])
+    return forgotten + groups.forget_commands(keys, [(row.id, row.group) for row in rows])
 
 
 def _leave(row: r.Row) -> Verdict:
@@ -619,7 +628,7 @@ def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -
     return run
 
 
-def _with_upkeep(keys: QueueKeys, found: claim_index.Found, plan: Plan[T]) -> Plan[T]:
+def _with_upkeep(keys: QueueKeys, found: Found, plan: Plan[T]) -> Plan[T]:
     """plan, and the claim index's upkeep the scan found (its reads are the
     last replies)."""
     if not found.upkeep and not found.parked:
@@ -634,7 +643,7 @@ def _with_upkeep(keys: QueueKeys, found: claim_index.Found, plan: Plan[T]) -> Pl
     return run
 
 
-def _upkeep_only(keys: QueueKeys, found: claim_index.Found, meta: list[Any]) -> Plan[None]:
+def _upkeep_only(keys: QueueKeys, found: Found, meta: list[Any]) -> Plan[None]:
     """The claim index's upkeep by itself (a scan that found nothing to take)."""
 
     def run(replies: list[Any]) -> tuple[list[Command] | None, None]:

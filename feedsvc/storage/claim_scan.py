@@ -1,16 +1,9 @@
-"""The ordered groups' claim index as the watch drivers write and read it
-(lua/post.lua and lua/claim.lua do the same in scripts; docs/consumers.md,
-"Ordered groups"): a post's index entries (:class:`ClaimIndexing`), and
-the claim and pop scan (:class:`Scan`), which finds the messages a claim
-(or a pop) may take, read without WATCH, groups honoured, and the upkeep of
-the index it meets on the way (:class:`Found`).
-
-Posts: the first grouped message posted to a queue sets the queue's ``gs``
-to its seq; from then on every post is claim-indexed too: a grouped
-message goes into its group's zset ``Q:g:<G>`` (id -> seq) and gives its
-group an entry ``g:<G>`` in ``Q:ci`` if it has none (NX: the entry's score
-is its head's seq, kept by the scan), an ungrouped one goes into ``Q:ci``
-itself (id -> seq). A topic has no claims, so nothing of this.
+"""The watch drivers' claim and pop scan (lua/claim.lua and lua/pop.lua do
+the same in a script, _lib.lua's choose_messages; docs/consumers.md,
+"Ordered groups"): which messages a claim (or a pop) may take, read
+without WATCH, ordered groups honoured (:class:`Scan`), and the upkeep of
+the claim index it meets on the way (:class:`Found`). What posts write
+into the claim index is storage/groups.py's.
 
 A queue without ``gs`` (no grouped message was ever posted to it) is
 scanned as it always was: ``Q:idx`` from the head, each message on its own.
@@ -122,49 +115,6 @@ class Found:
         if self.emptied:
             writes.append(("ZREM", keys.claim_index, *(GROUP_ENTRY + g for g in self.emptied)))
         return writes
-
-
-def groups_since(raw: Any) -> int | None:
-    """The queue's ``gs`` field as read (None: it never had a grouped message)."""
-    return None if raw is None or raw == b"" else r.parse_seq(raw)
-
-
-class ClaimIndexing:
-    """The claim-index writes of the messages one transaction posts, in seq
-    order, to a queue whose ``gs`` was read as since."""
-
-    def __init__(self, keys: QueueKeys, since: int | None) -> None:
-        self._keys = keys
-        self._since = since
-
-    def commands(self, message_id: str, header: r.Header) -> list[Command]:
-        keys, group, seq = self._keys, header.group, header.seq
-        if not group:
-            return [] if self._since is None else [("ZADD", keys.claim_index, seq, message_id)]
-        writes: list[Command] = []
-        if self._since is None:
-            self._since = seq
-            writes.append(("HSET", keys.meta, r.GROUPS_SINCE, seq))
-        writes.append(("ZADD", keys.group(group), seq, message_id))
-        writes.append(("ZADD", keys.claim_index, "NX", seq, GROUP_ENTRY + group))
-        return writes
-
-
-def forget_commands(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
-    """Forget messages as read (record.forget_commands), out of the claim
-    index too: a grouped one out of its group's zset (an emptied group's
-    entry stays until a scan meets it empty: removing it needs a WATCH)."""
-    if not rows:
-        return []
-    ids = [row.id for row in rows]
-    writes = r.forget_commands(keys, ids)
-    writes.append(("ZREM", keys.claim_index, *ids))
-    groups: dict[str, list[str]] = {}
-    for row in rows:
-        if row.group:
-            groups.setdefault(row.group, []).append(row.id)
-    writes += [("ZREM", keys.group(g), *members) for g, members in groups.items()]
-    return writes
 
 
 class Scan:
