@@ -81,6 +81,9 @@ from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.watch_list import scan_page
 
 GC_BATCH = 100
+# What a delete by ids reads of each record's author line for its group:
+# a client id (a UUID), " g=" and a group of up to 128 characters, with room.
+AUTHOR_LINE = 255
 # Ids a post's garbage collection looks at in the first groups' fronts.
 TIDY_BUDGET = 10
 DROP_BATCH = 500
@@ -496,9 +499,23 @@ class WatchStore(RedisStore):
             return
         keys = self._keys(project, queue)
         unique = list(dict.fromkeys(ids))
-        # out of the claim index too; out of a group's zset once a scan meets them gone
-        forget = [*r.forget_commands(keys, unique), ("ZREM", keys.claim_index, *unique)]
-        await self._transport.transaction(forget)
+        # each author line, read as it goes: the groups, in a queue with groups
+        lines: list[Command] = [
+            ("GETRANGE", keys.record(i), r.FIXED, r.FIXED + AUTHOR_LINE) for i in unique
+        ]
+        has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
+        replies = await self._transport.transaction(
+            [has_groups, *lines, *r.forget_commands(keys, unique)]
+        )
+        if not replies[0]:
+            return
+        # then out of the claim index and their groups (a scan meanwhile meets
+        # them gone, and skips them), and a group's next message may be free now
+        gone = [(i, _group_of(line)) for i, line in zip(unique, replies[1:], strict=False)]
+        writes = groups.forget_commands(keys, gone)
+        if any(group for _, group in gone):
+            writes.append(("SPUBLISH", keys.feed, r.FREED))
+        await self._transport.transaction(writes)
 
     def _judge(
         self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
@@ -591,6 +608,8 @@ class WatchStore(RedisStore):
                     rows = [row for row in r.rows(candidates, replies[1:]) if row is not None]
                     if len(rows) < len(candidates) or not all(row.free(now) for row in rows):
                         raise Conflicted
+                    if replies[0] != meta:  # its gs came meanwhile: scan again, by group
+                        raise Conflicted
                     popped = [row.message(now) for row in rows]
                     return _forget(keys, rows), popped
 
@@ -606,6 +625,12 @@ def _forget(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
     """Forget messages as read: out of the claim index and their groups too."""
     forgotten = r.forget_commands(keys, [row.id for row in rows])
     return forgotten + groups.forget_commands(keys, [(row.id, row.group) for row in rows])
+
+
+def _group_of(line: bytes) -> str:
+    """The group on the start of an author line (GETRANGE of a record from
+    record.FIXED, AUTHOR_LINE long; "": none, or no record)."""
+    return r.split_author(line.partition(r.NEWLINE)[0])[1]
 
 
 def _leave(row: r.Row) -> Verdict:
