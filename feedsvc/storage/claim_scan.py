@@ -139,6 +139,12 @@ class Scan:
         self.found = Found()
 
     @property
+    def _front(self) -> int:
+        """How many of a group's first ids to read with its entry: the head
+        and what this scan may take after it."""
+        return min(FRONT, self._limit)
+
+    @property
     def _more(self) -> bool:
         return self.found.counted < self._limit and self._scanned < self._budget
 
@@ -183,9 +189,11 @@ class Scan:
     async def _claim_index(self) -> None:
         """Q:ci in order: ungrouped ids, and groups from their heads."""
         keys, after, met = self._keys, "-inf", set[str]()
+        # a group gives up to limit messages: a few entries first, more as needed
+        chunk = min(CHUNK, self._limit + 1)
         while self._more:
             # by score, not offset: entries leave as others scan (scores are seqs: unique)
-            by_score = ("BYSCORE", "LIMIT", 0, CHUNK, "WITHSCORES")
+            by_score = ("BYSCORE", "LIMIT", 0, chunk, "WITHSCORES")
             [raw] = await self._transport.call_checked(
                 [("ZRANGE", keys.claim_index, after, "+inf", *by_score)]
             )
@@ -197,8 +205,9 @@ class Scan:
             entries = [(m, s) for m, s in page if m not in met]
             met.update(m for m, _ in entries)
             await self._entries(entries)
-            if len(page) < CHUNK:
+            if len(page) < chunk:
                 return
+            chunk = min(CHUNK, chunk * 4)
 
     async def tidy(self, entries: list[tuple[str, int]]) -> Found:
         """Only the upkeep of these claim index entries' groups (judge: leave
@@ -210,11 +219,13 @@ class Scan:
         """Claim index entries, (member, score), in order: each id's record
         and each group's front read in one round trip, the fronts' records
         in a second."""
+        if not entries:
+            return
         keys = self._keys
         ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
         groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
         reads = r.read_commands(keys, ids)
-        reads += [("ZRANGE", keys.group(g), 0, FRONT - 1, "WITHSCORES") for g in groups]
+        reads += [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
         replies = await self._transport.call_checked(reads)
         rows = dict(zip(ids, r.rows(ids, replies), strict=True))
         fronts = {
@@ -245,7 +256,7 @@ class Scan:
         found, now = self.found, self._now
         stale: list[str] = []
         head: int | None = None
-        seen, asked, last = 0, FRONT, 0
+        seen, asked, last = 0, self._front, 0
         while True:
             for message_id, seq in front:
                 seen, last = seen + 1, seq
