@@ -365,6 +365,7 @@ async def test_releasing_a_message_releases_the_claim_s_later_messages_of_its_gr
 
 
 @grouped
+@both_topologies
 async def test_pop_respects_groups(http: Client, headers: Headers) -> None:
     q = "pop"
     ids = await post(
@@ -405,6 +406,7 @@ async def test_a_hot_group_s_blocked_backlog_does_not_stop_a_claim(
 
 
 @grouped
+@both_topologies
 async def test_expired_grouped_messages_leave_no_stale_ids_after_gc(
     http: Client, headers: Headers, clock: ManualClock, redis_url: str
 ) -> None:
@@ -472,6 +474,7 @@ async def dead_lettered(http: Client, headers: Headers) -> list[str]:
 
 
 @grouped
+@both_topologies
 async def test_a_dead_letter_keeps_its_group_and_its_order(
     http: Client, headers: Headers, redis_url: str
 ) -> None:
