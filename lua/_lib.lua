@@ -187,12 +187,6 @@ local function forget(id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
 end
 
--- The group of a message (a read_message table), '' = none: it rides on
--- the author line after H_GROUP_MARK (record.py's author_line).
-local function group_of(m)
-  return string.match(m.author, GROUP_PATTERN) or ''
-end
-
 -- The group of the message stored under id ('' = none, or gone), read from
 -- the start of its author line only (a legacy message has none).
 local function stored_group(id)
