@@ -40,7 +40,7 @@ for span links and webhook requests), and the scripts cannot decrypt.
 A message's ordered *group* rides there too, between the author and the
 headers: a space, GROUP_MARK, the group (no space in it), so the author line
 is ``<client id>[ g=<group>][ <headers>]`` (:func:`author_line`); the
-scripts read it with a pattern (``_lib.lua``'s ``group_of``).
+scripts read it with a pattern (``_lib.lua``'s ``GROUP_PATTERN``).
 
 Upgrade: releases before this one stored a message as a hash under another
 key, ``Q:m:<id>``, a field each (:data:`ROW`: b t c e s k x n u d). Those
