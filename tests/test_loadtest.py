@@ -515,7 +515,9 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
     """Consumers release a third of what they claim (after a second) and
     delete the rest; each claim holds up to 10 messages of 2 queues x 3
     groups: every acknowledged message is deleted by the end of the drain, in
-    its group's order, and no two claims hold a group at once (issue 32)."""
+    its group's order, and no two claims hold a group at once (issue 32). An
+    observer beside them misses nothing but what was deleted or released
+    with a delay."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
     flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
     with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
@@ -526,7 +528,8 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
              "--groups", "3", "--release-ratio", "0.3", "--release-delay", "1",
              "--producer-weight", "4", "--consumer-weight", "3", "--producer-wait", "0.05",
              "--poll-interval", "0.05", "--csv", str(tmp_path / "locust"),
-             "--timings-dir", str(tmp_path / "timings"), "Producer", "Consumer"],
+             "--observers", "1", "--timings-dir", str(tmp_path / "timings"),
+             "Producer", "Consumer", "Observer"],
             capture_output=True, text=True, timeout=120, check=False, env=env, cwd=REPO_ROOT,
         )  # fmt: skip
         serve.stop(signal.SIGTERM)
@@ -538,6 +541,7 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
         assert int(stats[name]["Request Count"]) > 0, output
     assert int(stats["Aggregated"]["Failure Count"]) == 0, output
     [record] = timings.load(tmp_path / "timings")
+    assert record.meta["checker"]["findings"] == 0 and record.meta["checker"]["checked"] > 0
     consumption = record.meta["checker"]["consumption"]
     assert consumption["findings"] == 0, consumption
     # consumers released messages that were claimed again, and deleted some
