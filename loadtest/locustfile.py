@@ -579,8 +579,9 @@ class Consumer(FeedUser):
                         for m, s in later
                         if s is not None and (m is message or (group and m.get("group") == group))
                     )
-                outcome = released[group] = self.release(message["href"])
-                released.pop("", None)  # an ungrouped release releases that message only
+                outcome = self.release(message["href"])
+                if group:  # an ungrouped release releases that message only
+                    released[group] = outcome
             else:
                 if stamp is not None:
                     CONSUMED.add((queue, stamp.producer, stamp.seq))
