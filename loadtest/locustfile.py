@@ -84,6 +84,7 @@ try:
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
     from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.keepalive import keep_alive_past_fd_1023
     from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
@@ -92,6 +93,7 @@ except ImportError:  # `locust -f .../loadtest/locustfile.py` from another direc
     from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
     from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.keepalive import keep_alive_past_fd_1023
     from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 
@@ -108,36 +110,6 @@ def listen(hook: EventHook) -> Callable[[F], F]:
         return handler
 
     return register
-
-
-# -- keep-alive past file descriptor 1023 ------------------------------------------
-
-
-def keep_alive_past_fd_1023() -> None:
-    """geventhttpclient checks a pooled socket with select(), which raises
-    ValueError for a descriptor >= 1024 and so calls every such socket dead:
-    beyond about 1,000 users per process each request would open a new
-    connection (a handshake, an accept and a TIME_WAIT socket per request,
-    and a latency tail that is the load generator's, not the service's).
-    Same check with poll(0), which has no such limit and never blocks.
-    (Imported here, after locust has monkey-patched the standard library.)"""
-    import select
-
-    from gevent.monkey import get_original
-    from geventhttpclient.connectionpool import ConnectionPool
-
-    poll = get_original("select", "poll")
-
-    def is_socket_alive(self: ConnectionPool, sock: Any) -> bool:
-        if sock is None or sock.fileno() < 0:
-            return False
-        poller = poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        # readable while idle means a FIN or stray bytes: not reusable either way
-        return not poller.poll(0)
-
-    if hasattr(ConnectionPool, "_is_socket_alive"):
-        ConnectionPool._is_socket_alive = is_socket_alive  # type: ignore[method-assign]
 
 
 keep_alive_past_fd_1023()
@@ -522,11 +494,9 @@ class Consumer(FeedUser):
 
     @task
     def claim_messages(self) -> None:
-        # Locust may kill a stopping user in the middle of a request, even with
-        # --stop-timeout (it decides on a state read a moment earlier): a claim
-        # cut off there holds messages nobody knows of until it expires. So a
-        # claim and its messages are handled in a greenlet of their own, which
-        # finishes even when this user is killed.
+        # Locust may kill a stopping user mid-request (even with --stop-timeout),
+        # and a claim cut off there holds messages unknown to anyone until it
+        # expires: a claim is handled in a greenlet that outlives the user.
         gevent.spawn(self.claim_and_handle).get()
 
     def claim_and_handle(self) -> None:
@@ -566,11 +536,17 @@ class Consumer(FeedUser):
         if checker is not None:
             checker.claimed(queue, claim, [s for s in ours if s], sent, time.time(), CLAIM_TTL)
         # releasing a message also releases the claim's later messages of its group
-        released: dict[str, tuple[float, int]] = {}
+        released: dict[str, tuple[float, int]] = {}  # group -> (release sent, status)
+        probed: set[str] = set()
         for index, (message, stamp, mine) in enumerate(zip(messages, stamps, ours, strict=True)):
             group = message.get("group") or ""
-            if group in released:
-                outcome = released[group]
+            if group in released:  # the release of an earlier one took it along
+                sent, status = released[group]
+                if checker is not None and mine is not None:
+                    checker.released(queue, claim, mine, sent, status)
+                if o.release_delay and status == 204 and group not in probed:
+                    probed.add(group)
+                    self.probe_released(queue, claim, message, mine, sent + o.release_delay)
             elif random.random() < o.release_ratio:
                 if o.release_delay:  # hidden from lists until due, with the group's later ones
                     later = zip(messages[index:], stamps[index:], strict=True)
@@ -582,6 +558,8 @@ class Consumer(FeedUser):
                 outcome = self.release(message["href"])
                 if group:  # an ungrouped release releases that message only
                     released[group] = outcome
+                if checker is not None and mine is not None:
+                    checker.released(queue, claim, mine, *outcome)
             else:
                 if stamp is not None:
                     CONSUMED.add((queue, stamp.producer, stamp.seq))
@@ -591,14 +569,34 @@ class Consumer(FeedUser):
                 )
                 if checker is not None and mine is not None:
                     checker.deleted(queue, claim, mine, started, time.time(), deleted.status_code)
-                continue
-            if checker is not None and mine is not None:
-                checker.released(queue, claim, mine, *outcome)
         if claim:
             started = time.time()
-            status = self.client.delete(claim, headers=self.headers, name="DELETE claim")
+            answer = self.client.delete(claim, headers=self.headers, name="DELETE claim")
             if checker is not None:
-                checker.claim_released(claim, started, status.status_code)
+                checker.claim_released(claim, started, answer.status_code)
+
+    def probe_released(
+        self, queue: str, claim: str, message: Any, stamp: Stamp | None, due: float
+    ) -> None:
+        """A release must take the claim's next message of the group along: a
+        delete of it with the claim is refused (400). A 204 before the release
+        is due (``due``; no other claim can take it sooner) is a failure (and
+        an ack order finding); a later one may be another claim's delete."""
+        started = time.time()
+        with self.client.delete(
+            message["href"],
+            headers=self.headers,
+            name="DELETE released message",
+            catch_response=True,
+        ) as response:
+            if response.status_code == 400 or (response.status_code == 204 and time.time() >= due):
+                response.success()
+            else:
+                what = "a release left the group's next message in the claim"
+                response.failure(f"{what}: {describe(response)}")
+        checker = CONSUMPTION.get("checker")
+        if checker is not None and stamp is not None:
+            checker.deleted(queue, claim, stamp, started, time.time(), response.status_code)
 
     def release(self, href: str) -> tuple[float, int]:
         """POST .../messages/{id}/release?claim_id=...: (time sent, status)."""
