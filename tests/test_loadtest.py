@@ -527,22 +527,22 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
              "--project", f"groups-{uuid.uuid4().hex}", "--queues", "2", "--batch", "3",
              "--groups", "3", "--release-ratio", "0.3", "--release-delay", "1",
              "--producer-weight", "4", "--consumer-weight", "3", "--producer-wait", "0.05",
-             "--poll-interval", "0.05", "--csv", str(tmp_path / "locust"),
-             "--observers", "1", "--timings-dir", str(tmp_path / "timings"),
+             "--poll-interval", "0.05", "--observers", "1",
+             "--timings-dir", str(tmp_path / "timings"),
              "Producer", "Consumer", "Observer"],
             capture_output=True, text=True, timeout=120, check=False, env=env, cwd=REPO_ROOT,
         )  # fmt: skip
         serve.stop(signal.SIGTERM)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
-    with (tmp_path / "locust_stats.csv").open() as f:
-        stats = {row["Name"]: row for row in csv.DictReader(f)}
-    names = ("POST messages", "POST claims", "DELETE message", "POST release",
-             "DELETE released message")  # fmt: skip
-    for name in names:
-        assert int(stats[name]["Request Count"]) > 0, output
-    assert int(stats["Aggregated"]["Failure Count"]) == 0, output
+    # the timings, written in the stop handler after the checkers' verdicts
+    # (once, on a loaded machine, Locust's CSV had no "POST messages" row after a
+    # run that exited 0)
     [record] = timings.load(tmp_path / "timings")
+    assert record.meta["failures"] == {}, record.meta["failures"]
+    for name in ("POST messages", "POST claims", "DELETE message", "POST release",
+                 "DELETE released message"):  # fmt: skip
+        assert len(record.samples.get(name, ())) > 0, (name, output[-5000:])
     assert record.meta["checker"]["findings"] == 0 and record.meta["checker"]["checked"] > 0
     consumption = record.meta["checker"]["consumption"]
     assert consumption["findings"] == 0, consumption
