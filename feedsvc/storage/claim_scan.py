@@ -66,6 +66,8 @@ class Found:
     parked: dict[str, int] = field(default_factory=dict)
     #: group -> ids met at its front whose messages are gone or expired
     stale: dict[str, list[str]] = field(default_factory=dict)
+    #: ungrouped ids met in the claim index whose messages are gone
+    gone: list[str] = field(default_factory=list)
     #: group -> the seq of its head, where Q:ci's entry holds another
     heads: dict[str, int] = field(default_factory=dict)
     #: group -> how many ids its zset held, all stale or parked: its entry goes
@@ -86,7 +88,7 @@ class Found:
 
     @property
     def upkeep(self) -> bool:
-        return bool(self.stale or self.heads or self.emptied)
+        return bool(self.stale or self.gone or self.heads or self.emptied)
 
     def upkeep_watch(self, keys: QueueKeys) -> list[str]:
         """The keys a transaction writing the upkeep WATCHes."""
@@ -104,6 +106,8 @@ class Found:
         writes: list[Command] = []
         for group, ids in self.stale.items():
             writes.append(("ZREM", keys.group(group), *ids))
+        if self.gone:
+            writes.append(("ZREM", keys.claim_index, *self.gone))
         for message_id, seq in self.parked.items():
             # it leaves its group (whose next message is its head now), and
             # stays claimable alone until the dead-letter queue has its copy
@@ -176,10 +180,13 @@ class Scan:
             if len(before) < CHUNK:
                 return
 
-    def _single(self, row: r.Row | None) -> None:
-        """An ungrouped message: taken if free (and takeable)."""
+    def _single(self, row: r.Row | None, indexed: str = "") -> None:
+        """An ungrouped message: taken if free (and takeable); indexed: its
+        id, met in the claim index (gone: it leaves it)."""
         self._scanned += 1
         if row is None:
+            if indexed:
+                self.found.gone.append(indexed)
             return
         self.found.note(row.free_at(self._now))
         if row.free(self._now) and (verdict := self._judge(row)) != "leave":
@@ -241,7 +248,7 @@ class Scan:
                 group = member[len(GROUP_ENTRY) :]
                 await self._group(group, score, fronts[group], rows)
             else:
-                self._single(rows[member])
+                self._single(rows[member], member)
 
     async def _group(
         self,
