@@ -135,6 +135,20 @@ async def test_a_wait_wakes_when_a_group_s_head_is_deleted_by_ids(
     assert got == ["a2"]
 
 
+async def test_a_wait_wakes_when_a_group_s_delayed_head_is_deleted(
+    store: FeedStore, project: str
+) -> None:
+    a1, _ = await post(store, project, message("a1", "a", delay=60), message("a2", "a"))
+    assert await claimed(store, project) == (None, [])
+    async with store.follow(project, Q) as follow:
+        await asyncio.sleep(0.2)  # subscribed
+        token = follow.token()
+        await store.delete_message(project, Q, a1, None)
+        assert await follow.wait(token, 10.0)  # woken by the delete
+    _, got = await claimed(store, project)
+    assert got == ["a2"]
+
+
 @pytest.mark.parametrize(("writer", "reader"), [("lua", "watch"), ("watch", "lua")])
 async def test_one_driver_claims_in_order_what_the_other_posted(
     redis_url: str, clock: ManualClock, project: str, writer: str, reader: str

@@ -480,7 +480,8 @@ class WatchStore(RedisStore):
             if row is None:
                 return r.forget_commands(keys, [message_id]), "ok"
             writes = _forget(keys, [row])
-            if row.group and row.claimed(now):  # its group's next message may be free now
+            # a group's head claimed or not due blocked its group: the next may be free now
+            if row.group and not row.free(now):
                 writes.append(("SPUBLISH", keys.feed, r.FREED))
             return writes, "ok"
 
