@@ -43,6 +43,8 @@ from feedsvc.storage.transport import Transport
 CHUNK = 100
 #: a group's first ids read with the claim index entries naming it (more on demand)
 FRONT = 4
+#: ids a post's garbage collection looks at in the first groups' fronts
+TIDY_BUDGET = 10
 
 #: what a claim does with a free message: take it, park it for the dead-letter
 #: queue (it does not count towards the limit), or leave it (a sealed body this
@@ -303,3 +305,30 @@ class Scan:
             found.stale[group] = stale
         if head is not None and head != score:
             found.heads[group] = head
+
+
+async def tidy_groups(transport: Transport, keys: QueueKeys, now: int) -> None:
+    """The garbage collection's share of the ordered groups, after a watch
+    driver's post collected expired messages (_lib.lua's collect_garbage
+    does it in the script): expiry cannot tell which group an expired id was
+    in (its record is gone), so the first two groups of the claim index lose
+    the stale ids at their fronts, and their entries follow (Found); groups
+    further on are tidied by the claims that walk them. Once: a conflict
+    leaves it to the next."""
+    [raw] = await transport.call_checked([("ZRANGE", keys.claim_index, 0, 1, "WITHSCORES")])
+    entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+    found = await Scan(transport, keys, now, 1, TIDY_BUDGET, _leave).tidy(entries)
+    if not found.upkeep:
+        return
+
+    def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+        return found.upkeep_writes(keys, replies), None
+
+    watch = [keys.meta, *found.upkeep_watch(keys)]  # the first names the slot
+    async with transport.transactions.write_slot():
+        await transport.transactions.attempt(watch, found.upkeep_reads(keys), plan)
+
+
+def _leave(row: r.Row) -> Verdict:
+    """A tidy takes nothing."""
+    return "leave"
