@@ -83,6 +83,20 @@ async def test_a_claim_drops_a_group_s_stale_front_and_an_emptied_group(
     ]
 
 
+async def test_a_claim_drops_a_claim_index_id_whose_message_is_gone(
+    store: FeedStore, project: str, redis: Any
+) -> None:
+    """As if a process stopped between a delete's two steps (the watch
+    drivers' delete by ids): the message is gone, its claim index entry not."""
+    keys = QueueKeys.of(project, Q)
+    _, gone, kept = await post(store, project, message("a1", "a"), message("u1"), message("u2"))
+    await redis.delete(keys.record(gone))
+    await redis.zrem(keys.index, gone)
+    _, got = await claimed(store, project)
+    assert got == ["a1", "u2"]
+    assert await members(redis, keys.claim_index) == [GROUP_ENTRY + "a", kept]
+
+
 @pytest.mark.parametrize("keep", [True, False], ids=["purge", "delete"])
 async def test_purge_and_delete_leave_no_claim_index_behind(
     store: FeedStore, project: str, redis: Any, keep: bool
@@ -116,6 +130,20 @@ async def test_a_wait_wakes_when_a_group_s_head_is_deleted_by_ids(
         await asyncio.sleep(0.2)  # subscribed
         token = follow.token()
         await store.delete_messages(project, Q, [a1])
+        assert await follow.wait(token, 10.0)  # woken by the delete
+    _, got = await claimed(store, project)
+    assert got == ["a2"]
+
+
+async def test_a_wait_wakes_when_a_group_s_delayed_head_is_deleted(
+    store: FeedStore, project: str
+) -> None:
+    a1, _ = await post(store, project, message("a1", "a", delay=60), message("a2", "a"))
+    assert await claimed(store, project) == (None, [])
+    async with store.follow(project, Q) as follow:
+        await asyncio.sleep(0.2)  # subscribed
+        token = follow.token()
+        await store.delete_message(project, Q, a1, None)
         assert await follow.wait(token, 10.0)  # woken by the delete
     _, got = await claimed(store, project)
     assert got == ["a2"]

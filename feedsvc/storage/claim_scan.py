@@ -43,6 +43,8 @@ from feedsvc.storage.transport import Transport
 CHUNK = 100
 #: a group's first ids read with the claim index entries naming it (more on demand)
 FRONT = 4
+#: ids a post's garbage collection looks at in the first groups' fronts
+TIDY_BUDGET = 10
 
 #: what a claim does with a free message: take it, park it for the dead-letter
 #: queue (it does not count towards the limit), or leave it (a sealed body this
@@ -66,6 +68,8 @@ class Found:
     parked: dict[str, int] = field(default_factory=dict)
     #: group -> ids met at its front whose messages are gone or expired
     stale: dict[str, list[str]] = field(default_factory=dict)
+    #: ungrouped ids met in the claim index whose messages are gone
+    gone: list[str] = field(default_factory=list)
     #: group -> the seq of its head, where Q:ci's entry holds another
     heads: dict[str, int] = field(default_factory=dict)
     #: group -> how many ids its zset held, all stale or parked: its entry goes
@@ -86,7 +90,7 @@ class Found:
 
     @property
     def upkeep(self) -> bool:
-        return bool(self.stale or self.heads or self.emptied)
+        return bool(self.stale or self.gone or self.heads or self.emptied)
 
     def upkeep_watch(self, keys: QueueKeys) -> list[str]:
         """The keys a transaction writing the upkeep WATCHes."""
@@ -104,6 +108,8 @@ class Found:
         writes: list[Command] = []
         for group, ids in self.stale.items():
             writes.append(("ZREM", keys.group(group), *ids))
+        if self.gone:
+            writes.append(("ZREM", keys.claim_index, *self.gone))
         for message_id, seq in self.parked.items():
             # it leaves its group (whose next message is its head now), and
             # stays claimable alone until the dead-letter queue has its copy
@@ -176,10 +182,13 @@ class Scan:
             if len(before) < CHUNK:
                 return
 
-    def _single(self, row: r.Row | None) -> None:
-        """An ungrouped message: taken if free (and takeable)."""
+    def _single(self, row: r.Row | None, indexed: str = "") -> None:
+        """An ungrouped message: taken if free (and takeable); indexed: its
+        id, met in the claim index (gone: it leaves it)."""
         self._scanned += 1
         if row is None:
+            if indexed:
+                self.found.gone.append(indexed)
             return
         self.found.note(row.free_at(self._now))
         if row.free(self._now) and (verdict := self._judge(row)) != "leave":
@@ -241,7 +250,7 @@ class Scan:
                 group = member[len(GROUP_ENTRY) :]
                 await self._group(group, score, fronts[group], rows)
             else:
-                self._single(rows[member])
+                self._single(rows[member], member)
 
     async def _group(
         self,
@@ -296,3 +305,30 @@ class Scan:
             found.stale[group] = stale
         if head is not None and head != score:
             found.heads[group] = head
+
+
+async def tidy_groups(transport: Transport, keys: QueueKeys, now: int) -> None:
+    """The garbage collection's share of the ordered groups, after a watch
+    driver's post collected expired messages (_lib.lua's collect_garbage
+    does it in the script): expiry cannot tell which group an expired id was
+    in (its record is gone), so the first two groups of the claim index lose
+    the stale ids at their fronts, and their entries follow (Found); groups
+    further on are tidied by the claims that walk them. Once: a conflict
+    leaves it to the next."""
+    [raw] = await transport.call_checked([("ZRANGE", keys.claim_index, 0, 1, "WITHSCORES")])
+    entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
+    found = await Scan(transport, keys, now, 1, TIDY_BUDGET, _leave).tidy(entries)
+    if not found.upkeep:
+        return
+
+    def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+        return found.upkeep_writes(keys, replies), None
+
+    watch = [keys.meta, *found.upkeep_watch(keys)]  # the first names the slot
+    async with transport.transactions.write_slot():
+        await transport.transactions.attempt(watch, found.upkeep_reads(keys), plan)
+
+
+def _leave(row: r.Row) -> Verdict:
+    """A tidy takes nothing."""
+    return "leave"

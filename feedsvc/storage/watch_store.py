@@ -65,7 +65,7 @@ from feedsvc.storage.base import (
     new_id,
     reserved_fields,
 )
-from feedsvc.storage.claim_scan import Found, Scan, Verdict
+from feedsvc.storage.claim_scan import Found, Scan, Verdict, tidy_groups
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
@@ -78,14 +78,13 @@ from feedsvc.storage.redis_store import (
     read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
+from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_list import scan_page
 
 GC_BATCH = 100
 # What a delete by ids reads of each record's author line for its group:
 # a client id (a UUID), " g=" and a group of up to 128 characters, with room.
 AUTHOR_LINE = 255
-# Ids a post's garbage collection looks at in the first groups' fronts.
-TIDY_BUDGET = 10
 DROP_BATCH = 500
 # Posts indexed by one transaction at most (a burst beyond waits for the next).
 MAX_COMBINED_POSTS = 64
@@ -423,7 +422,7 @@ class WatchStore(RedisStore):
         try:
             outcomes = await self._transport.transactions.optimistic(watch, reads, plan, before)
             if tidy == [True]:
-                await self._tidy(keys)
+                await tidy_groups(self._transport, keys, self._clock.now_ms())
             return outcomes
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
@@ -431,28 +430,6 @@ class WatchStore(RedisStore):
                     dropped = [keys.record(i) for p in postings for i in p.ids]
                     await self._transport.call([("DEL", *dropped)])
             raise
-
-    async def _tidy(self, keys: QueueKeys) -> None:
-        """The garbage collection's share of the ordered groups, after a post
-        collected expired messages (_lib.lua's collect_garbage does it in the
-        script): expiry cannot tell which group an expired id was in (its
-        record is gone), so the first two groups of the claim index lose the
-        stale ids at their fronts, and their entries follow (Found);
-        groups further on are tidied by the claims that walk them. Once: a
-        conflict leaves it to the next."""
-        transport, now = self._transport, self._clock.now_ms()
-        [raw] = await transport.call_checked([("ZRANGE", keys.claim_index, 0, 1, "WITHSCORES")])
-        entries = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(raw)]
-        found = await Scan(transport, keys, now, 1, TIDY_BUDGET, _leave).tidy(entries)
-        if not found.upkeep:
-            return
-
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            return found.upkeep_writes(keys, replies), None
-
-        watch = [keys.meta, *found.upkeep_watch(keys)]  # the first names the slot
-        async with transport.transactions.write_slot():
-            await transport.transactions.attempt(watch, found.upkeep_reads(keys), plan)
 
     async def tail_marker(self, project: str, queue: str) -> int:
         return await read_tail_marker(self._transport, self._keys(project, queue))
@@ -480,7 +457,8 @@ class WatchStore(RedisStore):
             if row is None:
                 return r.forget_commands(keys, [message_id]), "ok"
             writes = _forget(keys, [row])
-            if row.group and row.claimed(now):  # its group's next message may be free now
+            # a group's head claimed or not due blocked its group: the next may be free now
+            if row.group and not row.free(now):
                 writes.append(("SPUBLISH", keys.feed, r.FREED))
             return writes, "ok"
 
@@ -497,25 +475,7 @@ class WatchStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = self._keys(project, queue)
-        unique = list(dict.fromkeys(ids))
-        # each author line, read as it goes: the groups, in a queue with groups
-        lines: list[Command] = [
-            ("GETRANGE", keys.record(i), r.FIXED, r.FIXED + AUTHOR_LINE) for i in unique
-        ]
-        has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
-        replies = await self._transport.transaction(
-            [has_groups, *lines, *r.forget_commands(keys, unique)]
-        )
-        if not replies[0]:
-            return
-        # then out of the claim index and their groups (a scan meanwhile meets
-        # them gone, and skips them), and a group's next message may be free now
-        gone = [(i, _group_of(line)) for i, line in zip(unique, replies[1:], strict=False)]
-        writes = groups.forget_commands(keys, gone)
-        if any(group for _, group in gone):
-            writes.append(("SPUBLISH", keys.feed, r.FREED))
-        await self._transport.transaction(writes)
+        await _delete_by_ids(self._transport, self._keys(project, queue), list(dict.fromkeys(ids)))
 
     def _judge(
         self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
@@ -621,6 +581,25 @@ class WatchStore(RedisStore):
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
 
 
+async def _delete_by_ids(transport: Transport, keys: QueueKeys, ids: list[str]) -> None:
+    """Delete messages by id in one transaction that reads each author line
+    as it goes; in a queue with groups, a second one takes them out of the
+    claim index and their groups (a scan meanwhile meets them gone and skips
+    them) and wakes claim waits: a group's next message may be free now."""
+    lines: list[Command] = [
+        ("GETRANGE", keys.record(i), r.FIXED, r.FIXED + AUTHOR_LINE) for i in ids
+    ]
+    has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
+    replies = await transport.transaction([has_groups, *lines, *r.forget_commands(keys, ids)])
+    if not replies[0]:
+        return
+    gone = [(i, _group_of(line)) for i, line in zip(ids, replies[1:], strict=False)]
+    writes = groups.forget_commands(keys, gone)
+    if any(group for _, group in gone):
+        writes.append(("SPUBLISH", keys.feed, r.FREED))
+    await transport.transaction(writes)
+
+
 def _forget(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
     """Forget messages as read: out of the claim index and their groups too."""
     forgotten = r.forget_commands(keys, [row.id for row in rows])
@@ -631,11 +610,6 @@ def _group_of(line: bytes) -> str:
     """The group on the start of an author line (GETRANGE of a record from
     record.FIXED, AUTHOR_LINE long; "": none, or no record)."""
     return r.split_author(line.partition(r.NEWLINE)[0])[1]
-
-
-def _leave(row: r.Row) -> Verdict:
-    """A tidy takes nothing."""
-    return "leave"
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
