@@ -302,32 +302,6 @@ def test_query_string_credentials_are_described_where_they_are_accepted() -> Non
             }
 
 
-def test_which_routes_are_reads_comes_from_the_route_table() -> None:
-    """access_token goes on the GETs that routes.ACTIONS calls read, whatever
-    their path looks like: a table that says otherwise moves it."""
-    settings = Settings(auth_token="secret=tenant")
-    stats, claim = "/v2/queues/{queue}/stats", "/v2/queues/{queue}/claims/{claim_id}"
-
-    def takes_token(document: dict[str, Any], path: str) -> bool:
-        given = document["paths"][path]["get"]["parameters"]
-        return any(resolve(document, p)["name"] == "access_token" for p in given)
-
-    routed = openapi_document(settings, ROUTE_ACTIONS)
-    assert takes_token(routed, stats) and not takes_token(routed, claim)
-    swapped = {**ROUTE_ACTIONS, ("GET", stats): "manage", ("GET", claim): "read"}
-    document = openapi_document(settings, swapped)
-    assert not takes_token(document, stats) and takes_token(document, claim)
-
-
-async def test_the_served_document_has_the_apps_route_table(redis_url: str) -> None:
-    """The app's copy of routes.ACTIONS, by route, is the table the served
-    document's reads come from."""
-    settings = make_settings(redis_url, driver="lua", auth_token="secret=tenant")
-    async with TestClient(TestServer(create_app(settings))) as http:
-        served = await (await http.get("/v2/openapi.json")).json()
-    assert served == json.loads(json.dumps(openapi_document(settings, ROUTE_ACTIONS)))
-
-
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_served_without_headers(driver: str, redis_url: str) -> None:
     settings = make_settings(redis_url, driver=driver)
