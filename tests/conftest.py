@@ -135,6 +135,7 @@ CLUSTER_SUITES = {
     "test_live",
     "test_store",
     "test_store_claims",
+    "test_group_property",
     "test_store_redrive",
     "test_store_upgrade",
     "test_api",

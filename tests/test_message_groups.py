@@ -39,7 +39,7 @@ from tests.test_api_redrive import progress_when
 from tests.test_live import next_event, open_stream
 
 #: The drivers that order claims by group so far.
-GROUPED_DRIVERS = ["lua"]
+GROUPED_DRIVERS = ["lua", "watch", "watch-naive"]
 grouped = pytest.mark.parametrize("driver", GROUPED_DRIVERS, indirect=True)
 both_topologies = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 

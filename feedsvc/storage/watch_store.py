@@ -53,6 +53,7 @@ from feedsvc.errors import (
     TooMuchContention,
     Unavailable,
 )
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage.base import (
     Claim,
@@ -64,23 +65,26 @@ from feedsvc.storage.base import (
     new_id,
     reserved_fields,
 )
+from feedsvc.storage.claim_scan import Found, Scan, Verdict, tidy_groups
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import Kind, QueueKeys
+from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
-    marker_ceiling,
-    marker_not_given_out,
     queue_full,
     read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.transport import Transport
+from feedsvc.storage.watch_list import scan_page
 
 GC_BATCH = 100
+# What a delete by ids reads of each record's author line for its group:
+# a client id (a UUID), " g=" and a group of up to 128 characters, with room.
+AUTHOR_LINE = 255
 DROP_BATCH = 500
 # Posts indexed by one transaction at most (a burst beyond waits for the next).
 MAX_COMBINED_POSTS = 64
@@ -150,7 +154,13 @@ def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
     for message_id, message in zip(posting.ids, posting.messages, strict=True):
         orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
         commands += r.body_commands(
-            posting.keys, message_id, posting.client_id, message.body, orphan_ttl, message.headers
+            posting.keys,
+            message_id,
+            posting.client_id,
+            message.body,
+            orphan_ttl,
+            message.headers,
+            message.group,
         )
     return commands
 
@@ -163,19 +173,21 @@ def _post_plan(
     inside: bool,
     too_large: Callable[[str, bytes], PostTooLarge],
     full: Callable[[str, bytes], QueueFull],
+    tidy: list[bool],
 ) -> Plan[list[Outcome]]:
     """The indexing transaction of postings to one queue (see WatchStore._index),
-    each checked on its own: a refused one does not stop the others."""
+    each checked on its own: a refused one does not stop the others. tidy
+    is set to [True] when it collects garbage in a queue with groups."""
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live = replies[:6]
-        seen = dict(zip(tokens, replies[6 : 6 + len(tokens)], strict=True))
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live, since = replies[:7]
+        seen = dict(zip(tokens, replies[7 : 7 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
             forget = [
                 field
-                for field, value in r.pairs(replies[6 + len(tokens)])
+                for field, value in r.pairs(replies[7 + len(tokens)])
                 if int(r.text(value).split()[0]) <= now
             ]
         if not inside and replies[-1] != sum(len(p.ids) for p in postings):
@@ -184,7 +196,10 @@ def _post_plan(
         default_ttl = int(dttl or settings.default_message_ttl)
         default_delay = int(ddelay or 0)
         seq = int(last) if last is not None else now * 1000
-        writes = gc_commands(keys, dead, now)
+        # from the first grouped message on, every post is claim-indexed
+        grouped = groups.groups_since(since)
+        tidy[:] = [bool(dead) and since is not None]
+        writes = gc_commands(keys, dead, now, since is not None)
         if last is None:  # where the counter starts (see list.lua's missed)
             writes.append(("HSET", keys.meta, r.SEQ_BASE, seq))
         if not exists:
@@ -216,12 +231,19 @@ def _post_plan(
                 seq += 1
                 ttl = default_ttl if message.ttl is None else message.ttl
                 delay = default_delay if message.delay is None else message.delay
-                header = r.posted(posting.client_id, ttl, now, seq, delay, 0, message.headers)
+                header = r.posted(
+                    posting.client_id, ttl, now, seq, delay, 0, message.headers, message.group
+                )
                 if inside:
                     writes += r.post_commands(keys, message_id, header, message.body)
                 else:
                     writes += r.header_commands(keys, message_id, header)
                 writes += r.index_commands(keys, message_id, header)
+                if posting.kind == "queue":  # a topic has no claims to order
+                    claim_indexed, grouped = groups.index_commands(
+                        keys, message_id, seq, message.group, grouped
+                    )
+                    writes += claim_indexed
                 due = header.due
                 first_due = due if due and (not first_due or due < first_due) else first_due
             if token is not None:
@@ -251,9 +273,13 @@ def _post_plan(
     return plan
 
 
-def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int) -> list[Command]:
-    """The writes that forget expired messages and claims (see _lib.lua)."""
+def gc_commands(keys: QueueKeys, dead: Sequence[bytes], now: int, grouped: bool) -> list[Command]:
+    """The writes that forget expired messages and claims (see _lib.lua);
+    grouped: the queue has ordered groups (the claim index's entries go too;
+    a group's zset keeps them until its front is tidied, WatchStore._tidy)."""
     commands = r.forget_commands(keys, dead) if dead else []
+    if dead and grouped:
+        commands.append(("ZREM", keys.claim_index, *dead))
     commands.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
     commands.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
     return commands
@@ -307,6 +333,16 @@ class WatchStore(RedisStore):
             if not ids:
                 break
             await transport.transaction(r.forget_commands(keys, ids))
+        while True:  # the claim index: every group's zset, named by its entry
+            [entries] = await transport.call_checked(
+                [("ZRANGE", keys.claim_index, 0, DROP_BATCH - 1)]
+            )
+            if not entries:
+                break
+            names = [r.text(e) for e in entries]
+            groups = [keys.group(n[len(GROUP_ENTRY) :]) for n in names if n.startswith(GROUP_ENTRY)]
+            dropped: list[Command] = [("DEL", *groups)] if groups else []
+            await transport.transaction([*dropped, ("ZREM", keys.claim_index, *entries)])
         while True:
             [claims] = await transport.call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
@@ -318,6 +354,8 @@ class WatchStore(RedisStore):
         # with a dead-letter queue's redrive and origins (storage/redrive.py)
         everything = [*keys.fixed(), keys.idempotency, keys.redrive, keys.origins]
         deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
+        if keep_queue:  # a purged queue claims as one that never had a group
+            deleted.append(("HDEL", keys.meta, r.GROUPS_SINCE))
         if not keep_queue:
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
@@ -359,7 +397,8 @@ class WatchStore(RedisStore):
         tokens = [p.token for p in postings if p.token is not None]
 
         full = functools.partial(queue_full, self._noun)
-        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full)
+        tidy: list[bool] = []
+        plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full, tidy)
 
         reads: list[Command] = [
             await self._registry_add(first.project, first.queue, first.kind),
@@ -371,6 +410,7 @@ class WatchStore(RedisStore):
             # keys.seq, which is watched, so the count cannot change unseen but
             # downwards (a delete, a pop: then a refusal is merely cautious)
             ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
+            ("HGET", keys.meta, r.GROUPS_SINCE),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
@@ -380,7 +420,10 @@ class WatchStore(RedisStore):
         if before:  # the bodies written ahead, counted (the plan's last reply)
             reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
         try:
-            return await self._transport.transactions.optimistic(watch, reads, plan, before)
+            outcomes = await self._transport.transactions.optimistic(watch, reads, plan, before)
+            if tidy == [True]:
+                await tidy_groups(self._transport, keys, self._clock.now_ms())
+            return outcomes
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
                 with contextlib.suppress(Unavailable):
@@ -394,7 +437,7 @@ class WatchStore(RedisStore):
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
-        page = await _scan_page(self._transport, keys, queue, query, now, scan_limit)
+        page = await scan_page(self._transport, keys, queue, query, now, scan_limit)
         return self._opener.page(page, self._noun, project, queue)
 
     async def delete_message(
@@ -411,7 +454,13 @@ class WatchStore(RedisStore):
                     return None, "claimed"
                 if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
-            return r.forget_commands(keys, [message_id]), "ok"
+            if row is None:
+                return r.forget_commands(keys, [message_id]), "ok"
+            writes = _forget(keys, [row])
+            # a group's head claimed or not due blocked its group: the next may be free now
+            if row.group and not row.free(now):
+                writes.append(("SPUBLISH", keys.feed, r.FREED))
+            return writes, "ok"
 
         reads = r.read_commands(keys, [message_id])
         watch = r.message_keys(keys, message_id)
@@ -426,87 +475,60 @@ class WatchStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = self._keys(project, queue)
-        await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
+        await _delete_by_ids(self._transport, self._keys(project, queue), list(dict.fromkeys(ids)))
 
-    async def _free_candidates(
-        self,
-        keys: QueueKeys,
-        now: int,
-        limit: int,
-        max_claims: int | None,
-        opened: dict[str, bytes],
-        where: tuple[str, str, str],
-    ) -> tuple[list[str], int | None]:
-        """Up to limit messages from the head that nobody holds (read without
-        WATCH), and the earliest time one of the others looked at becomes
-        free by itself (see Unclaimable).
+    def _judge(
+        self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
+    ) -> Callable[[r.Row], Verdict]:
+        """What a claim does with a free message (claim_scan.Verdict). With
+        max_claims, one claimed that often is parked for the dead-letter
+        queue. A sealed body is taken only if this process can open it (else
+        it is left, logged and counted), and noted in opened as it was read."""
 
-        With max_claims, messages claimed that often (to be dead-lettered) are
-        included too but do not count towards limit. A sealed body is
-        included only if this process can open it (else it is skipped, logged
-        and counted), and noted in opened as it was read.
-        """
-        found: list[str] = []
-        next_free: int | None = None
-        counted = 0
-        offset, scanned, budget = 0, 0, self._claim_scan_limit()
-        while counted < limit and scanned < budget:
-            [ids] = await self._transport.call_checked(
-                [("ZRANGE", keys.index, offset, offset + 99)]
-            )
-            if not ids:
-                break
-            offset += len(ids)
-            names = [r.text(i) for i in ids]
-            replies = await self._transport.call_checked(r.read_commands(keys, names))
-            for row in r.rows(names, replies):
-                scanned += 1
-                at = None if row is None else row.free_at(now)
-                if at is not None and (next_free is None or at < next_free):
-                    next_free = at
-                if row is not None and row.free(now):
-                    parked = max_claims is not None and row.count >= max_claims
-                    if not parked and is_sealed(row.body):  # parked ones move as stored
-                        op, project, queue = where
-                        if not self._opener.verdict(
-                            row.id, row.body, op, self._noun, project, queue
-                        ):
-                            continue
-                        opened[row.id] = row.body
-                    found.append(row.id)
-                    if max_claims is None or row.count < max_claims:
-                        counted += 1
-                    if counted == limit:
-                        break
-        return found, next_free
+        def judge(row: r.Row) -> Verdict:
+            if max_claims is not None and row.count >= max_claims:
+                return "park"  # parked ones move as stored
+            if is_sealed(row.body):
+                op, project, queue = where
+                if not self._opener.verdict(row.id, row.body, op, self._noun, project, queue):
+                    return "leave"
+                opened[row.id] = row.body
+            return "take"
+
+        return judge
 
     async def _take(
         self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
     ) -> Any:
-        """Find free candidates, then run plan_for(now, candidates, meta) over
-        them in a transaction; again after a backoff on conflict (a sealed
-        body changed since it was opened is one). Unclaimable when nothing is
-        free; where is (what, project, queue) for the log."""
+        """Find candidates (claim_scan.Scan, read without WATCH), then run
+        plan_for(now, meta)'s plan over them in a transaction, with the claim
+        index's upkeep the scan found; again after a backoff on conflict (a
+        sealed body changed since it was opened is one). Unclaimable when
+        nothing is free; where is (what, project, queue) for the log."""
         transport = self._transport
         attempt = 0
+        settings: Command = ("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS, r.GROUPS_SINCE)
         async with transport.transactions.write_slot():
             while True:
                 now = self._clock.now_ms()
-                [meta] = await transport.call_checked(
-                    [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                )
+                [meta] = await transport.call_checked([settings])
                 plan, max_claims = plan_for(now, meta)
                 opened: dict[str, bytes] = {}
-                candidates, next_free = await self._free_candidates(
-                    keys, now, limit, max_claims, opened, where
-                )
-                if not candidates:
-                    return Unclaimable(next_free)
+                judge = self._judge(max_claims, opened, where)
+                scan = Scan(transport, keys, now, limit, self._claim_scan_limit(), judge)
+                found = await scan.run(groups.groups_since(meta[-1]))
+                candidates = found.ids
                 watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
-                reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += r.read_commands(keys, candidates)
-                run = _as_opened(candidates, opened, plan(candidates))
+                watch += found.upkeep_watch(keys)
+                reads: list[Command] = [settings, *r.read_commands(keys, candidates)]
+                reads += found.upkeep_reads(keys)
+                if not candidates:
+                    if found.upkeep:  # once, as a courtesy: the next scan does it otherwise
+                        await transport.transactions.attempt(
+                            watch, reads, _upkeep_only(keys, found, meta)
+                        )
+                    return Unclaimable(found.next_free)
+                run = _as_opened(candidates, opened, _with_upkeep(keys, found, plan(candidates)))
                 done, result = await transport.transactions.attempt(watch, reads, run)
                 if done and result is not None:
                     return result
@@ -543,11 +565,13 @@ class WatchStore(RedisStore):
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
             def plan(candidates: list[str]) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = r.rows(candidates, replies[1:])
-                    if not all(row is not None and row.free(now) for row in rows):
+                    rows = [row for row in r.rows(candidates, replies[1:]) if row is not None]
+                    if len(rows) < len(candidates) or not all(row.free(now) for row in rows):
                         raise Conflicted
-                    popped = [row.message(now) for row in rows if row is not None]
-                    return r.forget_commands(keys, candidates), popped
+                    if replies[0] != meta:  # its gs came meanwhile: scan again, by group
+                        raise Conflicted
+                    popped = [row.message(now) for row in rows]
+                    return _forget(keys, rows), popped
 
                 return run
 
@@ -557,110 +581,35 @@ class WatchStore(RedisStore):
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
 
 
-async def _scan_page(
-    transport: Transport, keys: QueueKeys, queue: str, query: ListQuery, now: int, scan_limit: int
-) -> MessagePage:
-    """One page of the queue for query, read without WATCH (a list reads
-    only): the index in growing chunks, then the records of each chunk;
-    bodies as stored."""
-    found: list[Message] = []
-    scanned = 0
-    alive = alive_at_message = 0  # live entries met, and up to the last message found
-    first_alive: int | None = None  # the seq of the first live entry met
-    last: int | None = None
-    next_due: int | None = None  # see MessagePage
-    claim_ends: int | None = None  # see MessagePage
-    start = "-inf" if query.marker is None else f"({query.marker}"
-    chunk = query.limit + 2
-    check = query.check_marker and query.marker is not None
-    # the counter, read before the index (in the first read's round trip):
-    # every seq up to it not found in the index is gone (see passed below)
-    read_counter = check or query.passing
-    top: int | None = None
-    while len(found) < query.limit and scanned < scan_limit:
-        want = min(chunk, scan_limit - scanned)
-        commands: list[Command] = [
-            ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
-        ]
-        if read_counter:
-            commands.insert(0, ("GET", keys.seq))
-        [*counter, raw] = await transport.call_checked(commands)
-        if read_counter:
-            top = None if counter[0] is None else r.parse_seq(counter[0])
-            read_counter = False
-        if check:
-            assert query.marker is not None
-            if query.marker > marker_ceiling(counter[0], now):
-                raise marker_not_given_out(queue, query.marker)
-            check = False
-        entries = r.pairs(raw)
-        if not entries:
-            break
-        ids = [r.text(m) for m, _ in entries]
-        replies = await transport.call_checked(r.read_commands(keys, ids))
-        rows = r.rows(ids, replies)
-        for (_, score), row in zip(entries, rows, strict=True):
-            scanned += 1
-            last = r.parse_seq(score)
-            if row is None or not row.alive(now):
-                continue
-            alive += 1
-            first_alive = last if first_alive is None else first_alive
-            if not query.echo and row.author.decode() == query.client_id:
-                continue
-            if row.claimed(now):
-                if claim_ends is None or row.claim_expires < claim_ends:
-                    claim_ends = row.claim_expires
-                if not query.include_claimed:
-                    continue
-            if not query.include_delayed and row.due > now:
-                if row.due < row.expires and (next_due is None or row.due < next_due):
-                    next_due = row.due
-                continue
-            found.append(row.message(now))
-            alive_at_message = alive
-            next_due = None  # only those after the page's last message count (list.lua)
-            if len(found) == query.limit:
-                break
-        if len(entries) < want:
-            break
-        start = f"({last}"
-        chunk = min(chunk * 2, 512)
-    page = _page(found, last, scanned >= scan_limit, next_due, claim_ends)
-    if page.next_marker is not None and query.marker is not None:
-        met = alive_at_message if page.next_due is not None else alive
-        if page.next_marker - query.marker > met:
-            start_at = await _counted_from(transport, keys, query.marker)
-            page.missed = max(0, page.next_marker - start_at - met)
-    elif query.passing and query.marker is not None and not found and scanned < scan_limit:
-        # how far this empty page lets a follower pass (list.lua's passed)
-        start_at = await _counted_from(transport, keys, query.marker)
-        if first_alive is not None:
-            page.passed = max(start_at, first_alive - 1)
-        else:  # nothing live after the marker: every seq up to the counter is gone
-            page.passed = max(start_at, top or 0)
-        page.missed = page.passed - start_at
-    return page
+async def _delete_by_ids(transport: Transport, keys: QueueKeys, ids: list[str]) -> None:
+    """Delete messages by id in one transaction that reads each author line
+    as it goes; in a queue with groups, a second one takes them out of the
+    claim index and their groups (a scan meanwhile meets them gone and skips
+    them) and wakes claim waits: a group's next message may be free now."""
+    lines: list[Command] = [
+        ("GETRANGE", keys.record(i), r.FIXED, r.FIXED + AUTHOR_LINE) for i in ids
+    ]
+    has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
+    replies = await transport.transaction([has_groups, *lines, *r.forget_commands(keys, ids)])
+    if not replies[0]:
+        return
+    gone = [(i, _group_of(line)) for i, line in zip(ids, replies[1:], strict=False)]
+    writes = groups.forget_commands(keys, gone)
+    if any(group for _, group in gone):
+        writes.append(("SPUBLISH", keys.feed, r.FREED))
+    await transport.transaction(writes)
 
 
-async def _counted_from(transport: Transport, keys: QueueKeys, marker: int) -> int:
-    """Where counting what is gone after marker starts: seqs are consecutive
-    from the counter's start (list.lua's missed), later than an old marker
-    of a queue deleted and made again."""
-    [base] = await transport.call_checked([("HGET", keys.meta, r.SEQ_BASE)])
-    return marker if base is None else max(marker, r.parse_seq(base))
+def _forget(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
+    """Forget messages as read: out of the claim index and their groups too."""
+    forgotten = r.forget_commands(keys, [row.id for row in rows])
+    return forgotten + groups.forget_commands(keys, [(row.id, row.group) for row in rows])
 
 
-def _page(
-    found: list[Message], last: int | None, cut: bool, next_due: int | None, claim_ends: int | None
-) -> MessagePage:
-    """The page list.lua answers (its header explains next_marker, next_due,
-    claim_ends and missed); cut: the scan stopped at the scan limit."""
-    if next_due is not None and found:
-        return MessagePage(found, found[-1].seq, next_due, claim_ends)
-    if found or cut:
-        return MessagePage(found, last, None, claim_ends)
-    return MessagePage([], None, next_due, claim_ends)
+def _group_of(line: bytes) -> str:
+    """The group on the start of an author line (GETRANGE of a record from
+    record.FIXED, AUTHOR_LINE long; "": none, or no record)."""
+    return r.split_author(line.partition(r.NEWLINE)[0])[1]
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
@@ -674,6 +623,32 @@ def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -
             if row is not None and row.id in opened and row.body != opened[row.id]:
                 raise Conflicted
         return plan(replies)
+
+    return run
+
+
+def _with_upkeep(keys: QueueKeys, found: Found, plan: Plan[T]) -> Plan[T]:
+    """plan, and the claim index's upkeep the scan found (its reads are the
+    last replies)."""
+    if not found.upkeep and not found.parked:
+        return plan
+    sizes = len(found.emptied)
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
+        upkeep = found.upkeep_writes(keys, replies[len(replies) - sizes :])
+        writes, result = plan(replies)
+        return ([*(writes or []), *upkeep] if writes or upkeep else None), result
+
+    return run
+
+
+def _upkeep_only(keys: QueueKeys, found: Found, meta: list[Any]) -> Plan[None]:
+    """The claim index's upkeep by itself (a scan that found nothing to take)."""
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, None]:
+        if replies[0] != meta:
+            raise Conflicted
+        return found.upkeep_writes(keys, replies[1:]), None
 
     return run
 
@@ -706,7 +681,9 @@ def _claim_plan(
                 # until it is copied to the dead-letter queue
                 dttl = int(meta[2]) if meta[2] else row.ttl
                 parked.append(
-                    r.Parked(message_id, row.body, row.author, dttl, row.count, row.headers)
+                    r.Parked(
+                        message_id, row.body, row.author, dttl, row.count, row.headers, row.group
+                    )
                 )
                 writes += r.hold_commands(keys, row, claim_id, claim_expires)
                 continue
@@ -725,6 +702,7 @@ def _claim_plan(
                     claim_id,
                     row.count + 1,
                     headers=row.headers or None,
+                    group=row.group or None,
                 )
             )
         if not claimed:
