@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +154,11 @@ class GroupsRun:
         )
 
 
+def _rate_ratio(top: str, under: str) -> Callable[[dict[str, Drain]], float]:
+    """A round's messages claimed/s of the case named top over that of under."""
+    return lambda runs: runs[top].messages_s / runs[under].messages_s
+
+
 def part_groups(suite: WrkSuite) -> None:
     for driver in DRIVERS:
         log = f"feedsvc-groups-{driver}.log"
@@ -167,9 +173,7 @@ def part_groups(suite: WrkSuite) -> None:
             ("1,000 groups", "ungrouped", "claims: 1,000 groups / ungrouped"),
             ("hot", "1,000 groups", "claims: others of a held hot group / 1,000 groups"),
         ):
-            runs, ratio = _median_round(
-                rounds, lambda runs, t=top, u=under: runs[t].messages_s / runs[u].messages_s
-            )
+            runs, ratio = _median_round(rounds, _rate_ratio(top, under))
             suite.add(
                 f"{name} ({driver})",
                 ratio=ratio,
@@ -181,6 +185,6 @@ def part_groups(suite: WrkSuite) -> None:
                 cpu_us=statistics.median(r[top].cpu_us for r in rounds),
                 under_cpu_us=statistics.median(r[under].cpu_us for r in rounds),
                 claimers=CLAIMERS,
-                errors=sum(d.errors for runs in rounds for d in runs.values()),
-                empty=sum(d.empty for runs in rounds for d in runs.values()),
+                errors=sum(d.errors for by_case in rounds for d in by_case.values()),
+                empty=sum(d.empty for by_case in rounds for d in by_case.values()),
             )
