@@ -17,6 +17,9 @@ to ``LIMIT`` messages and then deletes those it got (one ``DELETE
   of ``HOT_OTHERS`` other groups. Before wrk starts, a claim of an hour
   takes the head of ``hot`` and holds it through the run: the queue's
   oldest messages are locked, and every claim of the others passes them by.
+  A probe claim (its messages then deleted) checks that the service keeps
+  it off ``hot``: ``groups_honoured`` says whether it did in every round (a
+  driver without groups hands ``hot`` out; its figures say nothing of them).
 
 The three run back to back, in an order that rotates by round. Reported per
 driver, as medians over rounds of the same round's figures: claims/s,
@@ -102,6 +105,8 @@ class GroupsRun:
         self.svc = svc
         self.rate = 0.0
         self.queues = 0
+        #: whether the last hot run found the service keeping others off a held group
+        self.honoured = False
 
     def warm_up(self) -> None:
         """One second of claims on an ungrouped queue, not reported: the
@@ -119,19 +124,27 @@ class GroupsRun:
             backlog *= 2
         return run
 
+    def hold_hot_group(self, queue: str) -> bool:
+        """Claim the head of group ``hot`` for an hour (the claim that holds
+        it through the run), then probe with a second claim, whose messages
+        are deleted: whether the service keeps the probe off ``hot``, i.e.
+        honours groups (a driver or version without them hands it out)."""
+        path = f"/v2/queues/{queue}/claims?limit={LIMIT}"
+        held = orjson.loads(self.svc.request("POST", path, {"ttl": 3600, "grace": 60}))
+        assert held["messages"] and {m.get("group", "hot") for m in held["messages"]} == {"hot"}
+        probe = orjson.loads(self.svc.request("POST", path, {"ttl": 60, "grace": 60}))["messages"]
+        ids = ",".join(m["id"] for m in probe)
+        self.svc.request("DELETE", f"/v2/queues/{queue}/messages?ids={ids}")
+        return all(m.get("group") not in (None, "hot") for m in probe)
+
     def drain_once(self, case: str, backlog: int, seconds: float) -> Drain:
         self.queues += 1
         queue = f"bgroups{self.queues}"
         batch = messages(case, backlog)
         payloads = [{"messages": batch[i : i + PER_POST]} for i in range(0, len(batch), PER_POST)]
         errors = post_all(self.svc, queue, payloads)
-        if case == "hot":  # the claim that holds the hot group's head through the run
-            held = orjson.loads(
-                self.svc.request(
-                    "POST", f"/v2/queues/{queue}/claims?limit={LIMIT}", {"ttl": 3600, "grace": 60}
-                )
-            )["messages"]
-            assert held and all(m.get("group", "hot") == "hot" for m in held), held
+        if case == "hot":
+            self.honoured = self.hold_hot_group(queue)
         result = wrk(
             self.svc.url + f"/v2/queues/{queue}/claims",
             "claim_delete.lua",
@@ -166,9 +179,11 @@ def part_groups(suite: WrkSuite) -> None:
             runner = GroupsRun(suite, svc)
             runner.warm_up()
             rounds: list[dict[str, Drain]] = []
+            honoured = []
             for r in range(suite.rounds):
                 order = CASES[r % 3 :] + CASES[: r % 3]
                 rounds.append({case: runner.drain(case) for case in order})
+                honoured.append(runner.honoured)
         for top, under, name in (
             ("1,000 groups", "ungrouped", "claims: 1,000 groups / ungrouped"),
             ("hot", "1,000 groups", "claims: others of a held hot group / 1,000 groups"),
@@ -185,6 +200,7 @@ def part_groups(suite: WrkSuite) -> None:
                 cpu_us=statistics.median(r[top].cpu_us for r in rounds),
                 under_cpu_us=statistics.median(r[under].cpu_us for r in rounds),
                 claimers=CLAIMERS,
+                groups_honoured=all(honoured),
                 errors=sum(d.errors for by_case in rounds for d in by_case.values()),
                 empty=sum(d.empty for by_case in rounds for d in by_case.values()),
             )
