@@ -31,6 +31,14 @@ local function claim_key(id)
   return PREFIX .. S_CLAIM .. id
 end
 
+-- Ordered groups (record.py, keys.py): the claim index (ungrouped ids and
+-- one GROUP_ENTRY .. group entry per group with messages, scored by seq)
+-- and each group's zset of ids, under GROUP_PREFIX .. group.
+local CLAIM_INDEX = PREFIX .. S_CLAIM_INDEX
+local GROUP_PREFIX = PREFIX .. S_GROUP
+-- a group on an author line (record.py's author_line): after H_GROUP_MARK
+local GROUP_PATTERN = '^[^ \n]*' .. H_GROUP_MARK .. '([^ \n]+)'
+
 -- A claimed message's new expiry (ms) and ttl (s): it lives at least until
 -- the claim expires plus grace, never shorter than it would have
 -- (record.claim_extension in Python is the same rule).
@@ -179,10 +187,174 @@ local function forget(id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
 end
 
+-- The group of a message (a read_message table), '' = none: it rides on
+-- the author line after H_GROUP_MARK (record.py's author_line).
+local function group_of(m)
+  return string.match(m.author, GROUP_PATTERN) or ''
+end
+
+-- The group of the message stored under id ('' = none, or gone), read from
+-- the start of its author line only (a legacy message has none).
+local function stored_group(id)
+  local line = redis.call('GETRANGE', record_key(id), H_AUTHOR - 1, H_AUTHOR + 299)
+  return string.match(line, GROUP_PATTERN) or ''
+end
+
+-- Make group's claim index entry follow its zset: scored by the seq of its
+-- first id, or removed once the group has no message left.
+-- Returns its first id (nil: none).
+local function settle_group(group)
+  local first = redis.call('ZRANGE', GROUP_PREFIX .. group, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('ZREM', CLAIM_INDEX, GROUP_ENTRY .. group)
+    return nil
+  end
+  redis.call('ZADD', CLAIM_INDEX, 'XX', first[2], GROUP_ENTRY .. group)
+  return first[1]
+end
+
+-- Whether a message (a read_message table) is live: indexed and not expired.
+local function is_live(m, now)
+  return m and m.seq > 0 and m.expires > now
+end
+
+-- Drop the ids at the front of a group whose messages are gone or expired
+-- (up to 5 looked at), and settle its entry: expiry cannot tell which group
+-- an expired id was in (its record is gone), so groups are tidied from
+-- their fronts, by the claims that walk them and here.
+local function tidy_group(group, now)
+  local gkey = GROUP_PREFIX .. group
+  local front = redis.call('ZRANGE', gkey, 0, 4)
+  local stale = {}
+  for _, id in ipairs(front) do
+    if is_live(read_message(id), now) then break end
+    stale[#stale + 1] = id
+  end
+  if #stale > 0 then redis.call('ZREM', gkey, unpack(stale)) end
+  settle_group(group)
+end
+
+-- Choose the messages a claim or a pop takes, up to limit, in the order
+-- they are to be handed out, looking at scan_limit index entries at most.
+-- judge(id, seq, m) is asked about each free message (is_free) and answers
+-- 'take', 'park' (chosen, not counted towards limit: the claim sets it
+-- aside for the dead-letter queue, and it leaves its group) or 'skip' (left
+-- where it is). Returns the chosen, each {id, seq, m, parked, group ('' =
+-- none)}; the earliest time a message looked at and not free becomes free
+-- by itself (nil: none), for a claim wait; and the tidying to do once the
+-- chosen are written (tidy_after).
+-- A queue without ordered groups (groups_since nil) is scanned in index
+-- order. With them, the index below groups_since (its messages from before
+-- the first group), then the claim index in order: an ungrouped id as
+-- ever; a group from its head, consecutively: its first live message must
+-- be free (else the group is blocked: claimed, or not due), and each next
+-- one taken only while the ones before it were. So the claimed messages of a
+-- group are always a prefix of its live messages, held by one claim, and a
+-- group costs the scan one message while blocked, however long its backlog.
+-- removing: the chosen leave their groups (a pop), so those are settled after.
+local function choose_messages(now, limit, scan_limit, groups_since, judge, removing)
+  local chosen, taking, scanned, next_free = {}, 0, 0, nil
+  local tidy = {stale = {}, gone = {}, groups = {}}
+  local function blocked(m)
+    local at = free_at(m, now)
+    if at and (not next_free or at < next_free) then next_free = at end
+  end
+  local function single(id, seq)
+    scanned = scanned + 1
+    local m = read_message(id)
+    if not m then
+      if groups_since then tidy.gone[#tidy.gone + 1] = id end
+    elseif is_free(m, now) then
+      local v = judge(id, seq, m)
+      if v ~= 'skip' then
+        chosen[#chosen + 1] = {id, seq, m, v == 'park', ''}
+        if v == 'take' then taking = taking + 1 end
+      end
+    else
+      blocked(m)
+    end
+  end
+  local function group(name)
+    local gkey, pos, stale = GROUP_PREFIX .. name, 0, {}
+    local settle = removing
+    while taking < limit and scanned < scan_limit do
+      local ids = redis.call('ZRANGE', gkey, pos, pos + limit - taking, 'WITHSCORES')
+      if #ids == 0 then
+        if pos == #stale then settle = true end  -- nothing live: the group is empty
+        break
+      end
+      pos = pos + #ids / 2
+      local stop = false
+      for j = 1, #ids, 2 do
+        local id, seq = ids[j], ids[j + 1]
+        scanned = scanned + 1
+        local m = read_message(id)
+        if not is_live(m, now) then
+          stale[#stale + 1] = id
+        elseif not is_free(m, now) then
+          blocked(m)
+          stop = true
+        else
+          local v = judge(id, seq, m)
+          if v == 'skip' then
+            stop = true
+          else
+            chosen[#chosen + 1] = {id, seq, m, v == 'park', name}
+            if v == 'park' then settle = true else taking = taking + 1 end
+            stop = taking >= limit
+          end
+        end
+        if stop then break end
+      end
+      if stop then break end
+    end
+    if #stale > 0 then
+      tidy.stale[name] = stale
+      settle = true
+    end
+    if settle then tidy.groups[name] = true end
+  end
+  local function scan(key, low, high)
+    local offset = 0
+    while taking < limit and scanned < scan_limit do
+      local entries = redis.call('ZRANGE', key, low, high, 'BYSCORE', 'LIMIT', offset, 100,
+        'WITHSCORES')
+      if #entries == 0 then break end
+      offset = offset + #entries / 2
+      for j = 1, #entries, 2 do
+        local entry = entries[j]
+        if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then
+          group(sub(entry, #GROUP_ENTRY + 1))
+        else
+          single(entry, entries[j + 1])
+        end
+        if taking >= limit or scanned >= scan_limit then break end
+      end
+    end
+  end
+  if groups_since then
+    scan(KEYS[K_IDX], '-inf', '(' .. groups_since)
+    scan(CLAIM_INDEX, '-inf', '+inf')
+  else
+    scan(KEYS[K_IDX], '-inf', '+inf')
+  end
+  return chosen, next_free, tidy
+end
+
+-- The tidying choose_messages asked for, once the chosen are written: ids
+-- of gone messages out of the claim index and the groups, groups settled.
+local function tidy_after(tidy)
+  if #tidy.gone > 0 then redis.call('ZREM', CLAIM_INDEX, unpack(tidy.gone)) end
+  for name, ids in pairs(tidy.stale) do redis.call('ZREM', GROUP_PREFIX .. name, unpack(ids)) end
+  for name in pairs(tidy.groups) do settle_group(name) end
+end
+
 -- Forget up to GC_BATCH messages whose ttl has passed, and expired claims.
 -- Redis drops the message hashes by itself (PEXPIREAT); this drops their
--- index entries so that nothing outlives its message.
-local function collect_garbage(now_text)
+-- index entries so that nothing outlives its message. In a queue with
+-- ordered groups (groups_since: its F_GROUPS_SINCE, nil = none) the claim
+-- index's too, and the first two groups of the claim index are tidied.
+local function collect_garbage(now_text, groups_since)
   local dead = redis.call('ZRANGEBYSCORE', KEYS[K_EXP], "-inf", now_text, "LIMIT", 0, GC_BATCH)
   if #dead > 0 then
     local mkeys = {}
@@ -194,7 +366,14 @@ local function collect_garbage(now_text)
     redis.call('ZREM', KEYS[K_IDX], unpack(dead))
     redis.call('ZREM', KEYS[K_EXP], unpack(dead))
     redis.call('ZREM', KEYS[K_CLAIMED], unpack(dead))
+    if groups_since then redis.call('ZREM', CLAIM_INDEX, unpack(dead)) end
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMED], "-inf", now_text)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMS], "-inf", now_text)
+  if groups_since then
+    local now = tonumber(now_text)
+    for _, entry in ipairs(redis.call('ZRANGE', CLAIM_INDEX, 0, 1)) do
+      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then tidy_group(sub(entry, #GROUP_ENTRY + 1), now) end
+    end
+  end
 end

@@ -23,7 +23,8 @@
 -- to copy into the dead-letter queue (another slot) and then forget; see
 -- RedisStore._dead_letter.
 -- Every candidate is checked on its own: its claim, delay and expiry (no
--- "claimed messages form a prefix" shortcut).
+-- "claimed messages form a prefix" shortcut); in a queue with ordered
+-- groups a group's messages are taken from its head only (choose_messages).
 local now = tonumber(ARGV[1])
 local claim_id = ARGV[2]
 local ttl, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -34,42 +35,25 @@ local dlq = ARGV[9]
 local dead_letters = ARGV[10] == '1'
 local sealed, checked = ARGV[11], verdicts(12)
 local q = redis.call('HMGET', KEYS[K_META], F_MAX_CLAIMS, F_DEAD_LETTER_QUEUE,
-  F_DEAD_LETTER_TTL)
+  F_DEAD_LETTER_TTL, F_GROUPS_SINCE)
 if (q[1] or '') ~= ARGV[7] or (q[2] or '') ~= dlq or (q[3] or '') ~= ARGV[8] then
   return {'retry'}
 end
-collect_garbage(ARGV[1])
+local groups_since = q[4]
+collect_garbage(ARGV[1], groups_since)
 local claim_expires = now + ttl * 1000
 local out = {}
 local parked = {}
 local claimed_ids = {}
 -- first choose (parked ones are copied as stored: they need no opening),
 -- then write, only if the caller has opened every body it would get
-local chosen, unopened = {}, {'open'}
-local taking = 0
-local scanned, offset = 0, 0
-local next_free = nil
-while taking < limit and scanned < scan_limit do
-  local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
-  if #entries == 0 then break end
-  offset = offset + #entries / 2
-  for j = 1, #entries, 2 do
-    local id, seq = entries[j], entries[j + 1]
-    scanned = scanned + 1
-    local m = read_message(id)
-    local at = free_at(m, now)
-    if at and (not next_free or at < next_free) then next_free = at end
-    if is_free(m, now) then
-      if dead_letters and max_claims and m.count >= max_claims then
-        chosen[#chosen + 1] = {id, seq, m, true}
-      elseif may_take(checked, sealed, id, m, unopened) then
-        chosen[#chosen + 1] = {id, seq, m, false}
-        taking = taking + 1
-        if taking == limit then break end
-      end
-    end
-  end
+local unopened = {'open'}
+local function judge(id, seq, m)
+  if dead_letters and max_claims and m.count >= max_claims then return 'park' end
+  if may_take(checked, sealed, id, m, unopened) then return 'take' end
+  return 'skip'
 end
+local chosen, next_free, tidy = choose_messages(now, limit, scan_limit, groups_since, judge)
 if #unopened > 1 then return unopened end
 for _, c in ipairs(chosen) do
   local id, seq, m, park = c[1], c[2], c[3], c[4]
@@ -79,6 +63,12 @@ for _, c in ipairs(chosen) do
     m.claim, m.claim_expires = claim_id, claim_expires
     write_header(id, m)
     redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+    if c[5] ~= '' then
+      -- it leaves its group (whose next message is now its head), and stays
+      -- claimable alone until the dead-letter queue has its copy
+      redis.call('ZREM', GROUP_PREFIX .. c[5], id)
+      redis.call('ZADD', CLAIM_INDEX, seq, id)
+    end
     parked[#parked + 1] = id
     parked[#parked + 1] = m.body
     parked[#parked + 1] = m.author
@@ -102,6 +92,7 @@ for _, c in ipairs(chosen) do
     out[#out + 1] = m.author  -- the author line: the message's headers ride on it
   end
 end
+if groups_since then tidy_after(tidy) end
 if #claimed_ids > 0 then
   local ckey = claim_key(claim_id)
   redis.call('HSET', ckey, F_TTL, int(ttl), F_GRACE, int(grace), F_CREATED, ARGV[1],

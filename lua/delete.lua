@@ -5,7 +5,9 @@
 -- With check=1 (single delete): returns 'claimed' when a live claim holds the
 -- message and no claim_id was given, 'badclaim' when claim_id does not hold
 -- it; nothing is deleted then. Otherwise deletes and returns 'ok'. Absent
--- messages are fine (deletes are idempotent).
+-- messages are fine (deletes are idempotent). Deleting the head of an
+-- ordered group publishes a wake-up (see _lib.lua's notify: 0 0) when the
+-- group has a next message.
 local now = tonumber(ARGV[1])
 local claim_id = ARGV[2]
 local check = ARGV[3] == '1'
@@ -22,10 +24,36 @@ if check then
 end
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-if #ids > 0 then
-  redis.call('DEL', unpack(KEYS, 7))
-  redis.call('ZREM', KEYS[K_IDX], unpack(ids))
-  redis.call('ZREM', KEYS[K_EXP], unpack(ids))
-  redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+if #ids == 0 then return 'ok' end
+-- In a queue with ordered groups: out of the claim index and their groups,
+-- and a group whose head this frees wakes the claim waits (as a release).
+local fronts = nil
+if redis.call('HEXISTS', KEYS[K_META], F_GROUPS_SINCE) == 1 then
+  fronts = {}
+  local members = {}
+  for _, id in ipairs(ids) do
+    local group = stored_group(id)
+    if group ~= '' then
+      if not fronts[group] then
+        fronts[group] = redis.call('ZRANGE', GROUP_PREFIX .. group, 0, 0)[1] or ''
+        members[group] = {}
+      end
+      members[group][#members[group] + 1] = id
+    end
+  end
+  redis.call('ZREM', CLAIM_INDEX, unpack(ids))
+  for group, gone in pairs(members) do redis.call('ZREM', GROUP_PREFIX .. group, unpack(gone)) end
+end
+redis.call('DEL', unpack(KEYS, 7))
+redis.call('ZREM', KEYS[K_IDX], unpack(ids))
+redis.call('ZREM', KEYS[K_EXP], unpack(ids))
+redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+if fronts then
+  local freed = false
+  for group, front in pairs(fronts) do
+    local first = settle_group(group)
+    if first and first ~= front then freed = true end
+  end
+  if freed then notify(0, 0) end
 end
 return 'ok'

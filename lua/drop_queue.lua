@@ -2,6 +2,8 @@
 -- does not block Redis. Call until it returns 0.
 -- KEYS: the 6 fixed keys. ARGV: batch size, keep ('1' = purge: delete the
 -- messages and claims but keep the queue, its metadata and its counter).
+-- The claim index and the ordered groups go too (a group's zset is deleted
+-- whole: its ids are among the messages).
 local batch = tonumber(ARGV[1])
 local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
 if #ids > 0 then
@@ -16,6 +18,19 @@ if #ids > 0 then
   redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
   return 1
 end
+-- the claim index and the ordered groups its entries name
+local entries = redis.call('ZRANGE', CLAIM_INDEX, 0, batch - 1)
+if #entries > 0 then
+  local groups = {}
+  for _, entry in ipairs(entries) do
+    if string.sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then
+      groups[#groups + 1] = GROUP_PREFIX .. string.sub(entry, #GROUP_ENTRY + 1)
+    end
+  end
+  if #groups > 0 then redis.call('DEL', unpack(groups)) end
+  redis.call('ZREM', CLAIM_INDEX, unpack(entries))
+  return 1
+end
 local claims = redis.call('ZRANGE', KEYS[K_CLAIMS], 0, batch - 1)
 if #claims > 0 then
   local ckeys = {}
@@ -26,6 +41,8 @@ if #claims > 0 then
 end
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
+  -- no message left: the next grouped post starts the claim index again
+  redis.call('HDEL', KEYS[K_META], F_GROUPS_SINCE)
 else
   redis.call('DEL', KEYS[K_META], KEYS[K_SEQ], KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED],
     KEYS[K_CLAIMS], IDEMPOTENCY)

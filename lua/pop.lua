@@ -7,31 +7,29 @@
 -- body it would take was not opened by the caller yet, {'open', then per
 -- such message: id, body}, having removed nothing: a message the caller
 -- cannot open is never removed (it is skipped).
+-- In a queue with ordered groups a group's messages are popped from its
+-- head only, in order, and not while a claim holds its head (choose_messages).
 local now = tonumber(ARGV[1])
 local limit, scan_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local sealed, checked = ARGV[4], verdicts(5)
-collect_garbage(ARGV[1])
-local chosen, unopened = {}, {'open'}
-local scanned, offset = 0, 0
-while #chosen < limit and scanned < scan_limit do
-  local entries = redis.call('ZRANGE', KEYS[K_IDX], offset, offset + 99, 'WITHSCORES')
-  if #entries == 0 then break end
-  offset = offset + #entries / 2
-  for j = 1, #entries, 2 do
-    local id, seq = entries[j], entries[j + 1]
-    scanned = scanned + 1
-    local m = read_message(id)
-    if is_free(m, now) and may_take(checked, sealed, id, m, unopened) then
-      chosen[#chosen + 1] = {id, seq, m}
-      if #chosen == limit then break end
-    end
-  end
+local groups_since = redis.call('HGET', KEYS[K_META], F_GROUPS_SINCE)
+collect_garbage(ARGV[1], groups_since)
+local unopened = {'open'}
+local function judge(id, seq, m)
+  if may_take(checked, sealed, id, m, unopened) then return 'take' end
+  return 'skip'
 end
+local chosen, _, tidy = choose_messages(now, limit, scan_limit, groups_since, judge, true)
 if #unopened > 1 then return unopened end
 local out = {}
 for _, c in ipairs(chosen) do
-  local id, seq, m = c[1], c[2], c[3]
+  local id, seq, m, group = c[1], c[2], c[3], c[5]
   forget(id)
+  if group ~= '' then
+    redis.call('ZREM', GROUP_PREFIX .. group, id)
+  elseif groups_since then
+    redis.call('ZREM', CLAIM_INDEX, id)
+  end
   out[#out + 1] = id
   out[#out + 1] = seq
   out[#out + 1] = m.body
@@ -39,4 +37,5 @@ for _, c in ipairs(chosen) do
   out[#out + 1] = int(m.created)
   out[#out + 1] = m.author
 end
+if groups_since then tidy_after(tidy) end
 return out

@@ -7,7 +7,8 @@
 --       idempotency token ('' = none), idempotency window in ms, '1' if the
 --       bodies are sealed (encrypted) else '0', the post's reservation
 --       ('' = none), then per message: id, ttl, delay ('' = the queue's
---       default, else the service's).
+--       default, else the service's), ordered group ('' = none, or not
+--       indexed: a topic's).
 -- The reservation goes first thing, whatever the outcome: from here on the
 -- messages count as live (indexed) or not at all (refused).
 -- Returns the seq of each message; {} (nothing indexed) if a body is missing;
@@ -19,9 +20,14 @@
 -- {'replay', id...} if the idempotency token was used within its window: the
 -- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
+-- Ordered groups (docs/consumers.md): the first grouped message sets the
+-- queue's F_GROUPS_SINCE to its seq; from then on every message is also
+-- claim-indexed: a grouped one in its group's zset (and its group's entry
+-- in the claim index, if the group had none), an ungrouped one in the claim
+-- index itself. A queue that never had a grouped message pays nothing.
 -- Publishes a notification for the queue's followers (see _lib.lua's notify).
 local now = tonumber(ARGV[1])
-local n = (#ARGV - 8) / 3
+local n = (#ARGV - 8) / 4
 local token = ARGV[5]
 if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7 + n], ARGV[8]) end
 -- all or nothing: index no message if any body is missing
@@ -51,12 +57,13 @@ if token ~= '' then
     end
   end
 end
-collect_garbage(ARGV[1])
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
   redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1])
 end
 local q = redis.call('HMGET', KEYS[K_META], F_DEFAULT_TTL, F_DEFAULT_DELAY, F_MAX_POST_SIZE,
-  F_MAX_MESSAGES)
+  F_MAX_MESSAGES, F_GROUPS_SINCE)
+local groups_since = q[5]
+collect_garbage(ARGV[1], groups_since)
 if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
 -- live messages only: an expired one, collected or not, holds no room
 if q[4] and redis.call('ZCOUNT', KEYS[K_EXP], '(' .. ARGV[1], '+inf') + n > tonumber(q[4]) then
@@ -75,9 +82,10 @@ local seqs = {}
 local indexed, first_due = 0, 0
 for i = 1, n do
   local key = KEYS[6 + i]
-  local id = ARGV[6 + 3 * i]
-  local ttl = tonumber(ARGV[7 + 3 * i]) or default_ttl
-  local delay = tonumber(ARGV[8 + 3 * i]) or default_delay
+  local id = ARGV[5 + 4 * i]
+  local ttl = tonumber(ARGV[6 + 4 * i]) or default_ttl
+  local delay = tonumber(ARGV[7 + 4 * i]) or default_delay
+  local group = ARGV[8 + 4 * i]
   -- the pipeline wrote the record unindexed (seq 0)
   local seq = tonumber(redis.call('GETRANGE', key, H_SEQ - 1, H_SEQ_END - 1)) or 0
   if seq == 0 then
@@ -90,6 +98,16 @@ for i = 1, n do
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)
+    if group ~= '' then
+      if not groups_since then
+        groups_since = int(seq)
+        redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
+      end
+      redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
+      redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
+    elseif groups_since then
+      redis.call('ZADD', CLAIM_INDEX, int(seq), id)
+    end
     indexed = seq
     if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
   end
@@ -98,7 +116,7 @@ end
 if indexed > 0 then notify(indexed, first_due) end
 if token ~= '' then
   local ids = {}
-  for i = 1, n do ids[i] = ARGV[6 + 3 * i] end
+  for i = 1, n do ids[i] = ARGV[5 + 4 * i] end
   redis.call('HSET', IDEMPOTENCY, token, int(now + tonumber(ARGV[6])) .. ' ' .. table.concat(ids, ' '))
 end
 return seqs

@@ -455,7 +455,21 @@ async def test_post_script_is_idempotent(lua_store: LuaStore, project: str, redi
     try:
         seq_before = await client.get(keys.seq)
         again = await client.evalsha(
-            script.sha, len(all_keys), *all_keys, 1, 3600, 0, 0, "", 0, "0", "", message_id, "", ""
+            script.sha,
+            len(all_keys),
+            *all_keys,
+            1,
+            3600,
+            0,
+            0,
+            "",
+            0,
+            "0",
+            "",
+            message_id,
+            "",
+            "",
+            "",
         )
         assert await client.get(keys.seq) == seq_before
         assert await client.zcard(keys.index) == 1
@@ -482,7 +496,7 @@ async def test_post_script_indexes_nothing_when_a_body_is_missing(
         seq_before = await client.get(keys.seq)
         for order in ((present, lost), (lost, present)):
             all_keys = [*keys.fixed(), *(keys.record(i) for i in order)]
-            per_message = [arg for i in order for arg in (i, "", "")]
+            per_message = [arg for i in order for arg in (i, "", "", "")]
             reply = await client.evalsha(
                 script.sha, len(all_keys), *all_keys, 1, 3600, 0, 0, "", 0, "0", "", *per_message
             )

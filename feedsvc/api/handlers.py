@@ -109,11 +109,14 @@ def message_json(prefix: str, message: Message, now: int) -> dict[str, Any]:
         shown["claim_count"] = message.claim_count
     if message.headers is not None:  # a feedsvc extension: only when it has some
         shown["headers"] = orjson.Fragment(message.headers)
+    if message.group is not None:  # a feedsvc extension: only when it has one
+        shown["group"] = message.group
     return shown
 
 
 def popped_json(message: Message, now: int) -> dict[str, Any]:
-    """A popped message as Zaqar shows it (no href: it is gone), with its headers."""
+    """A popped message as Zaqar shows it (no href: it is gone), with its
+    headers and group."""
     shown = {
         "id": message.id,
         "ttl": message.ttl,
@@ -122,6 +125,8 @@ def popped_json(message: Message, now: int) -> dict[str, Any]:
     }
     if message.headers is not None:
         shown["headers"] = orjson.Fragment(message.headers)
+    if message.group is not None:
+        shown["group"] = message.group
     return shown
 
 

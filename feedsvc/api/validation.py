@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from feedsvc.api import spec
+from feedsvc.api.message_groups import message_group
 from feedsvc.api.spec import Field, Param
 from feedsvc.appkeys import AUTHENTICATOR
 from feedsvc.auth.access import Identity
@@ -498,7 +499,7 @@ def _int_field(entry: Mapping[str, Any], field: Field) -> int | None:
 
 def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
     """The messages of a POST body ``{"messages": [{"body", "ttl", "delay",
-    "headers"}]}``; any message that breaks a rule fails the whole post."""
+    "headers", "group"}]}``; any message that breaks a rule fails the whole post."""
     entries = document.get("messages") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise BadRequest('The request body must be an object with a "messages" list.')
@@ -516,7 +517,8 @@ def new_messages(document: Any, settings: Settings) -> list[NewMessage]:
         ttl = _int_field(entry, rules.message_ttl)
         delay = _int_field(entry, rules.message_delay)
         headers = message_headers(entry["headers"]) if "headers" in entry else b""
-        out.append(NewMessage(message_body(entry["body"]), ttl, delay, headers))
+        group = message_group(entry["group"]) if "group" in entry else ""
+        out.append(NewMessage(message_body(entry["body"]), ttl, delay, headers, group))
     return out
 
 

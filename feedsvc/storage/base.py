@@ -14,7 +14,8 @@ into the Lua scripts too)::
     Q:q                  hash    c = created ms, m = user metadata (JSON object),
                                  plus the honoured reserved settings as plain
                                  fields: dttl, ddelay, mcc, dlq, dlqttl, mps, mm,
-                                 enc ("1": bodies are posted sealed)
+                                 enc ("1": bodies are posted sealed); gs = seq
+                                 of the first grouped message (claim index on)
     Q:seq                string  last sequence number given to a message; starts
                                  at the creation time in microseconds, so a
                                  re-created queue never reuses old markers
@@ -22,13 +23,16 @@ into the Lua scripts too)::
     Q:exp                zset    message id -> expires ms (GC, live counts)
     Q:claimed            zset    message id -> claim expires ms
     Q:claims             zset    claim id -> claim expires ms
+    Q:ci                 zset    since gs: ungrouped id -> seq, "g:<G>" -> seq of
+                                 G's head (the claim index, lua/claim.lua)
+    Q:g:<G>              zset    group G's message ids -> seq
     Q:r:<id>             string  the message record (record.py): a header of
                                  fixed-width fields, seq (0 until indexed),
                                  ttl s, created ms, expires ms, due ms
                                  (delay), claim expires ms, times claimed,
-                                 claim id; then the client id (and, after
-                                 a space, the message's headers as a JSON
-                                 object, if it has any), a newline,
+                                 claim id; then the client id (then " g=" and
+                                 its group, and a space and its headers as a
+                                 JSON object, if it has them), a newline,
                                  the body (JSON bytes, returned verbatim; or,
                                  in an encrypted queue, sealed.MAGIC + nonce +
                                  AES-256-GCM of them); PEXPIREAT expires
@@ -134,12 +138,14 @@ def reserved_fields(metadata: dict[str, Any]) -> dict[str, str]:
 @dataclass(slots=True)  # not frozen, as Message below: one per message posted
 class NewMessage:
     """A message as posted: the body already encoded as JSON, and its headers
-    (an object of strings, docs/consumers.md) too; b"": none."""
+    (an object of strings, docs/consumers.md) too; b"": none; and its
+    ordered group ("": none)."""
 
     body: bytes
     ttl: int | None = None
     delay: int | None = None
     headers: bytes = b""
+    group: str = ""
 
 
 # Not frozen: a frozen dataclass costs three to four times as much to build
@@ -159,6 +165,7 @@ class Message:
     author: str | None = None  # the poster's client id, where a list needs it
     # its headers, the JSON object as posted (docs/consumers.md); None: none
     headers: bytes | None = None
+    group: str | None = None  # its ordered group (docs/consumers.md); None: none
 
     def age(self, now_ms: int) -> int:
         return max(0, (now_ms - self.created_ms) // 1000)

@@ -25,6 +25,7 @@ from feedsvc.errors import (
     ProjectQueuesFull,
     Unavailable,
 )
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
@@ -76,9 +77,14 @@ class ClaimUpkeep(FeedSpace):
         return Claim(claim_id, int(ttl), int(grace), int(created), opened)
 
     async def _claim_transaction(
-        self, keys: QueueKeys, claim_id: str, plan_for: Callable[[list[str]], Plan[T]]
+        self,
+        keys: QueueKeys,
+        claim_id: str,
+        plan_for: Callable[[list[str]], Plan[T]],
+        also: str | None = None,
     ) -> T:
-        """Run a transaction over a claim and the messages it lists."""
+        """Run a transaction over a claim and the messages it lists (and
+        message also, read after them if the claim does not list it)."""
         transport = self._transport
         claim_key = keys.claim(claim_id)
         attempt = 0
@@ -86,9 +92,10 @@ class ClaimUpkeep(FeedSpace):
             while True:
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []
-                watch = [claim_key, *(k for i in held for k in r.message_keys(keys, i))]
+                read = held if also is None or also in held else [*held, also]
+                watch = [claim_key, *(k for i in read for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-                reads += r.read_commands(keys, held)
+                reads += r.read_commands(keys, read)
                 done, result = await transport.transactions.attempt(watch, reads, plan_for(held))
                 if done:
                     return result  # type: ignore[return-value]
@@ -156,35 +163,57 @@ class ClaimUpkeep(FeedSpace):
     async def release_message(
         self, project: str, queue: str, message_id: str, claim_id: str, delay: int
     ) -> None:
-        # One message and its claim in one transaction, as release_claim: a
+        """Free one message of a claim, hidden until delay has passed; a
+        message of an ordered group takes the claim's later messages of its
+        group with it (docs/consumers.md#ordered-groups): they may not be
+        handed out before it, and a group's claimed messages stay a prefix
+        of its messages, held by one claim."""
+        # The claim and its messages in one transaction, as release_claim: a
         # consumer's failure path, rare beside claims and posts.
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
         due = now + delay * 1000 if delay > 0 else 0
-        claim_key = keys.claim(claim_id)
 
-        def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
-            expires, ids = replies[0]
-            [row] = r.rows([message_id], replies[1:])
-            if row is None or not row.alive(now):
-                return None, "gone"
-            held = r.text(ids).split() if ids else []
-            # a message parked for the dead-letter queue carries the claim id
-            # but is not listed in the claim: it is not the consumer's
-            alive = expires is not None and int(expires) > now
-            if not (alive and row.claim == claim_id and row.claimed(now) and message_id in held):
-                return None, "notheld"
-            rest = " ".join(i for i in held if i != message_id)
-            writes = r.requeue_commands(keys, row, due)
-            writes.append(("HSET", claim_key, r.HELD, rest))
-            # free now: wake the queue's waiters; later: they set a timer
-            writes.append(("SPUBLISH", keys.feed, r.notification(0, due)))
-            return writes, "ok"
+        def plan_for(held: list[str]) -> Plan[str]:
+            def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
+                expires, ids = replies[0]
+                if (r.text(ids).split() if ids else []) != held:
+                    raise Conflicted
+                read = held if message_id in held else [*held, message_id]
+                rows = dict(zip(read, r.rows(read, replies[1:]), strict=True))
+                row = rows[message_id]
+                if row is None or not row.alive(now):
+                    return None, "gone"
+                # a message parked for the dead-letter queue carries the claim
+                # id but is not listed in the claim: it is not the consumer's
+                alive = expires is not None and int(expires) > now
+                if not (
+                    alive and row.claim == claim_id and row.claimed(now) and message_id in held
+                ):
+                    return None, "notheld"
+                freed = [row]
+                if row.group:
+                    freed += [
+                        later
+                        for later in rows.values()
+                        if later is not None
+                        and later.group == row.group
+                        and (later.seq or 0) > (row.seq or 0)
+                        and later.claim == claim_id
+                    ]
+                writes: list[Command] = []
+                for each in freed:
+                    writes += r.requeue_commands(keys, each, due)
+                gone = {each.id for each in freed}
+                rest = " ".join(i for i in held if i not in gone)
+                writes.append(("HSET", keys.claim(claim_id), r.HELD, rest))
+                # free now: wake the queue's waiters; later: they set a timer
+                writes.append(("SPUBLISH", keys.feed, r.notification(0, due)))
+                return writes, "ok"
 
-        watch = [claim_key, *r.message_keys(keys, message_id)]
-        reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-        reads += r.read_commands(keys, [message_id])
-        outcome = await self._transport.transactions.optimistic(watch, reads, plan)
+            return plan
+
+        outcome = await self._claim_transaction(keys, claim_id, plan_for, also=message_id)
         if outcome == "gone":
             raise MessageNotFound(message_id)
         if outcome == "notheld":
@@ -221,8 +250,9 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
 
         def copy(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            last, exists, origins_ttl, *seqs = replies
+            last, exists, origins_ttl, since_raw, *seqs = replies
             seq = r.parse_seq(last) if last is not None else now * 1000
+            since = groups.groups_since(since_raw)
             writes: list[Command] = []
             latest = 0
             for message, have in zip(parked, seqs, strict=True):
@@ -230,10 +260,17 @@ class ClaimUpkeep(FeedSpace):
                     continue
                 seq += 1
                 author = message.author.decode()
-                header = r.posted(author, message.ttl, now, seq, 0, message.count, message.headers)
+                header = r.posted(
+                    author, message.ttl, now, seq, 0, message.count, message.headers, message.group
+                )
                 writes += r.post_commands(target, message.id, header, message.body)
                 writes.append(("ZADD", target.index, seq, message.id))
                 writes.append(("ZADD", target.expiry, header.expires, message.id))
+                # its group is kept: claim-indexed there as a post is
+                grouped, since = groups.index_commands(
+                    target, message.id, seq, message.group, since
+                )
+                writes += grouped
                 # where it came from, for a redrive (storage/redrive.py)
                 writes.append(("HSET", target.origins, message.id, queue))
                 latest = max(latest, header.expires)
@@ -254,11 +291,14 @@ class ClaimUpkeep(FeedSpace):
 
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
             held = [
-                m.id
+                m
                 for n, m in enumerate(parked)
                 if r.holder(replies[2 * n], replies[2 * n + 1]) == claim_id
             ]
-            return (r.forget_commands(source, held) if held else None), None
+            if not held:
+                return None, None
+            writes = r.forget_commands(source, [m.id for m in held])
+            return writes + groups.forget_commands(source, [(m.id, m.group) for m in held]), None
 
         transport = self._transport
         try:
@@ -276,6 +316,7 @@ class ClaimUpkeep(FeedSpace):
                     ("GET", target.seq),
                     ("EXISTS", target.meta),
                     ("PTTL", target.origins),
+                    ("HGET", target.meta, r.GROUPS_SINCE),
                     *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
                 ],
                 copy,

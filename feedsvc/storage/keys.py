@@ -39,6 +39,11 @@ RECORD_INFIX = ":r:"  # a message (record.py)
 MESSAGE_INFIX = ":m:"  # a message written before the compact record (record.py)
 CLAIM_INFIX = ":c:"
 IDEMPOTENCY_SUFFIX = ":idem"
+#: ordered groups (docs/consumers.md#ordered-groups): the claim index, a zset
+#: of ungrouped ids and group entries (GROUP_ENTRY + group), and one zset per group
+CLAIM_INDEX_SUFFIX = ":ci"
+GROUP_INFIX = ":g:"
+GROUP_ENTRY = "g:"
 #: each process's count of the queue's followers, for /metrics (--metrics-queues)
 FOLLOWERS_SUFFIX = ":fol"
 SUBSCRIPTIONS_SUFFIX = ":subs"
@@ -173,6 +178,16 @@ class QueueKeys:
         """String: in a redrive's target, the mark that a dead letter was
         copied here (its idempotency key; storage/redrive.py)."""
         return self.prefix + REDRIVEN_INFIX + message_id
+
+    @property
+    def claim_index(self) -> str:
+        """Zset, once the queue has a grouped message: what claims scan, in
+        order (ungrouped id -> seq, GROUP_ENTRY + group -> its head's seq)."""
+        return self.prefix + CLAIM_INDEX_SUFFIX
+
+    def group(self, name: str) -> str:
+        """Zset: the ids of a group's messages -> seq."""
+        return self.prefix + GROUP_INFIX + name
 
     def record(self, message_id: str) -> str:
         """A message: its header and body in one string (see record.py)."""

@@ -172,18 +172,27 @@ class LuaStore(RedisStore):
         args.append(_flag(sealed))
         args.append(held.member if held is not None and held.in_script else "")
         commands: list[Command] = []
+        # a topic stores a message's group but has no claims to order by it
+        grouping = self._kind == "queue"
         for message_id, message in zip(ids, messages, strict=True):
             # Until the script sets the exact expiry, a body that never gets
             # indexed (a crash in between) still expires by itself.
             orphan_ttl = (message.ttl or settings.max_message_ttl) + settings.max_message_delay
             commands += r.body_commands(
-                keys, message_id, client_id, message.body, orphan_ttl, message.headers
+                keys,
+                message_id,
+                client_id,
+                message.body,
+                orphan_ttl,
+                message.headers,
+                message.group,
             )
             all_keys.append(keys.record(message_id))
             args += [
                 message_id,
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
+                message.group if grouping else "",
             ]
         if held is not None and held.in_script:
             all_keys.append(held.key)

@@ -37,6 +37,10 @@ first bytes), and list.lua's echo filter accepts a space after the author as
 well as a newline. Headers are never sealed, even in an encrypted queue:
 they are routing and tracing data the service itself reads (``traceparent``
 for span links and webhook requests), and the scripts cannot decrypt.
+A message's ordered *group* rides there too, between the author and the
+headers: a space, GROUP_MARK, the group (no space in it), so the author line
+is ``<client id>[ g=<group>][ <headers>]`` (:func:`author_line`); the
+scripts read it with a pattern (``_lib.lua``'s ``group_of``).
 
 Upgrade: releases before this one stored a message as a hash under another
 key, ``Q:m:<id>``, a field each (:data:`ROW`: b t c e s k x n u d). Those
@@ -70,8 +74,11 @@ from typing import Any, Final
 from feedsvc.storage.base import RESERVED_FIELDS, Claim, Message, MessagePage, Unclaimable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import (
+    CLAIM_INDEX_SUFFIX,
     CLAIM_INFIX,
     FEED_SUFFIX,
+    GROUP_ENTRY,
+    GROUP_INFIX,
     IDEMPOTENCY_SUFFIX,
     MESSAGE_INFIX,
     META_SUFFIX,
@@ -100,6 +107,7 @@ HELD: Final = "ids"  # the claimed message ids, space separated
 # -- the queue hash ----------------------------------------------------------
 METADATA: Final = "m"  # user metadata, a JSON object (CREATED as above)
 SEQ_BASE: Final = "sb"  # where the seq counter started: no message has a seq at or below it
+GROUPS_SINCE: Final = "gs"  # seq of the queue's first grouped message: claims scan Q:ci from it
 # and the reserved settings the scripts honour, as plain fields
 DEFAULT_TTL: Final = RESERVED_FIELDS["_default_message_ttl"]
 DEFAULT_DELAY: Final = RESERVED_FIELDS["_default_message_delay"]
@@ -138,6 +146,7 @@ LUA_NAMES: Final = {
     "F_DEAD_LETTER_QUEUE": DEAD_LETTER_QUEUE,
     "F_DEAD_LETTER_TTL": DEAD_LETTER_TTL,
     "F_ENCRYPTED": ENCRYPTED,
+    "F_GROUPS_SINCE": GROUPS_SINCE,
     # and the key suffixes of keys.py, which scripts build keys with
     "S_META": META_SUFFIX,
     "S_MESSAGE": MESSAGE_INFIX,
@@ -145,6 +154,9 @@ LUA_NAMES: Final = {
     "S_CLAIM": CLAIM_INFIX,
     "S_IDEMPOTENCY": IDEMPOTENCY_SUFFIX,
     "S_FEED": FEED_SUFFIX,
+    "S_CLAIM_INDEX": CLAIM_INDEX_SUFFIX,
+    "S_GROUP": GROUP_INFIX,
+    "GROUP_ENTRY": GROUP_ENTRY,
 }
 
 
@@ -152,8 +164,9 @@ def lua_header_names() -> dict[str, str]:
     """The Lua locals that lay out a message header: H_<FIELD> and
     H_<FIELD>_END, its first and last position (Lua counts from 1), H_AUTHOR
     where the author starts, HEADER_FORMAT, the string.format of the
-    fixed-width part (up to the author), H_MS_FORMAT, of a time in it, and
-    H_HEADERS_SEPARATOR, what comes between the author and a message's headers."""
+    fixed-width part (up to the author), H_MS_FORMAT, of a time in it,
+    H_HEADERS_SEPARATOR, what comes between the author and a message's headers,
+    and H_GROUP_MARK, what comes between the author and a message's group."""
     names = {}
     for name, width in HEADER_FIELDS:
         at = OFFSETS[name]
@@ -164,6 +177,7 @@ def lua_header_names() -> dict[str, str]:
     names["HEADER_FORMAT"] = repr("".join(f + " " for f in formats))
     names["H_MS_FORMAT"] = repr(formats[[n for n, _ in HEADER_FIELDS].index("expires")])
     names["H_HEADERS_SEPARATOR"] = repr(HEADERS_SEPARATOR.decode())
+    names["H_GROUP_MARK"] = repr((HEADERS_SEPARATOR + GROUP_MARK).decode())
     return names
 
 
@@ -217,6 +231,7 @@ HEADER_FIELDS: Final = (
 )
 NEWLINE: Final = b"\n"  # ends the author (and headers); the body follows
 HEADERS_SEPARATOR: Final = b" "  # between the author and a message's headers
+GROUP_MARK: Final = b"g="  # after the author and a space: the message's group follows
 SPACE: Final = ord(" ")  # the first byte of the claim field when no claim holds it
 
 
@@ -252,6 +267,7 @@ class Header:
     claim: str  # id of the claim holding it, '' = none
     author: str  # client id of the poster (for echo)
     headers: bytes = b""  # the message's headers, a JSON object; b"" = none
+    group: str = ""  # the message's ordered group; "" = none
 
     def fixed(self) -> bytes:
         """The fixed-width part: what a write after the post rewrites (SETRANGE 0)."""
@@ -265,13 +281,13 @@ class Header:
 
     def record(self, body: bytes) -> bytes:
         """The whole message record."""
-        return self.fixed() + author_line(self.author, self.headers) + NEWLINE + body
+        return self.fixed() + author_line(self.author, self.headers, self.group) + NEWLINE + body
 
     @classmethod
     def decode(cls, raw: bytes) -> Header:
         """The header at the start of a record (or of a GETRANGE of one)."""
         end = raw.find(NEWLINE, FIXED)
-        author, headers = split_author(raw[FIXED : None if end < 0 else end])
+        author, group, headers = split_author(raw[FIXED : None if end < 0 else end])
         return cls(
             int(raw[_SEQ]),
             int(raw[_TTL]),
@@ -283,39 +299,55 @@ class Header:
             raw[_CLAIM].rstrip().decode(),
             author.decode(),
             headers,
+            group,
         )
 
 
-def author_line(author: str, headers: bytes) -> bytes:
-    """What follows a record's fixed part up to the newline: the author, and
-    a message's headers after a space if it has any."""
+def author_line(author: str, headers: bytes, group: str = "") -> bytes:
+    """What follows a record's fixed part up to the newline: the author, then
+    a message's group after a space and GROUP_MARK, then its headers after
+    a space, each if it has them (a group holds no space, headers never
+    start with GROUP_MARK: they are a JSON object)."""
+    line = author.encode()
+    if group:
+        line += HEADERS_SEPARATOR + GROUP_MARK + group.encode()
     if headers:
-        return author.encode() + HEADERS_SEPARATOR + headers
-    return author.encode()
+        line += HEADERS_SEPARATOR + headers
+    return line
 
 
-def split_author(line: bytes) -> tuple[bytes, bytes]:
-    """(author, headers) of an author line (b"" headers: none)."""
-    author, _, headers = line.partition(HEADERS_SEPARATOR)
-    return author, headers
+def split_author(line: bytes) -> tuple[bytes, str, bytes]:
+    """(author, group, headers) of an author line ("" group, b"" headers: none)."""
+    author, _, rest = line.partition(HEADERS_SEPARATOR)
+    if not rest.startswith(GROUP_MARK):
+        return author, "", rest
+    group, _, headers = rest[len(GROUP_MARK) :].partition(HEADERS_SEPARATOR)
+    return author, group.decode(), headers
 
 
-def unindexed(author: str, body: bytes, headers: bytes = b"") -> bytes:
+def unindexed(author: str, body: bytes, headers: bytes = b"", group: str = "") -> bytes:
     """The record a body is written as before post.lua indexes it (seq 0)."""
-    # the same as Header(0, 0, 0, 0, 0, 0, 0, "", author, headers).record(body),
+    # the same as Header(0, 0, 0, 0, 0, 0, 0, "", author, headers, group).record(body),
     # whose fixed part, all zeros, is made once (formatting it cost each post 2.6 µs)
-    return _UNINDEXED + author_line(author, headers) + NEWLINE + body
+    return _UNINDEXED + author_line(author, headers, group) + NEWLINE + body
 
 
 _UNINDEXED: Final = Header(0, 0, 0, 0, 0, 0, 0, "", "").fixed()
 
 
 def posted(
-    author: str, ttl: int, now: int, seq: int, delay: int, count: int = 0, headers: bytes = b""
+    author: str,
+    ttl: int,
+    now: int,
+    seq: int,
+    delay: int,
+    count: int = 0,
+    headers: bytes = b"",
+    group: str = "",
 ) -> Header:
     """The header of a message when it is indexed (post.lua writes the same)."""
     due = now + delay * 1000 if delay > 0 else 0
-    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author, headers)
+    return Header(seq, ttl, now, now + ttl * 1000, due, 0, count, "", author, headers, group)
 
 
 def post_commands(keys: QueueKeys, message_id: str, header: Header, body: bytes) -> list[Command]:
@@ -332,12 +364,13 @@ def body_commands(
     body: bytes,
     orphan_ttl: int,
     headers: bytes = b"",
+    group: str = "",
 ) -> list[Command]:
     """A body written ahead of its indexing (the lua driver's pipeline, the
     tuned watch driver's write before WATCH): the record with seq 0, which
     nothing reads as a message, expiring by itself after orphan_ttl seconds
     unless indexing sets its exact expiry."""
-    record = unindexed(author, body, headers)
+    record = unindexed(author, body, headers, group)
     return [("SET", keys.record(message_id), record, "EX", orphan_ttl)]
 
 
@@ -494,6 +527,7 @@ class Row:
     due: int
     legacy: bool = False  # read from the legacy hash (see the module docstring)
     headers: bytes = b""  # the message's headers, a JSON object; b"" = none (legacy: always)
+    group: str = ""  # the message's ordered group; "" = none (legacy: always)
 
     @classmethod
     def read(cls, message_id: str, record: bytes | None, legacy: Sequence[Any]) -> Row | None:
@@ -513,6 +547,7 @@ class Row:
                 h.author.encode(),
                 h.due,
                 headers=h.headers,
+                group=h.group,
             )
         body = legacy[0]
         if body is None:
@@ -547,6 +582,7 @@ class Row:
             self.claim,
             self.author.decode(),
             self.headers,
+            self.group,
         )
 
     def alive(self, now: int) -> bool:
@@ -581,6 +617,7 @@ class Row:
             claim_count=self.count,
             author=self.author.decode(),
             headers=self.headers or None,
+            group=self.group or None,
         )
 
 
@@ -630,6 +667,7 @@ class Parked:
     ttl: int  # its ttl in the dead-letter queue
     count: int  # how often it was claimed
     headers: bytes = b""  # the message's headers (b"": none): a copy keeps them
+    group: str = ""  # the message's ordered group ("": none): a copy keeps it
 
 
 def _message(
@@ -638,6 +676,7 @@ def _message(
     """The five fields every script reply starts a message with: id, seq,
     body, ttl, created; line is the message's author line (its headers)."""
     # positional: one of these per message of every page
+    _, group, headers = split_author(line)
     return Message(
         text(out[i]),  # id
         parse_seq(out[i + 1]),  # seq
@@ -647,7 +686,8 @@ def _message(
         claim_id,
         count,  # claim_count
         None,  # author
-        split_author(line)[1] or None,
+        headers or None,
+        group or None,
     )
 
 
@@ -661,7 +701,10 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
         rec = out[i + 1]
         end = rec.index(NEWLINE, FIXED)
         held = rec[_CLAIM.start] != SPACE and int(rec[_CLAIM_EXPIRES]) > now
-        gap = rec.find(HEADERS_SEPARATOR, FIXED, end)  # -1: no headers
+        gap = rec.find(HEADERS_SEPARATOR, FIXED, end)  # -1: no headers, no group
+        group, headers = None, None if gap < 0 else rec[gap + 1 : end]
+        if headers is not None and headers.startswith(GROUP_MARK):
+            _, group, headers = split_author(rec[FIXED:end])
         messages.append(
             Message(
                 out[i].decode(),
@@ -672,7 +715,8 @@ def list_reply(out: list[Any], now: int, with_authors: bool) -> MessagePage:
                 rec[_CLAIM].rstrip().decode() if held else None,
                 int(rec[_COUNT]),
                 rec[FIXED : end if gap < 0 else gap].decode() if with_authors else None,
-                None if gap < 0 else rec[gap + 1 : end],
+                headers or None,
+                group,
             )
         )
     return MessagePage(
@@ -694,9 +738,11 @@ def claim_reply(
     start = 3 + 5 * int(out[1])
     parked = []
     for i in range(3, start, 5):
-        author, headers = split_author(out[i + 2])
+        author, group, headers = split_author(out[i + 2])
         parked.append(
-            Parked(text(out[i]), out[i + 1], author, int(out[i + 3]), int(out[i + 4]), headers)
+            Parked(
+                text(out[i]), out[i + 1], author, int(out[i + 3]), int(out[i + 4]), headers, group
+            )
         )
     if not out[0]:
         return Unclaimable(int(out[2]) if out[2] else None), parked

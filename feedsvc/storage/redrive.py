@@ -43,6 +43,7 @@ from typing import Any
 from feedsvc.clock import Clock
 from feedsvc.config import MessageSettings
 from feedsvc.errors import ProjectQueuesFull, QueueNotFound, RedriveRunning
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Redrive, new_id
 from feedsvc.storage.coalescer import Command
@@ -348,8 +349,9 @@ class RedisRedrives:
         default_ttl = self._settings.default_message_ttl
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            last, (created, ttl_field), *marked = replies
+            last, (created, ttl_field, since_raw), *marked = replies
             seq = r.parse_seq(last) if last is not None else now * 1000
+            since = groups.groups_since(since_raw)
             ttl = int(ttl_field) if ttl_field else default_ttl
             writes: list[Command] = []
             for move, have in zip(moves, marked, strict=True):
@@ -362,6 +364,9 @@ class RedisRedrives:
                 writes += [("SET", key, header.fixed() + move.rest)]
                 writes += [("PEXPIREAT", key, header.expires)]
                 writes += r.index_commands(to, message_id, header)
+                # its group rides on in move.rest: claim-indexed there as a post is
+                grouped, since = groups.index_commands(to, message_id, seq, move.row.group, since)
+                writes += grouped
                 mark_until = max(move.row.expires, now) + PARK_MS
                 writes.append(("SET", to.redriven(message_id), 1, "PXAT", mark_until))
             if not writes:
@@ -377,7 +382,7 @@ class RedisRedrives:
         watch = [to.seq, to.meta, *(to.redriven(m.row.id) for m in moves)]
         reads: list[Command] = [
             ("GET", to.seq),
-            ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL),
+            ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
             *(("EXISTS", to.redriven(m.row.id)) for m in moves),
         ]
         await self._transport.transactions.optimistic(watch, reads, plan)
@@ -389,6 +394,7 @@ class RedisRedrives:
     ) -> int:
         """Step 3: the copied dead letters deleted, the progress advanced."""
         uncopied = len(batch.moves) - len(copied)
+        group_of = {m.row.id: m.row.group for m in batch.moves}
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, int]:
             current = State.read(replies[0])
@@ -400,6 +406,7 @@ class RedisRedrives:
             writes: list[Command] = []
             if held:
                 writes += r.forget_commands(keys, held)
+                writes += groups.forget_commands(keys, [(i, group_of[i]) for i in held])
                 writes.append(("HDEL", keys.origins, *held))
             if current is not None and current.id == state.id and current.cursor == state.cursor:
                 writes.append(

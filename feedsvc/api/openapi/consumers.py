@@ -1,15 +1,18 @@
-"""The OpenAPI description of what issue 32 gave consumers: message headers.
+"""The OpenAPI description of what issue 32 gave consumers: message headers
+and ordered groups.
 
 A part of the document (``feedsvc.api.openapi``) that changes the message
 parts before it: the ``MessageHeaders`` schema, and a
 ``headers`` property on every message schema a client posts or reads
-(``NewMessage``, ``Message``, a popped message), plus the W3C
+(``NewMessage``, ``Message``, a popped message), the ``MessageGroup``
+schema and a ``group`` property on the same schemas, plus the W3C
 ``traceparent`` / ``tracestate`` request headers of a post
 (docs/consumers.md#message-headers, #tracing).
 """
 
 from __future__ import annotations
 
+from feedsvc.api.message_groups import GROUP_PATTERN, MAX_GROUP_LENGTH
 from feedsvc.api.openapi.shared import Document, Schema
 from feedsvc.config import Settings
 from feedsvc.message_headers import (
@@ -46,6 +49,24 @@ def headers_schema(stored: bool) -> Schema:
     }
 
 
+def group_schema() -> Schema:
+    """A message's ordered group, as posted and as returned."""
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_GROUP_LENGTH,
+        "pattern": f"^{GROUP_PATTERN}$",
+        "description": (
+            "A feedsvc extension: the message's ordered group, 1 to "
+            f"{MAX_GROUP_LENGTH} printable ASCII characters other than the space. "
+            "Messages of one group are claimed and popped in post order, and at most "
+            "one claim at a time holds messages of a group (docs/consumers.md, "
+            "Ordered groups). Present only when the message has one; kept by "
+            "dead-lettering and redrive. Topics store and return it (they have no claims)."
+        ),
+    }
+
+
 def add(document: Document, s: Settings) -> None:
     """Add the headers schemas to document's message schemas and the trace
     context headers to the post of messages."""
@@ -57,7 +78,13 @@ def add(document: Document, s: Settings) -> None:
     stored = {"$ref": "#/components/schemas/StoredMessageHeaders"}
     schemas["NewMessage"]["properties"]["headers"] = posted
     schemas["Message"]["properties"]["headers"] = stored
-    schemas["PoppedMessages"]["properties"]["messages"]["items"]["properties"]["headers"] = stored
+    popped = schemas["PoppedMessages"]["properties"]["messages"]["items"]["properties"]
+    popped["headers"] = stored
+    schemas["MessageGroup"] = group_schema()
+    group = {"$ref": "#/components/schemas/MessageGroup"}
+    for shown in (schemas["NewMessage"], schemas["Message"]):
+        shown["properties"]["group"] = group
+    popped["group"] = group
     trace = [
         {
             "name": "traceparent",

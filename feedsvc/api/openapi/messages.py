@@ -198,9 +198,12 @@ def _paths(document: Document, s: Settings) -> dict[str, Schema]:
                     ],
                     body=shared.json_body("ReleaseOptions", required=False),
                 ),
-                "description": "A feedsvc extension. The rest of the claim is untouched; "
-                "the message keeps its claim count (it counts towards _max_claim_count "
-                "and dead-lettering) and the life the claim gave it. No body: delay 0.",
+                "description": "A feedsvc extension. The rest of the claim is untouched, "
+                "but for an ordered group's message: the claim's later messages of the "
+                "same group are released with it, with the same delay (they may not be "
+                "handed out before it). The message keeps its claim count (it counts "
+                "towards _max_claim_count and dead-lettering) and the life the claim "
+                "gave it. No body: delay 0.",
             },
         },
     }
