@@ -24,7 +24,7 @@ import pytest
 import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from bench import storage, storage_layout, zaqar
+from bench import groups, storage, storage_layout, zaqar
 from bench.machine import CpuMeter, CpuWindow, process_tree, stop_process
 from bench.run import READER, Suite, bare_feed, bare_hello
 from bench.service import PRODUCER, parse_wrk
@@ -351,3 +351,48 @@ def test_the_proposed_layouts_prototype_reads_every_message_once(
     finally:
         client.close()
         server.stop()
+
+
+class WrkFakeSuite(FakeSuite):
+    def __init__(self, workdir: Path, redis: RedisServer) -> None:
+        super().__init__(workdir)
+        self.redis = redis
+        self.duration = 1.0
+        self.rounds = 1
+        self.connections = 2
+
+
+@pytest.mark.process
+def test_the_groups_part_runs_tiny_and_reports_both_ratios_for_both_drivers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The groups part (issue 32 point 4) end to end, a second a run: for
+    each driver a row per comparison with its ratios, made of claims that
+    returned messages (the claimers read the ids of what they claimed, so
+    they could delete it) and no error; the lua driver keeps the probe off
+    the held group. Nothing about speed is asserted."""
+    short = {"CLAIMERS": 2, "WARM_UP_BACKLOG": 2000, "HOT_BACKLOG": 50, "GROUPS": 40,
+             "HOT_OTHERS": 8}  # fmt: skip
+    for name, value in short.items():
+        monkeypatch.setattr(groups, name, value)
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        suite = WrkFakeSuite(tmp_path, server)
+        groups.part_groups(suite)
+    finally:
+        server.stop()
+    rows = dict(suite.rows)
+    assert len(rows) == len(suite.rows) == 4
+    for driver in ("lua", "watch"):
+        for name in ("claims: 1,000 groups / ungrouped",
+                     "claims: others of a held hot group / 1,000 groups"):  # fmt: skip
+            row = rows[f"{name} ({driver})"]
+            assert row["errors"] == 0, row
+            if driver == "lua":  # the probe beside the held group reads the service right
+                assert row["groups_honoured"] is True, row
+            for key in ("ratio", "cpu_ratio", "cpu_us", "under_cpu_us"):
+                assert 0 < float(row[key]) < math.inf, (key, row)
+            for of in ("", "under_"):
+                claims, claimed = float(row[f"{of}claims_s"]), float(row[f"{of}messages_s"])
+                assert 0 < claimed / claims <= groups.LIMIT + 1e-9, row
