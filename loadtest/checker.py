@@ -13,7 +13,9 @@ the stream began (before seq 1 was sent). A producer sends one request at a
 time and starts a new stream (a new ``producer`` name, seq back to 1) after
 any request that did not get a 201, so within a stream seq n was stored (its
 201 had arrived, or it was earlier in the same atomically indexed batch)
-before seq n+1 was sent.
+before seq n+1 was sent. A stamp may also carry a ``group`` and the
+message's ``group_seq`` in it, which only the consumption checker
+(consumption.py) reads.
 
 What feedsvc promises (docs/design.md, rule 1): a reader following ``next``
 links sees every live message posted after its marker exactly once, in post
@@ -83,6 +85,8 @@ class Stamp:
     started: float
     posted: float | None = None  # wall-clock time its POST was sent
     run: str = ""  # the Locust run that posted it ("" before runs were told apart)
+    group: str = ""  # the message's group ("" for none)
+    group_seq: int = 0  # its place in the group, 1, 2, 3, ... (consumption.py)
 
     def body(self, pad: str = "") -> dict[str, Any]:
         """The message body that carries this stamp (``pad`` sets its size)."""
@@ -91,6 +95,8 @@ class Stamp:
             body["w"] = self.posted
         if self.run:
             body["r"] = self.run
+        if self.group:
+            body["g"], body["k"] = self.group, self.group_seq
         body["x"] = pad
         return body
 
@@ -110,13 +116,17 @@ def read_stamp(body: object) -> Stamp | None:
     posted = body.get("w")
     if not isinstance(posted, int | float) or isinstance(posted, bool):
         posted = None
-    run = body.get("r")
+    run, group, group_seq = body.get("r"), body.get("g"), body.get("k")
+    if not isinstance(group, str) or not isinstance(group_seq, int) or isinstance(group_seq, bool):
+        group, group_seq = "", 0
     return Stamp(
         producer,
         seq,
         float(started),
         None if posted is None else float(posted),
         run if isinstance(run, str) else "",
+        group,
+        group_seq,
     )
 
 

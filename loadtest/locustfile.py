@@ -5,21 +5,28 @@ Run it from the repository root, with the web UI::
     locust -f loadtest/locustfile.py --host http://127.0.0.1:8888
 
 or headless (``--headless -u 100 -r 100 -t 30s``); ``python -m loadtest
-compare`` drives it against each driver. Options (see ``add_options``
-below and loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
+compare`` drives it against each driver. Options (see options.py and
+loadtest/README.md; each also reads a ``LOCUST_*`` variable, and
 the web UI shows them under "Custom parameters"):
 
 * ``Producer`` posts 1..``--batch`` messages per request to one of
   ``--queues`` queues picked at random, or always to the first one with
   ``--hot`` (the contention case). Each body carries a stamp (producer, seq,
-  start time, see checker.py) padded to ``--message-size`` bytes.
+  start time, see checker.py) padded to ``--message-size`` bytes. With
+  ``--groups N`` each request's messages go to one of this process's N
+  groups of the queue, posted one request at a time per group, and the stamp
+  also carries the group and the message's place in it (its group seq).
 * ``Observer`` reads every queue from its head with its own marker
   (``--page-size`` per page, ``echo=true&include_claimed=true``), follows
   ``next`` links and polls every ``--poll-interval`` s at the end. Each
   message goes through the no-miss checker; a gap, duplicate or reorder is
   a Locust failure named ``no-miss: gap`` / ``duplicate`` / ``reorder``.
-* ``Consumer`` claims up to ``--claim-limit`` messages, deletes each through
-  its href (which carries the claim id) and releases the claim.
+* ``Consumer`` claims up to ``--claim-limit`` messages and, in the order
+  given, releases each with probability ``--release-ratio`` (``POST
+  .../release`` with ``--release-delay``; the service also releases the
+  claim's later messages of its group, which the consumer then leaves
+  alone) or deletes it through its href (which carries the claim id); then
+  it releases the claim.
 * ``LongPoller`` follows one queue from its head with long polls
   (``wait=--long-poll-wait``), following ``next`` links; ``Streamer`` follows
   one with a Server-Sent Events stream, reconnecting with ``Last-Event-ID``
@@ -39,6 +46,13 @@ check stays exact with consumers running. With ``--processes``/workers a
 consumer's deletions are not visible to observers in other processes, so
 gaps are then not judged at all while Consumer runs (duplicates and reorders
 still are); the checked comparison runs use no consumers.
+
+With groups or releases on, Consumer running and one Locust process, the
+consumption checker (consumption.py) is fed every post, claim, delete and
+release; at the stop, consumers finish the claim in hand, drain.py
+consumes what is left, and each finding
+(unacknowledged, ack order, handed early, group shared) is a Locust
+failure named ``consumers: ...``.
 """
 
 from __future__ import annotations
@@ -58,6 +72,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+import gevent
+from gevent.lock import Semaphore
 from locust import FastHttpUser, events, task
 from locust.env import Environment
 from locust.event import EventHook
@@ -65,12 +81,20 @@ from locust.runners import MasterRunner, WorkerRunner
 
 try:
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
+    from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.keepalive import keep_alive_past_fd_1023
+    from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 except ImportError:  # `locust -f .../loadtest/locustfile.py` from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from loadtest.checker import FeedChecker, Finding, Stamp, read_stamp
+    from loadtest.consumption import ConsumptionChecker, ConsumptionFinding
+    from loadtest.drain import CLAIM_TTL, drain
     from loadtest.eventstream import ChunkedDecoder, EventStreamParser, FramingError
+    from loadtest.keepalive import keep_alive_past_fd_1023
+    from loadtest.options import Options, add_options
     from loadtest.timings import Recorder
 
 log = logging.getLogger("loadtest")
@@ -88,111 +112,13 @@ def listen(hook: EventHook) -> Callable[[F], F]:
     return register
 
 
-# -- keep-alive past file descriptor 1023 ------------------------------------------
-
-
-def keep_alive_past_fd_1023() -> None:
-    """geventhttpclient checks a pooled socket with select(), which raises
-    ValueError for a descriptor >= 1024 and so calls every such socket dead:
-    beyond about 1,000 users per process each request would open a new
-    connection (a handshake, an accept and a TIME_WAIT socket per request,
-    and a latency tail that is the load generator's, not the service's).
-    Same check with poll(0), which has no such limit and never blocks.
-    (Imported here, after locust has monkey-patched the standard library.)"""
-    import select
-
-    from gevent.monkey import get_original
-    from geventhttpclient.connectionpool import ConnectionPool
-
-    poll = get_original("select", "poll")
-
-    def is_socket_alive(self: ConnectionPool, sock: Any) -> bool:
-        if sock is None or sock.fileno() < 0:
-            return False
-        poller = poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        # readable while idle means a FIN or stray bytes: not reusable either way
-        return not poller.poll(0)
-
-    if hasattr(ConnectionPool, "_is_socket_alive"):
-        ConnectionPool._is_socket_alive = is_socket_alive  # type: ignore[method-assign]
-
-
 keep_alive_past_fd_1023()
 
 
 # -- options -----------------------------------------------------------------
 
 
-@listen(events.init_command_line_parser)
-def add_options(parser: Any) -> None:
-    def option(name: str, kind: type, default: Any, help: str) -> None:
-        env = "LOCUST_" + name.upper().replace("-", "_")
-        parser.add_argument(f"--{name}", type=kind, default=default, env_var=env, help=help)
-
-    option("queues", int, 4, "number of queues producers post to")
-    parser.add_argument(
-        "--hot",
-        action="store_true",
-        default=False,
-        env_var="LOCUST_HOT",
-        help="hot-queue mode: every producer posts to the first queue",
-    )
-    option("queue-prefix", str, "lt", "queue names are <prefix>0, <prefix>1, ...")
-    option("project", str, "loadtest", "X-Project-ID of every request")
-    option("producer-weight", int, 4, "weight of the Producer class")
-    option("observer-weight", int, 1, "weight of the Observer class")
-    option("consumer-weight", int, 1, "weight of the Consumer class")
-    option("long-poller-weight", int, 1, "weight of the LongPoller class")
-    option("streamer-weight", int, 1, "weight of the Streamer class")
-    option("observers", int, 0, "exact number of observers (0: by weight)")
-    option("long-pollers", int, 0, "exact number of long pollers (0: by weight)")
-    option("streamers", int, 0, "exact number of SSE streamers (0: by weight)")
-    option("long-poll-wait", float, 20.0, "long pollers' wait=, seconds (0..20)")
-    option("batch", int, 1, "a producer posts 1..BATCH messages per request")
-    option("message-size", int, 100, "padding in each message body, bytes")
-    option("ttl", int, 3600, "message ttl, seconds")
-    option("page-size", int, 20, "observer page size (list limit, 1..20)")
-    option("claim-limit", int, 10, "consumer claim limit (1..20)")
-    option("poll-interval", float, 0.2, "observer wait at the end of a queue, seconds")
-    option("producer-wait", float, 0.0, "producer wait between posts, seconds")
-    option("timings-dir", str, "", "write per-request timings here at test stop")
-
-
-@dataclass(frozen=True)
-class Options:
-    """The custom options, read once per user from Locust's parsed options."""
-
-    queues: list[str]
-    hot: bool
-    project: str
-    batch: int
-    pad: str
-    ttl: int
-    page_size: int
-    claim_limit: int
-    poll_interval: float
-    producer_wait: float
-    long_poll_wait: float
-
-    @classmethod
-    def of(cls, environment: Environment) -> Options:
-        o = environment.parsed_options
-        assert o is not None, "run through the locust command"
-        count = 1 if o.hot else max(1, o.queues)
-        return cls(
-            queues=[f"{o.queue_prefix}{i}" for i in range(count)],
-            hot=o.hot,
-            project=o.project,
-            batch=max(1, o.batch),
-            pad="x" * max(0, o.message_size),
-            ttl=o.ttl,
-            page_size=o.page_size,
-            claim_limit=o.claim_limit,
-            poll_interval=o.poll_interval,
-            producer_wait=o.producer_wait,
-            long_poll_wait=o.long_poll_wait,
-        )
+listen(events.init_command_line_parser)(add_options)
 
 
 def apply_weights(environment: Environment) -> None:
@@ -213,7 +139,8 @@ def apply_weights(environment: Environment) -> None:
 
 RECORDER = Recorder()
 #: (queue, producer, seq) of every message a consumer in this process deleted
-#: or is about to delete; the checker excuses gaps made of these only.
+#: or is about to delete, or released with a delay (lists hide a message until
+#: it is due); the checker excuses gaps made of these only.
 CONSUMED: set[tuple[str, str, int]] = set()
 CHECKERS: list[FeedChecker] = []
 ACKED = {"messages": 0}
@@ -223,6 +150,19 @@ ACKED_STREAMS: dict[str, dict[str, int]] = {}
 #: what each reader must have seen by the end (FeedChecker.missed).
 ACK_LOG: dict[str, dict[str, list[tuple[float, int]]]] = {}
 JUDGE_GAPS = {"exact": True}
+#: the consumption checker of this run ("checker"), when it is judged: groups
+#: or releases are on, consumers run, and all in this one process
+CONSUMPTION: dict[str, ConsumptionChecker] = {}
+#: claims being handled now (a stopped consumer's may still be: see Consumer)
+HANDLING = {"claims": 0}
+#: how long the stop waits for them, seconds
+HANDLING_WAIT = 20.0
+#: queue -> group -> [the next group seq, the lock a producer posts under]
+GROUPS: dict[str, dict[str, tuple[list[int], Semaphore]]] = {}
+#: names this process's groups apart from other processes' (each has its own)
+PROCESS = uuid.uuid4().hex[:6]
+#: consumption findings reported one by one (all are counted in the totals)
+REPORTED = 20
 #: this run's id, stamped on every message posted and the only one judged:
 #: made by the master (or the one process) at each test start and handed to
 #: the workers with the spawn message, as Locust does for custom options
@@ -246,11 +186,12 @@ class CheckFailed(Exception):
     """A no-miss checker finding, reported as a Locust failure."""
 
 
-def report(environment: Environment, finding: Finding) -> None:
-    log.error("no-miss checker: %s", finding)
+def report(environment: Environment, finding: Finding | ConsumptionFinding) -> None:
+    what = "no-miss" if isinstance(finding, Finding) else "consumers"
+    log.error("%s checker: %s", what, finding)
     environment.events.request.fire(  # type: ignore[no-untyped-call]
         request_type="CHECK",
-        name=f"no-miss: {finding.kind}",
+        name=f"{what}: {finding.kind}",
         response_time=0,
         response_length=0,
         exception=CheckFailed(str(finding)),
@@ -281,6 +222,19 @@ def on_init(environment: Environment, **_: Any) -> None:
             "Consumer runs in several processes: observers cannot know what other "
             "processes deleted, so gaps are not judged (duplicates and reorders are)"
         )
+    o = environment.parsed_options
+    if distributed and o is not None and (o.groups > 0 or o.release_ratio > 0):
+        log.warning("several processes: at-least-once and group order are not judged")
+
+
+def judges_consumption(environment: Environment) -> bool:
+    o = environment.parsed_options
+    return (
+        o is not None
+        and (o.groups > 0 or o.release_ratio > 0)
+        and Consumer in environment.user_classes
+        and not isinstance(environment.runner, MasterRunner | WorkerRunner)
+    )
 
 
 @listen(events.test_start)
@@ -303,6 +257,10 @@ def on_test_start(environment: Environment, **_: Any) -> None:
     CHECKERS.clear()
     CONSUMED.clear()
     FOLLOWER_NUMBERS.clear()
+    GROUPS.clear()
+    CONSUMPTION.clear()
+    if judges_consumption(environment):
+        CONSUMPTION["checker"] = ConsumptionChecker()
 
 
 @listen(events.spawning_complete)
@@ -341,17 +299,42 @@ def on_test_stop(environment: Environment, **_: Any) -> None:
         for finding in checker.missed(ACK_LOG.get(checker.queue, {})):
             missed += 1
             report(environment, finding)
-    totals = {
+    consumption = CONSUMPTION.get("checker")
+    drained: dict[str, Any] = {}
+    if consumption is not None:
+        o = Options.of(environment)
+        deadline = time.time() + HANDLING_WAIT
+        while HANDLING["claims"] and time.time() < deadline:
+            gevent.sleep(0.05)
+        drained = drain(environment.host or "", o.project, o.queues, consumption, o.release_delay)
+        found = consumption.finish()
+        for problem in found[:REPORTED]:
+            report(environment, problem)
+        if len(found) > REPORTED:
+            log.error("consumers checker: %d more findings not reported", len(found) - REPORTED)
+    totals: dict[str, Any] = {
         "acknowledged": ACKED["messages"],
         "checked": sum(c.checked for c in CHECKERS),
         "other_runs": sum(c.other_runs for c in CHECKERS),
         "readers": len(CHECKERS),
         "missed_at_stop": missed,
-        "findings": sum(c.findings for c in CHECKERS),
+        "findings": sum(c.findings for c in CHECKERS)
+        + (consumption.findings if consumption else 0),
         "excused_expired": sum(c.excused_expired for c in CHECKERS),
         "excused_consumed": sum(c.excused_consumed for c in CHECKERS),
         "gaps_judged": JUDGE_GAPS["exact"],
     }
+    if consumption is not None:
+        totals["consumption"] = {
+            "acknowledged": consumption.acknowledged,
+            "deletes": consumption.deletes,
+            "releases": consumption.releases,
+            "redelivered": consumption.redelivered,
+            "excused_unanswered": consumption.excused_unanswered,
+            "findings": consumption.findings,
+            "by_kind": consumption.by_kind,
+            **drained,
+        }
     log.info("checker: %s", totals)
     directory = environment.parsed_options.timings_dir if environment.parsed_options else ""
     if directory:
@@ -408,17 +391,35 @@ class Producer(FeedUser):
     def post_messages(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
+        if not o.groups:
+            self.post(queue, "", [0])
+            return
+        # one request at a time per group: group seqs are then in post order
+        group = f"{RUN['id']}.{PROCESS}.{random.randrange(o.groups)}"
+        next_seq, lock = GROUPS.setdefault(queue, {}).setdefault(group, ([1], Semaphore()))
+        with lock:
+            self.post(queue, group, next_seq)
+
+    def post(self, queue: str, group: str, next_seq: list[int]) -> None:
+        """Post 1..--batch messages of ``group`` (numbered from ``next_seq``)."""
+        o = self.options
         stream = self._stream(queue)
         count = random.randint(1, o.batch)
-        first = stream.next_seq
+        first, group_first = stream.next_seq, next_seq[0]
         posted = time.time()
-        messages = [
-            {
-                "ttl": o.ttl,
-                "body": Stamp(stream.producer, seq, stream.started, posted, RUN["id"]).body(o.pad),
-            }
-            for seq in range(first, first + count)
-        ]
+        stamps = [
+            Stamp(stream.producer, first + i, stream.started, posted, RUN["id"], group,
+                  group_first + i if group else 0)
+            for i in range(count)
+        ]  # fmt: skip
+        messages = [{"ttl": o.ttl, "body": stamp.body(o.pad)} for stamp in stamps]
+        if group:
+            next_seq[0] += count
+            for message in messages:
+                message["group"] = group
+        if (consumption := CONSUMPTION.get("checker")) is not None:
+            for stamp in stamps:
+                consumption.posting(queue, stamp)
         with self.client.post(
             f"/v2/queues/{queue}/messages",
             data=json.dumps({"messages": messages}),
@@ -426,6 +427,9 @@ class Producer(FeedUser):
             name="POST messages",
             catch_response=True,
         ) as response:
+            if consumption is not None:
+                for stamp in stamps:
+                    consumption.posted(queue, stamp, response.status_code == 201)
             if response.status_code == 201:
                 stream.next_seq += count
                 ACKED["messages"] += count
@@ -484,13 +488,30 @@ class Consumer(FeedUser):
 
     def on_start(self) -> None:
         super().on_start()
-        self.claim_body = json.dumps({"ttl": 60, "grace": 60})
+        self.claim_body = json.dumps({"ttl": CLAIM_TTL, "grace": 60})
+        self.release_body = json.dumps({"delay": self.options.release_delay})
         self.idle = False
 
     @task
     def claim_messages(self) -> None:
+        # Locust may kill a stopping user mid-request (even with --stop-timeout),
+        # and a claim cut off there holds messages unknown to anyone until it
+        # expires: a claim is handled in a greenlet that outlives the user.
+        gevent.spawn(self.claim_and_handle).get()
+
+    def claim_and_handle(self) -> None:
+        HANDLING["claims"] += 1
+        try:
+            self.handle_a_claim()
+        finally:
+            HANDLING["claims"] -= 1
+
+    def handle_a_claim(self) -> None:
         o = self.options
         queue = o.queues[0] if o.hot else random.choice(o.queues)
+        sent = time.time()
+        if (checker := CONSUMPTION.get("checker")) is not None:
+            checker.claim_requested()
         with self.client.post(
             f"/v2/queues/{queue}/claims?limit={o.claim_limit}",
             data=self.claim_body,
@@ -498,6 +519,8 @@ class Consumer(FeedUser):
             name="POST claims",
             catch_response=True,
         ) as response:
+            if checker is not None:
+                checker.claim_answered(response.status_code)
             self.idle = response.status_code == 204
             if self.idle:
                 response.success()
@@ -505,15 +528,87 @@ class Consumer(FeedUser):
             if response.status_code != 201:
                 response.failure(describe(response))
                 return
-            claim = response.headers.get("Location") if response.headers else None
+            claim = (response.headers.get("Location") if response.headers else None) or ""
             messages = json.loads(response.content or b"null")["messages"]
-        for message in messages:
-            stamp = read_stamp(message["body"])
-            if stamp is not None:
-                CONSUMED.add((queue, stamp.producer, stamp.seq))
-            self.client.delete(message["href"], headers=self.headers, name="DELETE message")
+        stamps = [read_stamp(message["body"]) for message in messages]
+        checker = checker if claim else None
+        ours = [s if s is not None and s.run == RUN["id"] else None for s in stamps]
+        if checker is not None:
+            checker.claimed(queue, claim, [s for s in ours if s], sent, time.time(), CLAIM_TTL)
+        # releasing a message also releases the claim's later messages of its group
+        released: dict[str, tuple[float, int]] = {}  # group -> (release sent, status)
+        probed: set[str] = set()
+        for index, (message, stamp, mine) in enumerate(zip(messages, stamps, ours, strict=True)):
+            group = message.get("group") or ""
+            if group in released:  # the release of an earlier one took it along
+                sent, status = released[group]
+                if checker is not None and mine is not None:
+                    checker.released(queue, claim, mine, sent, status)
+                if o.release_delay and status == 204 and group not in probed:
+                    probed.add(group)
+                    self.probe_released(queue, claim, message, mine, sent + o.release_delay)
+            elif random.random() < o.release_ratio:
+                if o.release_delay:  # hidden from lists until due, with the group's later ones
+                    later = zip(messages[index:], stamps[index:], strict=True)
+                    CONSUMED.update(
+                        (queue, s.producer, s.seq)
+                        for m, s in later
+                        if s is not None and (m is message or (group and m.get("group") == group))
+                    )
+                outcome = self.release(message["href"])
+                if group:  # an ungrouped release releases that message only
+                    released[group] = outcome
+                if checker is not None and mine is not None:
+                    checker.released(queue, claim, mine, *outcome)
+            else:
+                if stamp is not None:
+                    CONSUMED.add((queue, stamp.producer, stamp.seq))
+                started = time.time()
+                deleted = self.client.delete(
+                    message["href"], headers=self.headers, name="DELETE message"
+                )
+                if checker is not None and mine is not None:
+                    checker.deleted(queue, claim, mine, started, time.time(), deleted.status_code)
         if claim:
-            self.client.delete(claim, headers=self.headers, name="DELETE claim")
+            started = time.time()
+            answer = self.client.delete(claim, headers=self.headers, name="DELETE claim")
+            if checker is not None:
+                checker.claim_released(claim, started, answer.status_code)
+
+    def probe_released(
+        self, queue: str, claim: str, message: Any, stamp: Stamp | None, due: float
+    ) -> None:
+        """A release must take the claim's next message of the group along: a
+        delete of it with the claim is refused (400). A 204 before the release
+        is due (``due``; no other claim can take it sooner) is a failure (and
+        an ack order finding); a later one may be another claim's delete."""
+        started = time.time()
+        with self.client.delete(
+            message["href"],
+            headers=self.headers,
+            name="DELETE released message",
+            catch_response=True,
+        ) as response:
+            if response.status_code == 400 or (response.status_code == 204 and time.time() >= due):
+                response.success()
+            else:
+                what = "a release left the group's next message in the claim"
+                response.failure(f"{what}: {describe(response)}")
+        checker = CONSUMPTION.get("checker")
+        if checker is not None and stamp is not None:
+            checker.deleted(queue, claim, stamp, started, time.time(), response.status_code)
+
+    def release(self, href: str) -> tuple[float, int]:
+        """POST .../messages/{id}/release?claim_id=...: (time sent, status)."""
+        path, _, query = href.partition("?")
+        started = time.time()
+        response = self.client.post(
+            f"{path}/release?{query}",
+            data=self.release_body,
+            headers=self.headers,
+            name="POST release",
+        )
+        return started, response.status_code
 
 
 def follower_queue(environment: Environment, kind: str) -> str:

@@ -40,6 +40,14 @@ from loadtest.checker import (
     Stamp,
     read_stamp,
 )
+from loadtest.consumption import (
+    ACK_ORDER,
+    GROUP_SHARED,
+    HANDED_EARLY,
+    UNACKNOWLEDGED,
+    ConsumptionChecker,
+    ConsumptionFinding,
+)
 from loadtest.eventstream import ChunkedDecoder, Event, EventStreamParser, FramingError
 from tests.conftest import REPO_ROOT
 
@@ -132,6 +140,9 @@ def test_stamps_round_trip_and_foreign_bodies_are_ignored() -> None:
 def test_posted_stamps_round_trip() -> None:
     stamp = Stamp("p.1", 7, T0, T0 + 5.25)
     assert read_stamp(json.loads(json.dumps(stamp.body()))) == stamp
+    grouped = Stamp("p.1", 7, T0, T0 + 5.25, "r", "g.0", 3)
+    assert read_stamp(json.loads(json.dumps(grouped.body()))) == grouped
+    assert read_stamp({"p": "a", "s": 1, "t": T0, "g": "g.0", "k": "3"}) == Stamp("a", 1, T0)
     assert read_stamp({"p": "a", "s": 1, "t": T0, "w": True}) == Stamp("a", 1, T0)
 
 
@@ -179,6 +190,105 @@ def test_missed_is_what_was_acknowledged_before_the_latest_seen_post() -> None:
     consumed.see(Stamp("b", 1, T0, T0 + 9.0), TTL, T0 + 10)
     assert consumed.missed(acks) == []
     assert FeedChecker("q").missed(acks) == []
+
+
+def grouped(k: int, group: str = "g1") -> Stamp:
+    """Producer a's seq k, group seq k of ``group``."""
+    return Stamp("a", k, T0, T0, "r", group, k)
+
+
+def post(checker: ConsumptionChecker, stamp: Stamp, acknowledged: bool = True) -> None:
+    checker.posting("q", stamp)
+    checker.posted("q", stamp, acknowledged)
+
+
+def consume(
+    checker: ConsumptionChecker, claim: str, stamps: list[Stamp], at: float, ttl: float = 60
+) -> None:
+    """A claim sent at ``at`` and answered 0.1 s later."""
+    checker.claimed("q", claim, stamps, at, at + 0.1, ttl)
+
+
+def test_consumption_of_groups_in_order_with_releases_passes() -> None:
+    checker = ConsumptionChecker()
+    loose = Stamp("a", 4, T0, T0, "r")
+    for stamp in [grouped(1), grouped(2), grouped(3), loose]:
+        post(checker, stamp)
+    assert checker.pending("q") == 4
+    consume(checker, "c1", [grouped(1), grouped(2), loose], at=1.0)
+    checker.deleted("q", "c1", grouped(1), 1.2, 1.3, 204)
+    # releasing 2 also releases the claim's later messages of its group
+    checker.released("q", "c1", grouped(2), 1.4, 204)
+    checker.deleted("q", "c1", loose, 1.5, 1.6, 204)
+    checker.claim_released("c1", 1.7, 204)
+    consume(checker, "c2", [grouped(2), grouped(3)], at=2.0)
+    checker.deleted("q", "c2", grouped(2), 2.2, 2.3, 204)
+    checker.deleted("q", "c2", grouped(3), 2.4, 2.5, 204)
+    assert checker.unreleased_claims() == {"c2"}
+    checker.claim_released("c2", 2.6, 204)
+    assert checker.finish() == []
+    assert (checker.pending("q"), checker.releases, checker.redelivered) == (0, 1, 1)
+    assert checker.unreleased_claims() == set()
+
+
+def test_consumption_flags_an_out_of_order_group_acknowledgement() -> None:
+    checker = ConsumptionChecker()
+    for k in (1, 2):
+        post(checker, grouped(k))
+    consume(checker, "c1", [grouped(2)], at=1.0)  # 1 is free, yet 2 is handed out
+    checker.deleted("q", "c1", grouped(2), 1.2, 1.3, 204)
+    consume(checker, "c2", [grouped(1)], at=2.0)
+    checker.deleted("q", "c2", grouped(1), 2.2, 2.3, 204)
+    found = checker.finish()
+    assert [f.kind for f in found] == [ACK_ORDER, HANDED_EARLY]
+    assert checker.by_kind == {ACK_ORDER: 1, HANDED_EARLY: 1}
+    assert "group seq 2 was deleted before the delete of group seq 1" in str(found[0])
+    assert checker.findings == 2
+
+
+def test_consumption_flags_a_lost_message_and_excuses_an_unanswered_delete() -> None:
+    checker = ConsumptionChecker()
+    for seq in range(1, 6):
+        post(checker, Stamp("a", seq, T0, run="r"), acknowledged=seq != 5)
+    consume(checker, "c1", [Stamp("a", s, T0, run="r") for s in (1, 3)], at=1.0)
+    checker.deleted("q", "c1", Stamp("a", 1, T0, run="r"), 1.2, 1.3, 204)
+    checker.deleted("q", "c1", Stamp("a", 3, T0, run="r"), 1.4, 16.4, 0)  # timed out
+    checker.deleted("q", "c1", Stamp("a", 2, T0, run="r"), 1.5, 1.6, 400)  # not its claim
+    # claimed and deleted before its producer read the 201: not lost
+    early = Stamp("a", 6, T0, run="r")
+    checker.posting("q", early)
+    consume(checker, "c2", [early], at=2.0)
+    checker.deleted("q", "c2", early, 2.2, 2.3, 204)
+    checker.posted("q", early, acknowledged=True)
+    assert checker.pending("q") == 3  # 2, 4 and 3 (its delete got no answer)
+    # 2 and 4 were never deleted; 5 (no 201) is not judged
+    assert checker.finish() == [
+        ConsumptionFinding(UNACKNOWLEDGED, "q", "producer a seq 2: acknowledged, never deleted"),
+        ConsumptionFinding(UNACKNOWLEDGED, "q", "producer a seq 4: acknowledged, never deleted"),
+    ]
+    assert checker.excused_unanswered == 1
+
+
+def test_consumption_flags_two_claims_holding_a_group_at_once() -> None:
+    checker = ConsumptionChecker()
+    for k in (1, 2, 3):
+        post(checker, grouped(k))
+    consume(checker, "c1", [grouped(1)], at=1.0)
+    consume(checker, "c2", [grouped(2)], at=2.0)  # while c1 holds 1
+    checker.deleted("q", "c2", grouped(2), 2.2, 2.3, 204)
+    checker.deleted("q", "c1", grouped(1), 3.0, 3.1, 204)
+    kinds = [f.kind for f in checker.finish()]
+    assert GROUP_SHARED in kinds and HANDED_EARLY in kinds
+    # a hold ends for sure only until the claim may have expired
+    expired = ConsumptionChecker()
+    for k in (1, 2):
+        post(expired, grouped(k))
+    consume(expired, "c1", [grouped(1)], at=1.0, ttl=1)
+    consume(expired, "c2", [grouped(1), grouped(2)], at=2.5)
+    expired.deleted("q", "c1", grouped(1), 3.0, 3.1, 400)  # too late: c1 expired
+    for k in (1, 2):
+        expired.deleted("q", "c2", grouped(k), 3.0 + k, 3.1 + k, 204)
+    assert expired.finish() == []
 
 
 STREAM = (
@@ -396,6 +506,49 @@ def test_a_second_run_against_the_same_queues_judges_only_its_own_messages(
         assert checker["findings"] == 0 and checker["checked"] > 0, checker
     # the first run left messages of its own behind, which the second saw and did not judge
     assert second["other_runs"] > 0, second
+
+
+@pytest.mark.process
+def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
+    redis_url: str, driver: str, tmp_path: Path
+) -> None:
+    """Consumers release a third of what they claim (after a second) and
+    delete the rest; each claim holds up to 10 messages of 2 queues x 3
+    groups: every acknowledged message is deleted by the end of the drain, in
+    its group's order, and no two claims hold a group at once (issue 32). An
+    observer beside them misses nothing but what was deleted or released
+    with a delay."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
+    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
+    with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
+        result = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
+             "--headless", "--only-summary", "-u", "7", "-r", "7", "-t", "5s", "--host", serve.url,
+             "--project", f"groups-{uuid.uuid4().hex}", "--queues", "2", "--batch", "3",
+             "--groups", "3", "--release-ratio", "0.3", "--release-delay", "1",
+             "--producer-weight", "4", "--consumer-weight", "3", "--producer-wait", "0.05",
+             "--poll-interval", "0.05", "--csv", str(tmp_path / "locust"),
+             "--observers", "1", "--timings-dir", str(tmp_path / "timings"),
+             "Producer", "Consumer", "Observer"],
+            capture_output=True, text=True, timeout=120, check=False, env=env, cwd=REPO_ROOT,
+        )  # fmt: skip
+        serve.stop(signal.SIGTERM)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    with (tmp_path / "locust_stats.csv").open() as f:
+        stats = {row["Name"]: row for row in csv.DictReader(f)}
+    for name in ("POST messages", "POST claims", "DELETE message", "POST release"):
+        assert int(stats[name]["Request Count"]) > 0, output
+    assert int(stats["Aggregated"]["Failure Count"]) == 0, output
+    [record] = timings.load(tmp_path / "timings")
+    assert record.meta["checker"]["findings"] == 0 and record.meta["checker"]["checked"] > 0
+    consumption = record.meta["checker"]["consumption"]
+    assert consumption["findings"] == 0, consumption
+    # consumers released messages that were claimed again, and deleted some
+    # (the drain the rest): every acknowledged message was deleted in the end
+    assert consumption["releases"] > 0 and consumption["redelivered"] > 0, consumption
+    assert consumption["deletes"] > consumption["drained"], consumption
+    assert consumption["acknowledged"] > 0 and consumption["drain_unknown_claims"] == 0
 
 
 @pytest.mark.process
