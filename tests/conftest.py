@@ -136,6 +136,7 @@ CLUSTER_SUITES = {
     "test_store",
     "test_store_claims",
     "test_group_property",
+    "test_group_upkeep",
     "test_store_redrive",
     "test_store_upgrade",
     "test_api",

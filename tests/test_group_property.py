@@ -14,7 +14,10 @@ checks, from the calls' results only (no timing):
     out after it was deleted.
 
 A seeded random loop, several seeds. The clock is a ManualClock that the
-claimers move on now and then, so claims expire when the model says.
+claimers move on now and then, so claims expire when the model says. With
+claimers of both drivers on one queue too: they share the layout. A scan
+that goes on past a group's claimed head (the group check removed) fails
+every variant within a seed.
 """
 
 from __future__ import annotations
