@@ -386,6 +386,12 @@ local DIRECTORY = PREFIX .. S_DIRECTORY
 local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
 local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
 
+-- The feed's tag, the first digits of its segment message ids
+-- (segments.py's id_tag): then an id names a message of this feed only.
+local function id_tag()
+  return string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS)
+end
+
 -- A seq's segment number (as text: the key's suffix) and slot, split as
 -- text: a 16-digit seq / 100 is not exact in a double.
 local function segment_of(seq)

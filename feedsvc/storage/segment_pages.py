@@ -42,6 +42,7 @@ SegmentRead = Callable[[int | None, int, bool, int | None], Awaitable[list[Any]]
 class PageScan:
     """What a page's scan has met so far (list.lua's locals, the same names)."""
 
+    tag: str  # the feed's segments.id_tag
     query: ListQuery
     now: int
     scan_limit: int
@@ -59,11 +60,13 @@ class PageScan:
         self.own = s.author_bytes(self.query.client_id)
 
     @classmethod
-    def after_legacy(cls, reply: list[Any], query: ListQuery, now: int, limit: int) -> PageScan:
+    def after_legacy(
+        cls, reply: list[Any], tag: str, query: ListQuery, now: int, limit: int
+    ) -> PageScan:
         """list.lua's ``more``: {'more', scanned, last or '', alive, alive at
         the page's last message, first alive or '', next due or '', claim ends
         or '', then id, record...}."""
-        scan = cls(query, now, limit, r.listed(reply, 8, now, query.with_authors))
+        scan = cls(tag, query, now, limit, r.listed(reply, 8, now, query.with_authors))
         scan.scanned = int(reply[1])
         scan.last = r.parse_seq(reply[2]) if reply[2] else None
         scan.alive, scan.alive_at_message = int(reply[3]), int(reply[4])
@@ -104,7 +107,7 @@ class PageScan:
         if query.include_delayed or rec.due <= now:
             count = 0 if state is None else state.count
             self.messages.append(
-                message(rec, expires, state if held else None, query.with_authors, count)
+                message(self.tag, rec, expires, state if held else None, query.with_authors, count)
             )
             self.alive_at_message = self.alive
             self.next_due = None  # only those after the page's last message count
@@ -150,7 +153,12 @@ class PageScan:
 
 
 def message(
-    rec: s.SegmentRecord, expires: int, held: s.ClaimState | None, with_author: bool, count: int
+    tag: str,
+    rec: s.SegmentRecord,
+    expires: int,
+    held: s.ClaimState | None,
+    with_author: bool,
+    count: int,
 ) -> Message:
     """A segment message as read (held: its live claim, if any; count: how
     often it was claimed)."""
@@ -158,7 +166,7 @@ def message(
     created = rec.created
     ttl = rec.ttl if expires == rec.expires else round((expires - created) / 1000)
     return Message(
-        s.message_id(rec.seq),
+        s.message_id(tag, rec.seq),
         rec.seq,
         rec.body,
         ttl,
@@ -285,7 +293,8 @@ async def segment_messages(
         expires = state.expires if state is not None and state.expires else rec.expires
         if expires > now:
             held = state if state is not None and state.held(now) else None
-            out[seq] = message(rec, expires, held, True, state.count if state else 0)
+            count = state.count if state else 0
+            out[seq] = message(s.id_tag(keys.prefix), rec, expires, held, True, count)
     return out
 
 
@@ -329,7 +338,9 @@ async def segment_end(
             ttl = int(head[s.EXPIRES_WIDTH + s.DUE_WIDTH : s.AUTHOR_AT])
             extended = s.ClaimState.decode(state).expires if state else 0
             if (extended or expires) > now:
-                return MessageSummary(s.message_id(seq), expires - ttl * 1000)
+                return MessageSummary(
+                    s.message_id(s.id_tag(keys.prefix), seq), expires - ttl * 1000
+                )
     return None
 
 
@@ -405,7 +416,7 @@ async def messages_from(
     """The segment messages from seq start on, up to limit seqs (a delivery's
     batch): (seq, the message; None: gone or expired), in seq order."""
     reply = await read_by_commands(transport, keys, now, start, limit, True, None)
-    got = ReadReply.parse(reply)
+    got, tag = ReadReply.parse(reply), s.id_tag(keys.prefix)
     out: list[tuple[int, Message | None]] = []
     for seq, raw in got.slots:
         if raw is None:
@@ -416,5 +427,6 @@ async def messages_from(
         expires = state.expires if state is not None and state.expires else rec.expires
         held = state if state is not None and state.held(now) else None
         count = 0 if state is None else state.count
-        out.append((seq, message(rec, expires, held, True, count) if expires > now else None))
+        alive = expires > now
+        out.append((seq, message(tag, rec, expires, held, True, count) if alive else None))
     return out
