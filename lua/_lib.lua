@@ -386,10 +386,24 @@ local DIRECTORY = PREFIX .. S_DIRECTORY
 local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
 local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
 
--- The feed's tag, the first digits of its segment message ids
--- (segments.py's id_tag): then an id names a message of this feed only.
-local function id_tag()
-  return string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS)
+-- A segment message's id (segments.py's message_id): the feed's tag (the
+-- first digits of the SHA1 of its key prefix, so an id names a message of
+-- this feed only; made once a call), then its seq in hex. segment_seq is
+-- the other way: the seq an id names here (nil: none of this feed's
+-- segment ids).
+local seg_tag = nil
+local function segment_tag()
+  if not seg_tag then seg_tag = string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS) end
+  return seg_tag
+end
+local function segment_id(seq)
+  return segment_tag() .. string.format(SEG_SEQ_FORMAT, seq)
+end
+local function segment_seq(id)
+  if #id ~= SEG_ID_DIGITS or string.sub(id, 1, SEG_ID_TAG_DIGITS) ~= segment_tag() then
+    return nil
+  end
+  return tonumber(string.sub(id, SEG_ID_TAG_DIGITS + 1), 16)
 end
 
 -- A seq's segment number (as text: the key's suffix) and slot, split as

@@ -76,7 +76,7 @@ local function flush()
   records, offsets, pending, latest = {}, {}, 0, 0
 end
 
-local ids, seq, first_due, tag = {}, top, 0, id_tag()
+local ids, seq, first_due = {}, top, 0
 for i = 1, n do
   local a = FIRST + (i - 1) * 5
   local ttl = tonumber(ARGV[a]) or default_ttl
@@ -97,7 +97,7 @@ for i = 1, n do
   records[#records + 1] = record
   pending = pending + #record
   if expires > latest then latest = expires end
-  local id = tag .. string.format(SEG_SEQ_FORMAT, seq)
+  local id = segment_id(seq)
   ids[i] = id
   if group ~= '' then
     if not groups_since then

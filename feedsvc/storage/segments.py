@@ -92,7 +92,7 @@ def id_tag(prefix: str) -> str:
     """The first ID_TAG_DIGITS of every segment message id of the feed whose
     keys start with prefix (keys.QueueKeys.prefix): ids name seqs, and seqs
     of two queues overlap, so without it an id posted to one queue would
-    name a message of another (DESIGN rule 3). _lib.lua's id_tag is the same."""
+    name a message of another (DESIGN rule 3). _lib.lua's segment_tag is the same."""
     return hashlib.sha1(prefix.encode(), usedforsecurity=False).hexdigest()[:ID_TAG_DIGITS]
 
 
@@ -269,6 +269,7 @@ def lua_names() -> dict[str, str]:
         "SEG_EXTRAS_LENGTH_FORMAT": repr(f">I{EXTRAS_LENGTH_BYTES}"),
         "SEG_SEQ_FORMAT": repr(f"%0{SEQ_DIGITS}x"),
         "SEG_ID_TAG_DIGITS": str(ID_TAG_DIGITS),
+        "SEG_ID_DIGITS": str(ID_DIGITS),
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),
         "S_SEGMENT": repr(SEGMENT_INFIX),
