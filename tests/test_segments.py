@@ -221,11 +221,20 @@ async def test_a_queue_switches_to_segments_once_and_is_read_legacy_then_segment
             assert [m.body for m in got] == [body(3), body(28), body(40)]
 
 
-async def test_idempotent_posts_are_answered_as_the_first(stores: StoreMaker, project: str) -> None:
+async def test_idempotent_posts_are_answered_as_the_first(
+    stores: StoreMaker, project: str, redis_url: str
+) -> None:
     async with stores() as store:
         batch = [NewMessage(body(0), 300), NewMessage(body(1), 300)]
         first = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
-        again = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
+        client = direct_client(redis_url)
+        try:
+            counter = await client.get(QueueKeys.of(project, "q").seq)
+            again = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
+            # the retry wrote nothing: the counter did not move
+            assert await client.get(QueueKeys.of(project, "q").seq) == counter
+        finally:
+            await client.aclose()
         assert again == first
         assert (await read_all(store, project, "q", 10))[0] == [0, 1]
 
