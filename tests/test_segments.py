@@ -396,6 +396,7 @@ async def test_a_gone_slot_is_passed_and_ends_the_record_before_it(
                 k, slot = segments.segment_of(seq)
                 at = slot * segments.SLOT_BYTES
                 raw = await client.getrange(keys.segment(k), at, at + 3)
+                assert isinstance(raw, bytes)
                 gone = int.from_bytes(raw, "big") | segments.GONE_BIT
                 await client.setrange(keys.segment(k), at, gone.to_bytes(4, "big"))
         finally:
