@@ -137,6 +137,7 @@ CLUSTER_SUITES = {
     "test_store_claims",
     "test_store_redrive",
     "test_store_upgrade",
+    "test_layout_upgrade",
     "test_api",
     "test_api_claims",
     "test_encryption",
