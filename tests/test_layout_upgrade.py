@@ -82,27 +82,28 @@ def writer(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def git(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, **kwargs)
+def git(*args: str, check: bool = False) -> subprocess.CompletedProcess[bytes]:
+    command = ["git", "-C", str(REPO_ROOT), *args]
+    return subprocess.run(command, check=check, capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's tree, exported from this checkout's history."""
     try:
-        inside = git("rev-parse", "--is-inside-work-tree", timeout=30)
+        inside = git("rev-parse", "--is-inside-work-tree")
     except FileNotFoundError:
         pytest.skip("git is not installed: the previous release comes from this checkout")
     if inside.returncode != 0:
         pytest.skip("not in a git checkout: the previous release comes from its history")
-    found = git("cat-file", "-e", PREVIOUS_RELEASE + "^{commit}", timeout=30)
+    found = git("cat-file", "-e", PREVIOUS_RELEASE + "^{commit}")
     assert found.returncode == 0, (
         f"commit {PREVIOUS_RELEASE} (the previous release) is not in this checkout's "
         "history: fetch main's full history (a shallow clone lacks it)"
     )
     tree = tmp_path_factory.mktemp("previous-release")
     archive = tree / "release.tar"
-    git("archive", "--format=tar", "-o", str(archive), PREVIOUS_RELEASE, check=True, timeout=60)
+    git("archive", "--format=tar", "-o", str(archive), PREVIOUS_RELEASE, check=True)
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
     archive.unlink()
