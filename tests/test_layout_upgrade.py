@@ -314,10 +314,10 @@ async def test_old_messages_are_read_once_through_old_markers_into_the_segments(
         keys = QueueKeys.of(project, "q")
         client = direct_client(redis_url)
         try:
-            last_old = int(await client.get(keys.seq))
+            last_old = int(await client.get(keys.seq) or 0)
             new = await post_new(store, project, "q", [100, 101, 102, 103, 104])
             # the queue switched for good at the first segments post (ns)
-            assert int(await client.hget(keys.meta, "ns")) == last_old + 1
+            assert int(await client.hget(keys.meta, "ns") or 0) == last_old + 1
         finally:
             await client.aclose()
         # a segment message's id is its seq, 24 hex digits
