@@ -59,7 +59,7 @@ WRITERS = ["previous-release", "records"]
 WRITER = str(uuid.uuid4())
 READER = str(uuid.uuid4())
 OLD_TTL = 300  # s
-NEW_TTL = 900  # s: outlives the old messages
+NEW_TTL = 3600  # s: outlives the old messages and their claims
 IDEMPOTENCY_KEY = "upgrade-1"
 PAGE = 4  # the old reader's page: markers inside the legacy part
 
