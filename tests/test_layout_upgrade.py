@@ -66,9 +66,11 @@ PAGE = 4  # the old reader's page: markers inside the legacy part
 NEEDS_CLAIMS = pytest.mark.xfail(
     strict=True, reason="claims on a segments queue are compact-claims' (not merged yet)"
 )
-NEEDS_EXPIRY = pytest.mark.xfail(
-    strict=True,
-    reason="the legacy garbage collection on a segments queue is compact-expiry's (not merged yet)",
+NEEDS_COUNTS = pytest.mark.xfail(
+    strict=True, reason="queue stats do not count segment messages yet (compact-core/-expiry)"
+)
+NEEDS_DELIVERY = pytest.mark.xfail(
+    strict=True, reason="a subscription's delivery reads (messages_after) read no segments yet"
 )
 
 
@@ -340,12 +342,20 @@ async def test_old_messages_are_read_once_through_old_markers_into_the_segments(
         # by id, old and new, in the order asked
         fetched = await store.get_messages(project, "q", [new[0], *old.ids, new[-1]])
         assert [m.id for m in fetched] == [new[0], *old.ids, new[-1]]
-        stats = await store.queue_stats(project, "q")
-        assert (stats.total, stats.claimed) == (27, 0)
-        assert stats.oldest is not None and stats.oldest.id == old.ids[0]
-        assert stats.newest is not None and stats.newest.id == new[-1]
         # the tail is past everything
         assert await store.tail_marker(project, "q") == int(new[-1], 16)
+
+
+@NEEDS_COUNTS
+async def test_stats_count_the_old_and_the_new_messages(
+    old: OldData, redis_url: str, driver: str, project: str
+) -> None:
+    async with new_store(redis_url, driver, ManualClock()) as store:
+        new = await post_new(store, project, "q", [100, 101, 102])
+        stats = await store.queue_stats(project, "q")
+        assert (stats.total, stats.claimed, stats.free) == (25, 0, 25)
+        assert stats.oldest is not None and stats.oldest.id == old.ids[0]
+        assert stats.newest is not None and stats.newest.id == new[-1]
 
 
 async def test_an_old_idempotency_key_replays_the_old_ids(
@@ -360,6 +370,7 @@ async def test_an_old_idempotency_key_replays_the_old_ids(
         assert len(await read_all(store, project, "q")) == 20  # nothing written twice
 
 
+@NEEDS_DELIVERY
 async def test_a_subscription_delivers_from_its_old_position(
     old: OldData, redis_url: str, driver: str, project: str
 ) -> None:
@@ -415,7 +426,6 @@ async def test_old_claims_hold_and_are_deleted_with_and_released(
         assert (await store.queue_stats(project, "c")).total == 0
 
 
-@NEEDS_EXPIRY
 async def test_no_legacy_key_is_left_once_the_old_messages_expire(
     old: OldData, redis_url: str, driver: str, project: str
 ) -> None:
