@@ -46,6 +46,7 @@ from feedsvc.errors import MessageIsClaimed
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segments import NEW_START
 from feedsvc.testing import ServiceProcess
 from tests.conftest import PROCESS_DRIVERS, REPO_ROOT, direct_client, make_settings
 
@@ -63,15 +64,23 @@ NEW_TTL = 3600  # s: outlives the old messages and their claims
 IDEMPOTENCY_KEY = "upgrade-1"
 PAGE = 4  # the old reader's page: markers inside the legacy part
 
-NEEDS_CLAIMS = pytest.mark.xfail(
-    strict=True, reason="claims on a segments queue are compact-claims' (not merged yet)"
-)
-NEEDS_COUNTS = pytest.mark.xfail(
-    strict=True, reason="queue stats do not count segment messages yet (compact-core/-expiry)"
-)
-NEEDS_DELIVERY = pytest.mark.xfail(
-    strict=True, reason="a subscription's delivery reads (messages_after) read no segments yet"
-)
+#: What the tests need that is not built yet (issue 30 is built in parts:
+#: compact-core, -claims, -expiry, -watch): a test that needs one is expected
+#: to fail (strict: it fails once it passes, so the entry is deleted then).
+UNBUILT = {
+    "watch": "the watch driver writes no segments yet (compact-watch)",
+    "claims": "claims on a segments queue are compact-claims' (not merged yet)",
+    "counts": "queue stats count no segment messages yet (compact-core, compact-expiry)",
+    "delivery": "a subscription's delivery reads (messages_after) read no segments yet",
+}
+
+
+def expect_unbuilt(request: pytest.FixtureRequest, driver: str, *needs: str) -> None:
+    """Mark the test as expected to fail while something it needs is unbuilt."""
+    wanted = [*needs, *(["watch"] if driver != "lua" else [])]
+    reasons = [UNBUILT[need] for need in wanted if need in UNBUILT]
+    if reasons:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="; ".join(reasons)))
 
 
 @pytest.fixture(params=PROCESS_DRIVERS)
@@ -238,7 +247,7 @@ async def old(
     try:
         keys = QueueKeys.of(project, "q")
         assert await client.exists(keys.index, keys.expiry) == 2
-        assert not await client.hexists(keys.meta, "ns"), "the old writer switched layout"
+        assert not await client.hexists(keys.meta, NEW_START), "the old writer switched"
     finally:
         await client.aclose()
     return data
@@ -259,6 +268,20 @@ async def new_store(redis_url: str, driver: str, clock: ManualClock) -> AsyncIte
 async def post_new(store: FeedStore, project: str, queue: str, bodies: list[int]) -> list[str]:
     batch = [NewMessage(orjson.dumps(b), NEW_TTL) for b in bodies]
     return await store.post_messages(project, queue, WRITER, batch)
+
+
+async def switch(
+    store: FeedStore, redis_url: str, project: str, queue: str, bodies: list[int]
+) -> list[str]:
+    """The first post with segments on: the queue switches for good."""
+    ids = await post_new(store, project, queue, bodies)
+    client = direct_client(redis_url)
+    try:
+        switched = await client.hget(QueueKeys.of(project, queue).meta, NEW_START)
+    finally:
+        await client.aclose()
+    assert switched is not None, f"{queue} did not switch to segments"
+    return ids
 
 
 async def read_all(
@@ -302,24 +325,29 @@ async def test_the_old_data_is_in_the_records_layout(
             keys = QueueKeys.of(project, queue)
             assert await client.zcard(keys.index) == len(ids)
             assert [await client.exists(keys.record(i)) for i in ids] == [1] * len(ids)
-            assert not await client.hexists(keys.meta, "ns")
+            assert not await client.hexists(keys.meta, NEW_START)
         assert len(old.markers) == 5 and len(old.claimed) == 2
     finally:
         await client.aclose()
 
 
 async def test_old_messages_are_read_once_through_old_markers_into_the_segments(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver)
     clock = ManualClock()
     async with new_store(redis_url, driver, clock) as store:
         keys = QueueKeys.of(project, "q")
         client = direct_client(redis_url)
         try:
             last_old = int(await client.get(keys.seq) or 0)
-            new = await post_new(store, project, "q", [100, 101, 102, 103, 104])
+            new = await switch(store, redis_url, project, "q", [100, 101, 102, 103, 104])
             # the queue switched for good at the first segments post (ns)
-            assert int(await client.hget(keys.meta, "ns") or 0) == last_old + 1
+            assert int(await client.hget(keys.meta, NEW_START) or 0) == last_old + 1
         finally:
             await client.aclose()
         # a segment message's id is its seq, 24 hex digits
@@ -346,12 +374,16 @@ async def test_old_messages_are_read_once_through_old_markers_into_the_segments(
         assert await store.tail_marker(project, "q") == int(new[-1], 16)
 
 
-@NEEDS_COUNTS
 async def test_stats_count_the_old_and_the_new_messages(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver, "counts")
     async with new_store(redis_url, driver, ManualClock()) as store:
-        new = await post_new(store, project, "q", [100, 101, 102])
+        new = await switch(store, redis_url, project, "q", [100, 101, 102])
         stats = await store.queue_stats(project, "q")
         assert (stats.total, stats.claimed, stats.free) == (25, 0, 25)
         assert stats.oldest is not None and stats.oldest.id == old.ids[0]
@@ -359,21 +391,32 @@ async def test_stats_count_the_old_and_the_new_messages(
 
 
 async def test_an_old_idempotency_key_replays_the_old_ids(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver)
     async with new_store(redis_url, driver, ManualClock()) as store:
+        new = await switch(store, redis_url, project, "q", [100])
         batch = [NewMessage(orjson.dumps(n), OLD_TTL) for n in range(10)]
         again = await store.post_messages(
             project, "q", WRITER, batch, idempotency_key=IDEMPOTENCY_KEY
         )
         assert again == old.idempotent
-        assert len(await read_all(store, project, "q")) == 20  # nothing written twice
+        # nothing written twice
+        assert [m.id for m in await read_all(store, project, "q")] == old.ids[:20] + new
 
 
-@NEEDS_DELIVERY
 async def test_a_subscription_delivers_from_its_old_position(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver, "delivery")
     async with new_store(redis_url, driver, ManualClock()) as store:
         parent = Parent("queue", project, "q")
         subscription = await store.subscriptions.get(parent, old.subscription)
@@ -381,19 +424,23 @@ async def test_a_subscription_delivers_from_its_old_position(
         # created after the first post: its position is that post's last seq
         [tenth] = await store.get_messages(project, "q", old.idempotent[-1:])
         assert position == tenth.seq
-        new = await post_new(store, project, "q", [100, 101])
+        new = await switch(store, redis_url, project, "q", [100, 101])
         due = await store.deliveries.messages_after(parent, position, 100)
         assert [m.id for _, m in due if m is not None] == old.ids[10:] + new
         assert [seq for seq, _ in due] == sorted(seq for seq, _ in due)
         assert await store.deliveries.last_seq(parent) == int(new[-1], 16)
 
 
-@NEEDS_CLAIMS
 async def test_old_claims_hold_and_are_deleted_with_and_released(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver, "claims")
     async with new_store(redis_url, driver, ManualClock()) as store:
-        new = await post_new(store, project, "c", [100, 101])  # the queue is on segments
+        new = await switch(store, redis_url, project, "c", [100, 101])
         (kept, kept_ids), (freed, freed_ids) = old.claimed.items()
         claim = await store.get_claim(project, "c", kept)
         assert [m.id for m in claim.messages] == kept_ids
@@ -427,12 +474,17 @@ async def test_old_claims_hold_and_are_deleted_with_and_released(
 
 
 async def test_no_legacy_key_is_left_once_the_old_messages_expire(
-    old: OldData, redis_url: str, driver: str, project: str
+    old: OldData,
+    redis_url: str,
+    driver: str,
+    project: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    expect_unbuilt(request, driver)
     clock = ManualClock()
     async with new_store(redis_url, driver, clock) as store:
-        new = await post_new(store, project, "q", [100, 101])
-        await post_new(store, project, "c", [100])
+        new = await switch(store, redis_url, project, "q", [100, 101])
+        await switch(store, redis_url, project, "c", [100])
         clock.advance(OLD_TTL + 1)
         assert [m.id for m in await read_all(store, project, "q")] == new
         assert await store.get_messages(project, "q", old.ids) == []
