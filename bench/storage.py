@@ -57,6 +57,8 @@ import orjson
 import redis
 
 from bench.service import PRODUCER, Service, SuiteLike
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segments import NEW_START
 
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 CONCURRENCY = 16  # posts in flight against one service
@@ -76,7 +78,8 @@ PLATEAU_S = 10.0
 POLL_S = 0.5
 RECLAIM_POSTS = 2000  # at least this bound (and 2 per 100 messages), after the idle wait
 PLATEAU_POSTS = 300  # posts with no new low of used_memory: it will not come back
-HEADERS = {"X-Project-ID": "bench", "Content-Type": "application/json"}
+PROJECT = "bench"
+HEADERS = {"X-Project-ID": PROJECT, "Content-Type": "application/json"}
 #: the storage layouts (--storage-layout) and the variants measured: each layout on each driver
 LAYOUTS = ("records", "segments")
 VARIANTS = tuple((layout, driver) for layout in LAYOUTS for driver in ("lua", "watch"))
@@ -312,6 +315,7 @@ def report(
         suite.add(
             f"storage: run ({name})",
             messages=suite.storage_messages,
+            written_in=costs["written_in"],
             pages=costs["pages"],
             seen=costs["seen"],
             worst_pages=costs["worst_pages"],
@@ -394,6 +398,7 @@ def driver_costs(
         batch = measure(client, lambda: errors.append(post_all(svc, batch_queue, payloads)))
         worst_pages, worst_shown, worst_us = worst_page(svc, client, worst, max(40, n // 4))
     return {
+        "written_in": written_in(client, queue),
         "memory": posts.memory / n,
         "post_us": posts.cpu_us / n,
         "batch_us": batch.cpu_us / batches,
@@ -406,6 +411,14 @@ def driver_costs(
         "worst_pages": worst_pages,
         "worst_shown": worst_shown,
     }
+
+
+def written_in(client: redis.Redis, queue: str) -> str:
+    """The layout a queue's messages went to: a queue switched to segments
+    has its first segment seq in its hash (a driver that writes no segments
+    yet writes records whatever it is told)."""
+    switched = client.hexists(QueueKeys.of(PROJECT, queue).meta, NEW_START)
+    return "segments" if switched else "records"
 
 
 def worst_page(svc: Service, client: redis.Redis, queue: str, count: int) -> tuple[int, int, float]:
