@@ -404,15 +404,16 @@ local function slot_at(t, j)
   return v, false
 end
 
--- How many live messages the queue holds, for _max_messages: the older
--- layout's from its expiry index, the segments' as posted less those gone
--- (F_GONE; until the sweep has counted them, expired ones still count: a
--- queue may refuse a post early, never overflow).
-local function live_count(now_text)
-  local live = redis.call('ZCOUNT', KEYS[K_EXP], '(' .. now_text, '+inf')
-  local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_GONE)
+-- How many live messages a feed holds (its Q:exp, Q:q and Q:seq keys), for
+-- _max_messages and the project quotas (segments.py's live_count is the
+-- same count): the older layout's from its expiry index, the segments' as
+-- posted less those gone (F_GONE; until the sweep has counted them, expired
+-- ones still count: a post may be refused early, a quota never overflows).
+local function live_count(now_text, exp_key, meta_key, seq_key)
+  local live = redis.call('ZCOUNT', exp_key, '(' .. now_text, '+inf')
+  local q = redis.call('HMGET', meta_key, F_NEW_START, F_GONE)
   if q[1] then
-    local top = tonumber(redis.call('GET', KEYS[K_SEQ])) or 0
+    local top = tonumber(redis.call('GET', seq_key)) or 0
     live = live + math.max(0, top - tonumber(q[1]) + 1 - (tonumber(q[2]) or 0))
   end
   return live

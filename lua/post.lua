@@ -61,7 +61,7 @@ local groups_since = q[5]
 collect_garbage(ARGV[1], groups_since)
 if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
 -- live messages only: an expired one, collected or not, holds no room
-if q[4] and live_count(ARGV[1]) + n > tonumber(q[4]) then
+if q[4] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[4]) then
   redis.call('DEL', unpack(KEYS, 7, 6 + n))
   return {'full', q[4]}
 end

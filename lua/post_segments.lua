@@ -36,7 +36,7 @@ local groups_since = q[7]
 -- the older layout's messages and claims, while it has any
 collect_garbage(ARGV[1], groups_since)
 if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
-if q[6] and live_count(ARGV[1]) + n > tonumber(q[6]) then return {'full', q[6]} end
+if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
 local default_ttl = tonumber(q[3] or ARGV[2])
 local default_delay = tonumber(q[4] or ARGV[3])
 local top = tonumber(redis.call('GET', KEYS[K_SEQ]))

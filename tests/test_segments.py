@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
-from feedsvc.errors import MarkerNotGivenOut, QueueFull
+from feedsvc.errors import MarkerNotGivenOut, ProjectMessagesFull, QueueFull
 from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
@@ -268,3 +268,32 @@ def test_the_record_codec_round_trips() -> None:
     assert segments.seq_of("0123456789abcdef01234567") is None
     state = segments.ClaimState("c" * 24, 5, 2, 9)
     assert segments.ClaimState.decode(state.encode()) == state
+
+
+async def test_stats_count_both_layouts(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    async with stores("records") as old, stores("segments") as new:
+        legacy = await old.post_messages(project, "q", WRITER, [NewMessage(body(0), 300)])
+        fresh = await new.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 300) for i in (1, 2)]
+        )
+        stats = await new.queue_stats(project, "q")
+        assert (stats.total, stats.claimed, stats.free) == (3, 0, 3)
+        assert stats.oldest is not None and stats.oldest.id == legacy[0]
+        assert stats.newest is not None and stats.newest.id == fresh[-1]
+        only = await new.post_messages(project, "s", WRITER, [NewMessage(body(3), 300)])
+        stats = await new.queue_stats(project, "s")
+        assert stats.total == 1 and stats.oldest == stats.newest
+        assert stats.oldest is not None and stats.oldest.id == only[0]
+        assert stats.oldest.created_ms == clock.now_ms()
+
+
+async def test_the_project_quota_counts_segment_messages(stores: StoreMaker, project: str) -> None:
+    async with stores(project_max_messages=3) as store:
+        await store.post_messages(project, "a", WRITER, [NewMessage(body(i), 300) for i in (0, 1)])
+        await store.post_messages(project, "b", WRITER, [NewMessage(body(2), 300)])
+        with pytest.raises(ProjectMessagesFull):
+            await store.post_messages(project, "a", WRITER, [NewMessage(body(3), 300)])
+        usage = await store.quotas.usage(project)
+        assert usage["messages"] == 3

@@ -58,7 +58,7 @@ from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.redrive import RedisRedrives
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
-from feedsvc.storage.segment_pages import segment_messages
+from feedsvc.storage.segment_pages import segment_end, segment_messages
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
@@ -349,16 +349,18 @@ class RedisStore(FeedSpace, ABC):
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
-        total, claimed = await self._transport.call_checked(
-            [
-                ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
-                ("ZCOUNT", keys.claimed, f"({now}", "+inf"),
-            ]
+        *counts, claimed = await self._transport.call_checked(
+            [*seg.live_count_commands(keys, now), ("ZCOUNT", keys.claimed, f"({now}", "+inf")]
         )
+        total, legacy, segmented = seg.live_count(counts), int(counts[0]), counts[1][0] is not None
         oldest = newest = None
-        if total:
+        if legacy:
             oldest = await live_end(self._transport, keys, now, reverse=False)
-            newest = await live_end(self._transport, keys, now, reverse=True)
+        if segmented and total > legacy:
+            oldest = oldest or await segment_end(self._transport, keys, now, reverse=False)
+            newest = await segment_end(self._transport, keys, now, reverse=True)
+        if legacy:
+            newest = newest or await live_end(self._transport, keys, now, reverse=True)
         return QueueStats(
             claimed=int(claimed),
             free=max(0, int(total) - int(claimed)),

@@ -22,7 +22,7 @@ from typing import Any
 
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
-from feedsvc.storage.base import ListQuery, Message, MessagePage
+from feedsvc.storage.base import ListQuery, Message, MessagePage, MessageSummary
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.transport import Transport
@@ -287,3 +287,47 @@ async def segment_messages(
             held = state if state is not None and state.held(now) else None
             out[seq] = message(rec, expires, held, True, state.count if state else 0)
     return out
+
+
+#: segments a stats read looks through for a live message at either end
+END_SEGMENTS = 64
+
+
+async def segment_end(
+    transport: Transport, keys: QueueKeys, now: int, reverse: bool
+) -> MessageSummary | None:
+    """The first live segment message from the head (or the tail), looking
+    through END_SEGMENTS segments at most (stats' oldest and newest)."""
+    order = ("REV",) if reverse else ()
+    for at in range(END_SEGMENTS):
+        [found] = await transport.call_checked(
+            [("ZRANGE", keys.directory, at, at, *order)], idempotent=True
+        )
+        if not found:
+            return None
+        k = int(found[0])
+        [table] = await transport.call_checked(
+            [("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1)], idempotent=True
+        )
+        values = s.slot_offsets(table)
+        live = [(k * s.SLOTS + j, v) for j, v in enumerate(values) if v and not v & s.GONE_BIT]
+        if not live:
+            continue
+        if reverse:
+            live.reverse()
+        seqs = [seq for seq, _ in live]
+        reads: list[Command] = [
+            ("GETRANGE", keys.segment(k), v, v + s.AUTHOR_AT - 1) for _, v in live
+        ]
+        replies = await transport.call_checked(
+            [*reads, ("HMGET", keys.claim_states, *seqs)], idempotent=True
+        )
+        for (seq, _), head, state in zip(live, replies[:-1], replies[-1], strict=True):
+            if not head:
+                continue
+            expires = int(head[: s.EXPIRES_WIDTH])
+            ttl = int(head[s.EXPIRES_WIDTH + s.DUE_WIDTH : s.AUTHOR_AT])
+            extended = s.ClaimState.decode(state).expires if state else 0
+            if (extended or expires) > now:
+                return MessageSummary(s.message_id(seq), expires - ttl * 1000)
+    return None

@@ -41,15 +41,18 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import (
     CLAIM_STATES_SUFFIX,
     DIRECTORY_SUFFIX,
     REVIEWS_SUFFIX,
     SEGMENT_COUNTS_SUFFIX,
     SEGMENT_INFIX,
+    QueueKeys,
 )
 
 SLOTS: Final = 100  # seqs per segment
@@ -206,6 +209,27 @@ class ClaimState:
 
     def held(self, now: int) -> bool:
         return bool(self.claim) and self.claim_expires > now
+
+
+def live_count_commands(keys: QueueKeys, now: int) -> list[Command]:
+    """The reads of a feed's live count (live_count), in either layout."""
+    return [
+        ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
+        ("HMGET", keys.meta, NEW_START, GONE),
+        ("GET", keys.seq),
+    ]
+
+
+def live_count(replies: Sequence[Any]) -> int:
+    """How many live messages a feed holds, from live_count_commands'
+    replies (_lib.lua's live_count is the same count): the older layout's
+    from its expiry index, the segments' as posted less those gone. Until
+    the sweep has counted them, expired segment messages still count."""
+    live, (new_start, gone), top = replies
+    count = int(live)
+    if new_start is not None:
+        count += max(0, int(top or 0) - int(new_start) + 1 - int(gone or 0))
+    return count
 
 
 def slot_offsets(table: bytes) -> list[int]:
