@@ -25,6 +25,7 @@ legacy key is left (``Q:idx``, ``Q:exp``, ``Q:r:*``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import sys
@@ -41,7 +42,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from feedsvc.app import create_app
-from feedsvc.clock import ManualClock
+from feedsvc.clock import SYSTEM_CLOCK, Clock, ManualClock
 from feedsvc.errors import MessageIsClaimed
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent
 from feedsvc.storage.drivers import make_store
@@ -252,7 +253,7 @@ async def old(
 
 
 @contextlib.asynccontextmanager
-async def new_store(redis_url: str, driver: str, clock: ManualClock) -> AsyncIterator[FeedStore]:
+async def new_store(redis_url: str, driver: str, clock: Clock) -> AsyncIterator[FeedStore]:
     """This release on the same Redis, writing segments."""
     settings = make_settings(redis_url, driver=driver, storage_layout="segments")
     store = make_store(settings, clock)
@@ -503,3 +504,39 @@ async def test_no_legacy_key_is_left_once_the_old_messages_expire(
         [*_, old_marker_last] = old.markers
         rest = await read_all(store, project, "q", marker=old_marker_last[0])
         assert [m.id for m in rest][: len(new)] == new
+
+
+@pytest.mark.slow
+async def test_short_lived_old_messages_leave_nothing_behind_in_real_time(
+    writer: str,
+    redis_url: str,
+    driver: str,
+    project: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """As above on the real clock: old messages of 1 and 2 s, Redis's own
+    expiry and the collection by the next posts."""
+    expect_unbuilt(request, driver)
+    tree = request.getfixturevalue("previous_release") if writer == "previous-release" else None
+    log = tmp_path / "old.log"
+    async with (
+        old_service(writer, redis_url, driver, tree, log) as url,
+        aiohttp.ClientSession(url) as session,
+    ):
+        status, doc, _ = await Http(session, project).call(
+            "POST",
+            "queues/s/messages",
+            body={"messages": [{"body": n, "ttl": 1 + n % 2} for n in range(6)]},
+        )
+        assert status == 201, doc
+    async with new_store(redis_url, driver, SYSTEM_CLOCK) as store:
+        new = await switch(store, redis_url, project, "s", [100])
+        await asyncio.sleep(2.1)  # every old message's ttl has passed
+        for _ in range(10):
+            if not await legacy_keys(redis_url, project, "s"):
+                break
+            await post_new(store, project, "s", [200])
+        assert await legacy_keys(redis_url, project, "s") == []
+        seen = await read_all(store, project, "s")
+        assert [m.id for m in seen][:1] == new
