@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 
 import orjson
 import pytest
@@ -15,10 +16,12 @@ import pytest
 from feedsvc.clock import ManualClock
 from feedsvc.errors import MarkerNotGivenOut, ProjectMessagesFull, QueueFull
 from feedsvc.storage import segments
-from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
+from feedsvc.storage.segment_pages import PageScan, read_by_commands, scan_segments
+from feedsvc.storage.transport import Transport
 from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
@@ -297,3 +300,53 @@ async def test_the_project_quota_counts_segment_messages(stores: StoreMaker, pro
             await store.post_messages(project, "a", WRITER, [NewMessage(body(3), 300)])
         usage = await store.quotas.usage(project)
         assert usage["messages"] == 3
+
+
+async def test_deliveries_read_both_layouts_in_order(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """A subscription's delivery reads (no script) find the older messages,
+    then the segments', gone ones as None so the position moves past them."""
+    async with stores("records") as old, stores("segments") as new:
+        await old.post_messages(project, "q", WRITER, [NewMessage(body(0), 300)])
+        await new.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 5 if i == 2 else 300) for i in range(1, 150)]
+        )
+        clock.advance(10)
+        parent = Parent("queue", project, "q")
+        seen: list[int | None] = []
+        position = 0
+        while batch := await new.deliveries.messages_after(parent, position, 40):
+            for seq, message in batch:
+                assert seq > position
+                position = seq
+                seen.append(None if message is None else orjson.loads(message.body)["n"])
+        assert seen == [0, 1, None, *range(3, 150)]
+
+
+async def test_the_read_by_commands_pages_as_the_script_does(
+    stores: StoreMaker, project: str, redis_url: str, clock: ManualClock
+) -> None:
+    """read_by_commands (no script) answers what read_segments.lua does."""
+    async with stores() as store:
+        for i in range(0, 230, 23):
+            batch = [NewMessage(body(n), 5 if n % 4 == 0 else 300) for n in range(i, i + 23)]
+            await store.post_messages(project, "q", WRITER, batch)
+        clock.advance(10)
+        keys = QueueKeys.of(project, "q")
+        transport = Transport(make_settings(redis_url), clock)
+        try:
+            transport.open()
+            for limit in (1, 10, 20):
+                marker: int | None = None
+                while True:
+                    query = ListQuery(READER, marker=marker, limit=limit)
+                    scan = PageScan(query, clock.now_ms(), 1000)
+                    read = partial(read_by_commands, transport, keys, clock.now_ms())
+                    page = await scan_segments(read, scan, marker, None, False)
+                    assert page == await store.list_messages(project, "q", query)
+                    if not page.messages:
+                        break
+                    marker = page.next_marker
+        finally:
+            await transport.close()

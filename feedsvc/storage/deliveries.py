@@ -26,7 +26,7 @@ from feedsvc.storage import subscriptions as s
 from feedsvc.storage.base import Delivery, Message, Parent, Unreadable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import SUBSCRIBED_KEY
-from feedsvc.storage.segment_pages import segment_messages
+from feedsvc.storage.segment_pages import messages_from
 from feedsvc.storage.transport import Transport
 
 
@@ -160,32 +160,25 @@ class RedisDeliveries:
     async def messages_after(
         self, parent: Parent, position: int, limit: int
     ) -> list[tuple[int, Message | Unreadable | None]]:
-        """The older layout's entries after position (its index), then, on a
-        feed that switched to segments, the seqs from its first segment seq
-        on (``segments.NEW_START``) up to the counter, one by one: a seq
-        whose message is gone is None, as an expired record is."""
         keys = self._parent_keys(parent)
-        [entries, new_start, counter] = await self._transport.call_checked(
+        entries, new_start = await self._transport.call_checked(
             [("ZRANGEBYSCORE", keys.index, f"({position}", "+inf", "WITHSCORES",
-              "LIMIT", 0, limit),
-             ("HGET", keys.meta, seg.NEW_START),
-             ("GET", keys.seq)]
+              "LIMIT", 0, limit), ("HGET", keys.meta, seg.NEW_START)]
         )  # fmt: skip
-        now = self._clock.now_ms()
-        found: list[tuple[int, Message | None]] = []
         pairs = [(r.text(i), r.parse_seq(seq)) for i, seq in r.pairs(entries)]
+        now = self._clock.now_ms()
+        found: list[tuple[int, Message | None]]
         if pairs:
             ids = [i for i, _ in pairs]
             replies = await self._transport.call_checked(r.read_commands(keys, ids))
             messages = r.live_messages(ids, replies, now)
             found = [(seq, m) for (_, seq), m in zip(pairs, messages, strict=True)]
-        if new_start and len(found) < limit:
-            first = max(position, int(new_start) - 1, found[-1][0] if found else 0) + 1
-            last = min(int(counter or 0), first + limit - len(found) - 1)
-            seqs = list(range(first, last + 1))
-            if seqs:
-                live = await segment_messages(self._transport, keys, seqs, now)
-                found += [(seq, live.get(seq)) for seq in seqs]
+        elif new_start is not None:
+            # past the older layout's messages: the queue's segments (segments.py)
+            start = max(position + 1, int(new_start))
+            found = await messages_from(self._transport, keys, start, limit, now)
+        else:
+            return []
         opened = iter(self._reveal([m for _, m in found if m is not None], parent))
         return [(seq, None if m is None else next(opened)) for seq, m in found]
 
