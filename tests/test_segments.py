@@ -16,7 +16,7 @@ import pytest
 from feedsvc.clock import ManualClock
 from feedsvc.errors import MarkerNotGivenOut, ProjectMessagesFull, QueueFull
 from feedsvc.storage import segments
-from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent, Unreadable
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
@@ -320,6 +320,7 @@ async def test_deliveries_read_both_layouts_in_order(
             for seq, message in batch:
                 assert seq > position
                 position = seq
+                assert not isinstance(message, Unreadable)
                 seen.append(None if message is None else orjson.loads(message.body)["n"])
         assert seen == [0, 1, None, *range(3, 150)]
 
