@@ -24,8 +24,8 @@ bench/webhook.py), auth (POST and GET with a JWT against none;
 bench/auth.py), ratelimit (POST and GET with --project-rate against
 without, side by side), tracing (POST and GET with OpenTelemetry spans
 exported against tracing off; bench/tracing.py), storage (what a message
-costs Redis in memory and CPU against a Redis Stream entry, the expiry
-reclaim and the hot-queue ceiling; bench/storage.py), groups (claims
+costs Redis in memory and CPU in each storage layout against a Redis Stream
+entry, the expiry reclaim and the hot-queue ceiling; bench/storage.py), groups (claims
 over 1,000 ordered groups against an ungrouped queue, and beside a held hot
 group; bench/groups.py). Needs ``wrk`` on PATH
 (Debian: apt install wrk).
@@ -702,13 +702,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--storage-messages",
         type=_count,
         default=20000,
-        help="single-message posts the storage part makes per driver (default: %(default)s)",
+        help="single-message posts the storage part makes per layout and driver "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--storage-reclaim",
+        "--reclaim",
         type=_count,
         default=20000,
-        help="messages the storage part lets expire (default: %(default)s; the issue's: 1000000)",
+        help="messages the storage part lets expire per layout (default: %(default)s; "
+        "the issue's: 1000000)",
     )
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):

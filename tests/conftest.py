@@ -140,6 +140,7 @@ CLUSTER_SUITES = {
     "test_group_upkeep",
     "test_store_redrive",
     "test_store_upgrade",
+    "test_layout_upgrade",
     "test_api",
     "test_api_claims",
     "test_encryption",
