@@ -24,8 +24,10 @@ bench/webhook.py), auth (POST and GET with a JWT against none;
 bench/auth.py), ratelimit (POST and GET with --project-rate against
 without, side by side), tracing (POST and GET with OpenTelemetry spans
 exported against tracing off; bench/tracing.py), storage (what a message
-costs Redis in memory and CPU against a Redis Stream entry, the expiry
-reclaim and the hot-queue ceiling; bench/storage.py). Needs ``wrk`` on PATH
+costs Redis in memory and CPU in each storage layout against a Redis Stream
+entry, the expiry reclaim and the hot-queue ceiling; bench/storage.py), groups (claims
+over 1,000 ordered groups against an ungrouped queue, and beside a held hot
+group; bench/groups.py). Needs ``wrk`` on PATH
 (Debian: apt install wrk).
 """
 
@@ -477,6 +479,11 @@ class Suite:
 
         part_storage(self)
 
+    def part_groups(self) -> None:
+        from bench.groups import part_groups
+
+        part_groups(self)
+
     def part_webhook(self) -> None:
         from bench.webhook import part_webhook
 
@@ -663,7 +670,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
 PARTS = [
     "post", "get", "floor", "ladder", "loop", "workers", "zaqar", "pool", "batch", "coalesce",
     "drivers", "cluster", "rtt", "idle", "fanout", "wake", "webhook", "auth", "ratelimit",
-    "quotas", "tracing", "storage",
+    "quotas", "tracing", "storage", "groups",
 ]  # fmt: skip
 
 
@@ -695,13 +702,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--storage-messages",
         type=_count,
         default=20000,
-        help="single-message posts the storage part makes per driver (default: %(default)s)",
+        help="single-message posts the storage part makes per layout and driver "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--storage-reclaim",
+        "--reclaim",
         type=_count,
         default=20000,
-        help="messages the storage part lets expire (default: %(default)s; the issue's: 1000000)",
+        help="messages the storage part lets expire per layout (default: %(default)s; "
+        "the issue's: 1000000)",
     )
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):

@@ -96,6 +96,8 @@ class WrkResult:
     #: CPU of each process group during the run, in cores (``wrk`` and
     #: ``other`` included); only from :func:`wrk` called with ``cpu_of``
     cores: dict[str, float] | None = None
+    #: wrk's whole report (a script's done() may print figures of its own there)
+    output: str = ""
 
 
 def _ms(text: str) -> float:
@@ -160,6 +162,7 @@ def wrk(
     ).stdout
     percent = window.stop()
     result = parse_wrk(out)
+    result.output = out
     if cpu_of is not None:
         result.cores = {k: v / 100 for k, v in percent.items()}
     return result

@@ -5,46 +5,47 @@ Measured from outside, on the suite's own redis-server (a free port, default
 configuration: no listpack tuning), ``FLUSHALL`` first:
 
 * N single-message posts (``--storage-messages``, default 20,000) of a
-  100-byte JSON body over HTTP to a real ``feedsvc serve``, once with the
-  lua driver and once with the watch driver (each its own process and
-  queue, ``CONCURRENCY`` posts in flight), then one reader paging through
-  them 10 at a time, following the ``next`` links; against the same N
-  bodies ``XADD``\\ ed to a stream with the fields a message needs (ttl,
-  client id, expiry), pipelined ``PIPELINE`` at a time, and read back with
-  ``XRANGE COUNT 10``, one per round trip.
+  100-byte JSON body over HTTP to a real ``feedsvc serve``, once per storage
+  layout (``--storage-layout records``: a key per message; ``segments``:
+  packed segments, docs/design.md) and driver (lua, watch), each its own
+  process and queue, ``CONCURRENCY`` posts in flight; then one reader
+  paging through them 10 at a time, following the ``next`` links; against
+  the same N bodies ``XADD``\\ ed to a stream with the fields a message
+  needs (ttl, client id, expiry), pipelined ``PIPELINE`` at a time, and read
+  back with ``XRANGE COUNT 10``, one per round trip.
 * per message: Redis memory (``used_memory`` after ``MEMORY PURGE``, the
   delta over the posts divided by N) and Redis main-thread CPU
   (``used_cpu_{sys,user}_main_thread`` of ``INFO cpu``, else the process's);
   per batch of 100 (a POST of 100 against 100 ``XADD``\\ s in one pipeline);
-  per page of 10; the worst page filter (``echo=true&include_claimed=true``
-  on a queue where every other message is delayed and a quarter are
+  per page of 10; the worst page filters (``echo=true&include_claimed=true``
+  on a queue where every other message is delayed and an eighth are
   claimed); ``INFO commandstats`` per post (calls and µs per call of each
   command, over the N posts).
-* 1 KiB and 10 KiB bodies: memory per message against a stream's
-  (N / 10 of each, ``BIG_MIN`` at least).
-* the expiry reclaim: M messages (``--storage-reclaim``, default 20,000;
-  the issue's figure is 1,000,000) behind one 14-day message, with ttls of
-  ``SHORT_TTLS`` seconds (the service runs with ``--min-message-ttl 1``),
-  posted 100 a POST; once all are past their ttl, ``used_memory`` is
-  watched with no traffic until it is back within ``WITHIN`` of where it
-  started, stops falling for ``PLATEAU_S``, or ``RECLAIM_WAIT_S`` pass; then
-  (if still not back) one-message posts of ttl 1 s, as a queue in use sees
-  them, until it is back, stops falling for ``PLATEAU_POSTS`` posts, or
-  ``RECLAIM_POSTS`` (or M / 50) posts were sent. What is true
-  is reported: the share of the added memory still held and how long it
-  took.
+* 1 KiB and 10 KiB bodies: memory per message against a stream's, per
+  layout (N / 10 of each, ``BIG_MIN`` at least).
+* the expiry reclaim, per layout: M messages (``--storage-reclaim`` or
+  ``--reclaim``, default 20,000; the issue's figure is 1,000,000) behind one
+  14-day message, with ttls of ``SHORT_TTLS`` seconds (the service runs
+  with ``--min-message-ttl 1``), posted 100 a POST; once all are past their
+  ttl, ``used_memory`` is watched with no traffic until it is back within
+  ``WITHIN`` of where it started, stops falling for ``PLATEAU_S``, or
+  ``RECLAIM_WAIT_S`` pass; then (if still not back) one-message posts of
+  ttl 1 s, as a queue in use sees them, until it is back, stops falling for
+  ``PLATEAU_POSTS`` posts, or ``RECLAIM_POSTS`` (or M / 50) posts were
+  sent. What is true is reported: the share of the added memory still held
+  and how long it took.
 * the hot-queue ceiling: messages per second one Redis core indexes for one
   queue in POSTs of 100 (1 / its CPU per message), against XADD pipelined.
 
-Ratios are feedsvc / stream. CPU in µs, memory in bytes, per message unless
-the row says otherwise.
+Every figure is reported per variant, ``<layout>_<driver>`` (e.g.
+``segments_lua``); ratios are feedsvc / stream (``ratio_<variant>``). CPU
+in µs, memory in bytes, per message unless the row says otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,8 @@ import orjson
 import redis
 
 from bench.service import PRODUCER, Service, SuiteLike
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segments import NEW_START
 
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 CONCURRENCY = 16  # posts in flight against one service
@@ -75,7 +78,11 @@ PLATEAU_S = 10.0
 POLL_S = 0.5
 RECLAIM_POSTS = 2000  # at least this bound (and 2 per 100 messages), after the idle wait
 PLATEAU_POSTS = 300  # posts with no new low of used_memory: it will not come back
-HEADERS = {"X-Project-ID": "bench", "Content-Type": "application/json"}
+PROJECT = "bench"
+HEADERS = {"X-Project-ID": PROJECT, "Content-Type": "application/json"}
+#: the storage layouts (--storage-layout) and the variants measured: each layout on each driver
+LAYOUTS = ("records", "segments")
+VARIANTS = tuple((layout, driver) for layout in LAYOUTS for driver in ("lua", "watch"))
 
 
 class StorageSuite(SuiteLike, Protocol):
@@ -245,24 +252,50 @@ def _ratio(ours: float, theirs: float) -> float:
 def part_storage(suite: StorageSuite) -> None:
     n = suite.storage_messages
     client = redis.Redis.from_url(suite.redis.url)
+    phases: dict[str, float] = {}
     try:
         client.flushall()
-        took = [time.monotonic()]
-        reclaim = expiry_reclaim(suite, client, suite.storage_reclaim)
-        settle(client)
-        client.flushall()
-        took.append(time.monotonic())
+        reclaims = {}
+        for layout in LAYOUTS:
+            began = time.monotonic()
+            reclaims[layout] = expiry_reclaim(suite, client, suite.storage_reclaim, layout)
+            settle(client)
+            client.flushall()
+            phases[f"reclaim_{layout}"] = time.monotonic() - began
+        began = time.monotonic()
         stream = stream_costs(client, n)
-        took.append(time.monotonic())
-        drivers = {}
-        for driver in ("lua", "watch"):
-            drivers[driver] = driver_costs(suite, client, driver, n)
-            took.append(time.monotonic())
-        big = big_bodies(suite, client, max(BIG_MIN, n // 10))
-        took.append(time.monotonic())
+        phases["stream"] = time.monotonic() - began
+        variants = {}
+        for layout, driver in VARIANTS:
+            began = time.monotonic()
+            variants[f"{layout}_{driver}"] = driver_costs(suite, client, layout, driver, n)
+            phases[f"{layout}_{driver}"] = time.monotonic() - began
+        began = time.monotonic()
+        big = {
+            layout: big_bodies(suite, client, max(BIG_MIN, n // 10), layout) for layout in LAYOUTS
+        }
+        phases["big_bodies"] = time.monotonic() - began
     finally:
         client.close()
-    lua, watch = drivers["lua"], drivers["watch"]
+    report(suite, stream, variants, big, reclaims)
+    suite.add("storage: seconds taken", **phases, total=sum(phases.values()))
+
+
+def side_by_side(variants: dict[str, dict[str, Any]], key: str, anchor: float) -> dict[str, object]:
+    """Each variant's figure, then its ratio to the stream's."""
+    values: dict[str, object] = {name: costs[key] for name, costs in variants.items()}
+    values["stream"] = anchor
+    values |= {f"ratio_{name}": _ratio(costs[key], anchor) for name, costs in variants.items()}
+    return values
+
+
+def report(
+    suite: StorageSuite,
+    stream: dict[str, Any],
+    variants: dict[str, dict[str, Any]],
+    big: dict[str, dict[int, tuple[float, float]]],
+    reclaims: dict[str, dict[str, object]],
+) -> None:
     rows = (
         ("memory per message (100 B body), bytes", "memory"),
         ("Redis CPU per 1-message post, us", "post_us"),
@@ -270,58 +303,40 @@ def part_storage(suite: StorageSuite) -> None:
         ("Redis CPU per page of 10, us", "page_us"),
     )
     for label, key in rows:
-        suite.add(
-            f"storage: {label}",
-            lua=lua[key],
-            watch=watch[key],
-            stream=stream[key],
-            ratio_lua=_ratio(lua[key], stream[key]),
-            ratio_watch=_ratio(watch[key], stream[key]),
-        )
+        suite.add(f"storage: {label}", **side_by_side(variants, key, stream[key]))
     suite.add(
         "storage: Redis CPU per worst page, us",
         filter="echo=true&include_claimed=true, 1/2 delayed, 1/8 claimed",
-        lua=lua["worst_us"],
-        watch=watch["worst_us"],
-        stream=stream["page_us"],
-        ratio_lua=_ratio(lua["worst_us"], stream["page_us"]),
-        ratio_watch=_ratio(watch["worst_us"], stream["page_us"]),
-        pages=lua["worst_pages"],
-        shown=lua["worst_shown"],
+        **side_by_side(variants, "worst_us", stream["page_us"]),
+        **{f"shown_{name}": costs["worst_shown"] for name, costs in variants.items()},
     )
-    for driver, costs in drivers.items():
-        suite.add(f"storage: commandstats per post ({driver})", **costs["commands"])
+    for name, costs in variants.items():
+        suite.add(f"storage: commandstats per post ({name})", **costs["commands"])
         suite.add(
-            f"storage: run ({driver})",
-            messages=n,
+            f"storage: run ({name})",
+            messages=suite.storage_messages,
+            written_in=costs["written_in"],
             pages=costs["pages"],
             seen=costs["seen"],
+            worst_pages=costs["worst_pages"],
             errors=costs["errors"],
         )
     suite.add("storage: commandstats per XADD (stream)", **stream["commands"])
-    for size, (ours, theirs) in big.items():
-        suite.add(
-            f"storage: memory per message ({size // 1024} KiB body), bytes",
-            lua=ours,
-            stream=theirs,
-            ratio_lua=_ratio(ours, theirs),
-        )
-    suite.add("storage: expiry reclaim (lua)", **reclaim)
-    phases = ("reclaim", "stream", "lua", "watch", "big_bodies")
-    suite.add(
-        "storage: seconds taken",
-        **{p: b - a for p, (a, b) in zip(phases, itertools.pairwise(took), strict=True)},
-        total=took[-1] - took[0],
-    )
-    ceiling = {d: 100e6 / c["batch_us"] if c["batch_us"] else math.nan for d, c in drivers.items()}
+    for size in BIG_BODIES:
+        values: dict[str, object] = {layout: big[layout][size][0] for layout in big}
+        values["stream"] = theirs = min(big[layout][size][1] for layout in big)
+        values |= {f"ratio_{layout}": _ratio(big[layout][size][0], theirs) for layout in big}
+        suite.add(f"storage: memory per message ({size // 1024} KiB body), bytes", **values)
+    for layout, reclaim in reclaims.items():
+        suite.add(f"storage: expiry reclaim ({layout}, lua)", **reclaim)
+    ceilings = {
+        name: {"ceiling": 100e6 / c["batch_us"] if c["batch_us"] else math.nan}
+        for name, c in variants.items()
+    }
     xadd_ceiling = 100e6 / stream["batch_us"] if stream["batch_us"] else math.nan
     suite.add(
         "storage: hot-queue ceiling, messages/s",
-        lua=ceiling["lua"],
-        watch=ceiling["watch"],
-        stream=xadd_ceiling,
-        ratio_lua=_ratio(ceiling["lua"], xadd_ceiling),
-        ratio_watch=_ratio(ceiling["watch"], xadd_ceiling),
+        **side_by_side(ceilings, "ceiling", xadd_ceiling),
     )
 
 
@@ -352,14 +367,17 @@ def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
     }
 
 
-def driver_costs(suite: StorageSuite, client: redis.Redis, driver: str, n: int) -> dict[str, Any]:
-    queue, batch_queue, worst = (
-        f"bstore-{driver}",
-        f"bstore-{driver}-batch",
-        f"bstore-{driver}-worst",
-    )
-    log = suite.workdir / f"feedsvc-storage-{driver}.log"
-    flags = ("--driver", driver, "--max-messages-per-post", str(BATCH))
+def layout_flags(layout: str) -> tuple[str, ...]:
+    return ("--storage-layout", layout)
+
+
+def driver_costs(
+    suite: StorageSuite, client: redis.Redis, layout: str, driver: str, n: int
+) -> dict[str, Any]:
+    name = f"{layout}-{driver}"
+    queue, batch_queue, worst = f"bstore-{name}", f"bstore-{name}-batch", f"bstore-{name}-worst"
+    log = suite.workdir / f"feedsvc-storage-{name}.log"
+    flags = ("--driver", driver, "--max-messages-per-post", str(BATCH), *layout_flags(layout))
     with Service(suite.redis.url, log, *flags) as svc:
         for q in (queue, batch_queue, worst):
             # the queue's own keys exist before anything is measured
@@ -380,6 +398,7 @@ def driver_costs(suite: StorageSuite, client: redis.Redis, driver: str, n: int) 
         batch = measure(client, lambda: errors.append(post_all(svc, batch_queue, payloads)))
         worst_pages, worst_shown, worst_us = worst_page(svc, client, worst, max(40, n // 4))
     return {
+        "written_in": written_in(client, queue),
         "memory": posts.memory / n,
         "post_us": posts.cpu_us / n,
         "batch_us": batch.cpu_us / batches,
@@ -392,6 +411,14 @@ def driver_costs(suite: StorageSuite, client: redis.Redis, driver: str, n: int) 
         "worst_pages": worst_pages,
         "worst_shown": worst_shown,
     }
+
+
+def written_in(client: redis.Redis, queue: str) -> str:
+    """The layout a queue's messages went to: a queue switched to segments
+    has its first segment seq in its hash (a driver that writes no segments
+    yet writes records whatever it is told)."""
+    switched = client.hexists(QueueKeys.of(PROJECT, queue).meta, NEW_START)
+    return "segments" if switched else "records"
 
 
 def worst_page(svc: Service, client: redis.Redis, queue: str, count: int) -> tuple[int, int, float]:
@@ -426,19 +453,21 @@ def svc_claim(svc: Service, queue: str, headers: dict[str, str]) -> None:
 
 
 def big_bodies(
-    suite: StorageSuite, client: redis.Redis, count: int
+    suite: StorageSuite, client: redis.Redis, count: int, layout: str
 ) -> dict[int, tuple[float, float]]:
     """{body size: (feedsvc's bytes per message, a stream entry's)}, lua driver."""
     out = {}
-    log = suite.workdir / "feedsvc-storage-big.log"
-    with Service(suite.redis.url, log) as svc:
+    log = suite.workdir / f"feedsvc-storage-big-{layout}.log"
+    with Service(suite.redis.url, log, *layout_flags(layout)) as svc:
         for size in BIG_BODIES:
-            queue, posts = f"bstore-{size}", singles(size, count)
+            queue, posts = f"bstore-{layout}-{size}", singles(size, count)
             post_all(svc, queue, singles(size, 1))
             ours = measure(client, functools.partial(post_all, svc, queue, posts))
             theirs = measure(
                 client,
-                functools.partial(xadd_all, client, f"bench:stream-{size}", size, count, PIPELINE),
+                functools.partial(
+                    xadd_all, client, f"bench:stream-{layout}-{size}", size, count, PIPELINE
+                ),
             )
             out[size] = (ours.memory / count, theirs.memory / count)
     return out
@@ -470,10 +499,12 @@ async def _trickle(
     return posts, False
 
 
-def expiry_reclaim(suite: StorageSuite, client: redis.Redis, m: int) -> dict[str, object]:
-    log = suite.workdir / "feedsvc-storage-reclaim.log"
-    flags = ("--min-message-ttl", "1", "--max-messages-per-post", str(BATCH))
-    queue = "bstore-reclaim"
+def expiry_reclaim(
+    suite: StorageSuite, client: redis.Redis, m: int, layout: str
+) -> dict[str, object]:
+    log = suite.workdir / f"feedsvc-storage-reclaim-{layout}.log"
+    flags = ("--min-message-ttl", "1", "--max-messages-per-post", str(BATCH), *layout_flags(layout))
+    queue = f"bstore-reclaim-{layout}"
     with Service(suite.redis.url, log, *flags) as svc:
         # the queue's own keys exist before the start is read
         post_all(svc, queue, [{"messages": [{"ttl": 1, "body": body(0, BODY_BYTES)}]}])

@@ -378,3 +378,92 @@ local function collect_garbage(now_text, groups_since)
     end
   end
 end
+
+-- The segment layout (storage/segments.py): the queue's segments (a string
+-- each, SEGMENT_PREFIX .. k), their directory (zset k -> k) and the claim
+-- states of their messages (hash seq -> state).
+local SEGMENT_PREFIX = PREFIX .. S_SEGMENT
+local DIRECTORY = PREFIX .. S_DIRECTORY
+local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
+local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
+
+-- A segment message's id (segments.py's message_id): the feed's tag (the
+-- first digits of the SHA1 of its key prefix, so an id names a message of
+-- this feed only; made once a call), then its seq in hex. segment_seq is
+-- the other way: the seq an id names here (nil: none of this feed's
+-- segment ids).
+local seg_tag = nil
+local function segment_tag()
+  if not seg_tag then seg_tag = string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS) end
+  return seg_tag
+end
+local function segment_id(seq)
+  return segment_tag() .. string.format(SEG_SEQ_FORMAT, seq)
+end
+local function segment_seq(id)
+  if #id ~= SEG_ID_DIGITS or string.sub(id, 1, SEG_ID_TAG_DIGITS) ~= segment_tag() then
+    return nil
+  end
+  return tonumber(string.sub(id, SEG_ID_TAG_DIGITS + 1), 16)
+end
+
+-- A seq's segment number (as text: the key's suffix) and slot, split as
+-- text: a 16-digit seq / 100 is not exact in a double.
+local function segment_of(seq)
+  local s = int(seq)
+  if #s <= 2 then return '0', tonumber(s) end
+  return string.sub(s, 1, -3), tonumber(string.sub(s, -2))
+end
+
+-- A slot's value (a record's offset; 0 = none) at slot j (from 0) of a
+-- slot table read from its start t, and whether the message is gone (its
+-- record stays until the segment's review: its offset still ends the one
+-- before).
+local function slot_at(t, j)
+  local v = struct.unpack('>I4', t, j * SEG_SLOT_BYTES + 1)
+  if v >= SEG_GONE_BIT then return v - SEG_GONE_BIT, true end
+  return v, false
+end
+
+-- How many live messages a feed holds (its Q:exp, Q:q and Q:seq keys), for
+-- _max_messages and the project quotas (segments.py's live_count is the
+-- same count): the older layout's from its expiry index, the segments' as
+-- posted less those gone (F_GONE; until the sweep has counted them, expired
+-- ones still count: a post may be refused early, a quota never overflows).
+local function live_count(now_text, exp_key, meta_key, seq_key)
+  local live = redis.call('ZCOUNT', exp_key, '(' .. now_text, '+inf')
+  local q = redis.call('HMGET', meta_key, F_NEW_START, F_GONE)
+  if q[1] then
+    local top = tonumber(redis.call('GET', seq_key)) or 0
+    live = live + math.max(0, top - tonumber(q[1]) + 1 - (tonumber(q[2]) or 0))
+  end
+  return live
+end
+
+-- An idempotent post's first answer, if its token (the post's ARGV[5]; ''
+-- = none) was used within its window: {'replay', id...}; nil: post it.
+-- Forgets a few expired tokens on the way, so the hash stays bounded.
+local function replayed(token, now)
+  if token == '' then return nil end
+  local seen = redis.call('HGET', IDEMPOTENCY, token)
+  if seen then
+    local expires, ids = string.match(seen, '^(%d+) (.*)$')
+    if tonumber(expires) > now then
+      local out = {'replay'}
+      for id in string.gmatch(ids, '%S+') do out[#out + 1] = id end
+      return out
+    end
+  end
+  local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
+  for j = 1, #sample, 2 do
+    if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then
+      redis.call('HDEL', IDEMPOTENCY, sample[j])
+    end
+  end
+  return nil
+end
+
+-- Remember an idempotent post's ids under its token until (ms).
+local function remember_post(token, until_ms, ids)
+  redis.call('HSET', IDEMPOTENCY, token, int(until_ms) .. ' ' .. table.concat(ids, ' '))
+end

@@ -1,7 +1,8 @@
 -- Admit a post (or a feed's creation) under its project's quotas.
 -- KEYS: the project's limits hash, queue registry, topic registry and
 -- reservations, then (one server; on a cluster the caller counts) the
--- expiry index (Q:exp) of every feed the registries list, queues first.
+-- expiry index, hash and counter (Q:exp, Q:q, Q:seq) of every feed the
+-- registries list, queues first.
 -- ARGV: now_ms, the service's max_messages and max_queues (0: none), the
 -- feed's kind ('queue' or 'topic') and name, n (messages posted; 0: only
 -- create the feed), this post's reservation ("<id> <n>"), held until (ms),
@@ -43,8 +44,8 @@ if n > 0 and max_messages > 0 then
   if not live then
     if #KEYS == 4 and #queues + #topics > 0 then return {'count'} end
     live = 0
-    for i = 5, #KEYS do
-      live = live + redis.call('ZCOUNT', KEYS[i], '(' .. ARGV[1], '+inf')
+    for i = 5, #KEYS, 3 do
+      live = live + live_count(ARGV[1], KEYS[i], KEYS[i + 1], KEYS[i + 2])
     end
   end
   -- room held by posts in flight; a holder that crashed lets go at its deadline

@@ -54,6 +54,18 @@ if ARGV[10] == '1' and ARGV[2] ~= '' then
   if tonumber(ARGV[2]) > ceiling then return {'ahead'} end
 end
 
+-- A queue in segments (storage/segments.py) has its older messages below
+-- F_NEW_START: this scan stops there, and answers {'more', scanned, last,
+-- alive, alive at the page's last message, first alive, next due, claim
+-- ends, then id, record...} if it did with room left on the page
+-- (storage/segment_pages.py carries on in the segments).
+local ns = tonumber(redis.call('HGET', KEYS[K_META], F_NEW_START))
+if ns and ARGV[2] ~= '' and tonumber(ARGV[2]) >= ns - 1 then
+  return {'more', 0, '', 0, 0, '', '', ''}
+end
+local stop = '+inf'
+if ns then stop = '(' .. int(ns) end
+
 local out, n = {'', '', '', '0', ''}, 5
 local next_due, claim_ends = nil, nil
 local count, scanned = 0, 0
@@ -66,7 +78,7 @@ local chunk = limit + 2
 
 while count < limit and scanned < scan_limit do
   local want = math.min(chunk, scan_limit - scanned)
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[K_IDX], start, '+inf', 'LIMIT', 0, want)
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[K_IDX], start, stop, 'LIMIT', 0, want)
   if #ids == 0 then break end
   -- read the records a few at a time, as many as the page still needs: the
   -- chunk's extra ids are read only if messages were filtered out
@@ -125,6 +137,14 @@ while count < limit and scanned < scan_limit do
   if #ids < want or count == limit then break end
   start = '(' .. int(last)
   chunk = math.min(chunk * 2, 512)
+end
+if ns and count < limit and scanned < scan_limit then
+  out[1], out[2], out[3], out[4], out[5] = 'more', scanned, last and int(last) or '', alive,
+    alive_at_message
+  table.insert(out, 6, first_alive and int(first_alive) or '')
+  table.insert(out, 7, next_due or '')
+  table.insert(out, 8, claim_ends or '')
+  return out
 end
 local upto, met = nil, alive
 if next_due and count > 0 then

@@ -17,6 +17,9 @@
 -- {'toolarge', limit} if the request is over the queue's _max_messages_post_size;
 -- {'full', limit} if the queue would hold more live messages than its
 -- _max_messages: the bodies this call wrote are deleted, nothing else changes;
+-- {'segments'} if the queue writes its messages in segments (storage/segments.py):
+-- the bodies this call wrote are deleted, nothing else changes (the
+-- reservation is still held);
 -- {'replay', id...} if the idempotency token was used within its window: the
 -- bodies this call wrote are deleted and the first post's ids returned.
 -- Idempotent: a message already indexed keeps its seq.
@@ -29,6 +32,12 @@
 local now = tonumber(ARGV[1])
 local n = (#ARGV - 8) / 4
 local token = ARGV[5]
+-- a queue in segments stays there (storage/segments.py): post_segments.lua
+-- writes these messages, the bodies written ahead go
+if redis.call('HEXISTS', KEYS[K_META], F_NEW_START) == 1 then
+  redis.call('DEL', unpack(KEYS, 7, 6 + n))
+  return {'segments'}
+end
 if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7 + n], ARGV[8]) end
 -- all or nothing: index no message if any body is missing
 for i = 1, n do
@@ -38,24 +47,10 @@ if ARGV[7] ~= '1' and redis.call('HGET', KEYS[K_META], F_ENCRYPTED) == '1' then
   redis.call('DEL', unpack(KEYS, 7, 6 + n))
   return {'seal'}
 end
-if token ~= '' then
-  local seen = redis.call('HGET', IDEMPOTENCY, token)
-  if seen then
-    local expires, ids = string.match(seen, '^(%d+) (.*)$')
-    if tonumber(expires) > now then
-      redis.call('DEL', unpack(KEYS, 7, 6 + n))
-      local out = {'replay'}
-      for id in string.gmatch(ids, '%S+') do out[#out + 1] = id end
-      return out
-    end
-  end
-  -- forget a few expired tokens so the hash stays bounded
-  local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
-  for j = 1, #sample, 2 do
-    if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then
-      redis.call('HDEL', IDEMPOTENCY, sample[j])
-    end
-  end
+local replay = replayed(token, now)
+if replay then
+  redis.call('DEL', unpack(KEYS, 7, 6 + n))
+  return replay
 end
 if redis.call('EXISTS', KEYS[K_META]) == 0 then
   redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1])
@@ -66,7 +61,7 @@ local groups_since = q[5]
 collect_garbage(ARGV[1], groups_since)
 if q[3] and tonumber(ARGV[4]) > tonumber(q[3]) then return {'toolarge', q[3]} end
 -- live messages only: an expired one, collected or not, holds no room
-if q[4] and redis.call('ZCOUNT', KEYS[K_EXP], '(' .. ARGV[1], '+inf') + n > tonumber(q[4]) then
+if q[4] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[4]) then
   redis.call('DEL', unpack(KEYS, 7, 6 + n))
   return {'full', q[4]}
 end
@@ -117,6 +112,6 @@ if indexed > 0 then notify(indexed, first_due) end
 if token ~= '' then
   local ids = {}
   for i = 1, n do ids[i] = ARGV[5 + 4 * i] end
-  redis.call('HSET', IDEMPOTENCY, token, int(now + tonumber(ARGV[6])) .. ' ' .. table.concat(ids, ' '))
+  remember_post(token, now + tonumber(ARGV[6]), ids)
 end
 return seqs

@@ -30,7 +30,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
-from feedsvc.config import Settings
+from feedsvc.config import STORAGE_LAYOUTS, Settings
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.drivers import make_store
@@ -84,6 +84,7 @@ class ProcessGuard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    STORAGE_LAYOUT[0] = str(config.getoption("--storage-layout"))
     # Under pytest-xdist (make test) the controller runs no test and starts
     # the workers, processes of its own: the guard is armed in the workers.
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
@@ -139,6 +140,7 @@ CLUSTER_SUITES = {
     "test_group_upkeep",
     "test_store_redrive",
     "test_store_upgrade",
+    "test_layout_upgrade",
     "test_api",
     "test_api_claims",
     "test_encryption",
@@ -147,6 +149,7 @@ CLUSTER_SUITES = {
     "test_delivery",
     "test_queue_gauges",
     "test_quotas",
+    "test_segments",
 }
 
 
@@ -211,9 +214,18 @@ def direct_client(redis_url: str) -> Redis | RedisCluster:
     return Redis.from_url(redis_url)
 
 
+#: the layout of every test's settings unless it names one (--storage-layout)
+STORAGE_LAYOUT = ["records"]
+
+
 def make_settings(redis_url: str, **changes: object) -> Settings:
     """Settings for tests: ttl down to 1 s so expiry can be seen quickly."""
-    base = Settings(redis_url=redis_url, min_message_ttl=1, log_level="DEBUG")
+    base = Settings(
+        redis_url=redis_url,
+        min_message_ttl=1,
+        log_level="DEBUG",
+        storage_layout=STORAGE_LAYOUT[0],
+    )
     return base.replace(**changes)
 
 
@@ -222,9 +234,25 @@ def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--storage-layout",
+        choices=STORAGE_LAYOUTS,
+        default="records",
+        help="the layout the stores and apps of the tests write new messages in",
+    )
+
+
 @pytest.fixture
-def settings(redis_url: str, driver: str) -> Settings:
-    return make_settings(redis_url, driver=driver)
+def storage_layout(request: pytest.FixtureRequest) -> str:
+    """The layout new messages are written in (--storage-layout, or a
+    test's indirect parameter): both stay tested."""
+    return str(getattr(request, "param", request.config.getoption("--storage-layout")))
+
+
+@pytest.fixture
+def settings(redis_url: str, driver: str, storage_layout: str) -> Settings:
+    return make_settings(redis_url, driver=driver, storage_layout=storage_layout)
 
 
 @pytest.fixture

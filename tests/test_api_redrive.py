@@ -11,12 +11,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from feedsvc.api.handlers import iso8601_from_ms
 from feedsvc.app import create_app
 from feedsvc.appkeys import REDRIVER
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from tests.conftest import make_settings
-from tests.test_api import closed_port
+from tests.test_api import ISO_UTC, closed_port
 
 Client = TestClient[web.Request, web.Application]
 DLQ = "/v2/queues/dlq"
@@ -80,6 +81,29 @@ async def test_a_redrive_moves_the_dead_letters_back_and_reports_it(
     back = await http.get(f"/v2/queues/q/messages/{ids[0]}", headers=headers)
     message = await back.json()
     assert (message["body"], message["ttl"]) == ({"n": 0}, 900)
+
+
+async def test_a_redrives_times_are_the_apis_zaqar_times_to_the_second(
+    http: Client, headers: dict[str, str], clock: ManualClock
+) -> None:
+    """started_at and updated_at are written by the one function that writes
+    the API's times (as a queue's stats write a message's "created"), UTC to
+    the second as Zaqar writes message and claim times: no fraction."""
+    await dead_letters(http, headers, 1)
+    clock.advance(0.25 if clock.now_ms() % 1000 == 0 else 0)  # a time with a fraction
+    started = await http.post(DLQ + "/redrive", json={"max_per_second": 10}, headers=headers)
+    body = await started.json()
+    done = await progress_when(http, headers, lambda p: p["state"] == "done")
+    # the service's clock stands still: every time it wrote is this one
+    now = iso8601_from_ms(clock.now_ms())
+    assert ISO_UTC.match(now), now
+    assert (body["started_at"], body["updated_at"]) == (now, now)
+    assert (done["started_at"], done["updated_at"]) == (now, now)
+
+
+def test_the_apis_times_are_utc_to_the_second_cut_not_rounded() -> None:
+    assert iso8601_from_ms(0) == "1970-01-01T00:00:00Z"
+    assert iso8601_from_ms(1_700_000_000_999) == "2023-11-14T22:13:20Z"
 
 
 async def test_the_rate_bounds_what_the_redriver_moves(

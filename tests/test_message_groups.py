@@ -166,6 +166,7 @@ async def test_a_topic_accepts_and_returns_a_group(http: Client, headers: Header
     assert [m.get("group") for m in doc["messages"]] == ["g"]
 
 
+@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)  # looks at its keys
 @grouped
 @both_topologies
 async def test_posts_index_grouped_queues_into_the_claim_index_and_the_groups(

@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from feedsvc.api.openapi import openapi_document
+from feedsvc.api.routes import ACTIONS
 from feedsvc.clock import ManualClock
 from feedsvc.config import Settings
 from feedsvc.message_headers import MAX_HEADERS, MAX_HEADERS_SIZE
@@ -260,7 +261,7 @@ def test_the_record_keeps_author_and_headers_apart() -> None:
 
 
 def test_the_openapi_document_describes_the_headers() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ACTIONS)
     schemas = document["components"]["schemas"]
     posted, stored = schemas["MessageHeaders"], schemas["StoredMessageHeaders"]
     assert posted["maxProperties"] == MAX_HEADERS

@@ -125,7 +125,7 @@ def parameter(document: dict[str, Any], operation: dict[str, Any], name: str) ->
 
 
 def test_every_route_is_described_and_nothing_else() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ROUTE_ACTIONS)
     routes = {(method, path) for method, path, _, _ in ROUTES}
     assert described(document) == routes, (
         f"not described: {sorted(routes - described(document))}; "
@@ -134,13 +134,13 @@ def test_every_route_is_described_and_nothing_else() -> None:
 
 
 def test_document_is_valid_openapi() -> None:
-    schema = schemathesis.openapi.from_dict(openapi_document(Settings()))
+    schema = schemathesis.openapi.from_dict(openapi_document(Settings(), ROUTE_ACTIONS))
     schema.validate()
     assert len(list(schema.get_all_operations())) == len(ROUTES)
 
 
 def test_required_headers_and_errors_are_described() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ROUTE_ACTIONS)
     error = document["components"]["schemas"]["Error"]
     assert error["required"] == ["title", "description"]
     assert set(error["properties"]) == {"title", "description"}
@@ -185,7 +185,7 @@ def test_bounds_come_from_the_settings() -> None:
             default_message_ttl=300,
         ),
     ):
-        document = openapi_document(settings)
+        document = openapi_document(settings, ROUTE_ACTIONS)
         paths = document["paths"]
         listing = paths["/v2/queues/{queue}/messages"]["get"]
         limit = parameter(document, listing, "limit")["schema"]
@@ -223,7 +223,7 @@ def test_bounds_come_from_the_settings() -> None:
 
 
 def test_subscription_limits_are_described() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ROUTE_ACTIONS)
     schemas = document["components"]["schemas"]
     policy = schemas["RetryPolicy"]["properties"]
     for key, (least, most) in retry.LIMITS.items():
@@ -242,14 +242,14 @@ def test_subscription_limits_are_described() -> None:
 
 
 def test_optional_headers_and_bearer_tokens_are_described() -> None:
-    document = openapi_document(Settings())
+    document = openapi_document(Settings(), ROUTE_ACTIONS)
     post = document["paths"]["/v2/queues/{queue}/messages"]["post"]
     key = parameter(document, post, "Idempotency-Key")
     assert key["required"] is False and key["schema"]["maxLength"] == 255
     # without --auth-token only the admin routes name a bearer token (the admin's)
     assert set(document["components"]["securitySchemes"]) == {"admin"}
 
-    document = openapi_document(Settings(auth_token="secret=tenant"))
+    document = openapi_document(Settings(auth_token="secret=tenant"), ROUTE_ACTIONS)
     schemathesis.openapi.from_dict(document).validate()
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     for method, path, operation in operations(document):
@@ -272,7 +272,7 @@ def test_query_string_credentials_are_described_where_they_are_accepted() -> Non
     URL's parts in the query on the GETs a URL can cover, each as a query
     parameter, and the access_token scheme declared (issue 31, point 6)."""
     for settings in (Settings(auth_token="secret=tenant"), Settings()):
-        document = openapi_document(settings)
+        document = openapi_document(settings, ROUTE_ACTIONS)
         schemathesis.openapi.from_dict(document).validate()
         schemes = document["components"]["securitySchemes"]
         for method, path, operation in operations(document):
@@ -310,12 +310,13 @@ async def test_served_without_headers(driver: str, redis_url: str) -> None:
         assert resp.status == 200
         assert resp.content_type == "application/json"
         # the running service describes its own limits
-        assert await resp.json() == json.loads(json.dumps(openapi_document(settings)))
+        described = openapi_document(settings, ROUTE_ACTIONS)
+        assert await resp.json() == json.loads(json.dumps(described))
 
 
 def test_live_features_are_described() -> None:
     for settings in (Settings(), Settings().replace(max_followers=7, stream_retry=500)):
-        document = openapi_document(settings)
+        document = openapi_document(settings, ROUTE_ACTIONS)
         paths = document["paths"]
         listing = paths["/v2/queues/{queue}/messages"]["get"]
         claiming = paths["/v2/queues/{queue}/claims"]["post"]
@@ -346,7 +347,7 @@ SIGNED_HEADERS = ("URL-Signature", "URL-Expires", "URL-Methods", "URL-Paths")
 
 async def test_signed_urls_are_described(settings: Settings, headers: dict[str, str]) -> None:
     settings = settings.replace(signed_url_key="openapi-" + uuid.uuid4().hex)
-    document = openapi_document(settings)
+    document = openapi_document(settings, ROUTE_ACTIONS)
     share = document["paths"]["/v2/queues/{queue}/share"]["post"]
     assert set(share["responses"]) == {"200", "400", "429", "503"}
     for method, path, operation in operations(document):
@@ -414,7 +415,7 @@ async def test_long_polls_and_streams_answer_as_described(
     settings: Settings, headers: dict[str, str]
 ) -> None:
     settings = settings.replace(max_followers=1)
-    document = openapi_document(settings)
+    document = openapi_document(settings, ROUTE_ACTIONS)
     listing = document["paths"]["/v2/queues/{queue}/messages"]["get"]
     claiming = document["paths"]["/v2/queues/{queue}/claims"]["post"]
     message = {"$ref": "#/components/schemas/Message"}
@@ -764,7 +765,7 @@ def test_jwt_and_scopes_are_described(tmp_path: Path) -> None:
         jwt_issuer="https://issuer.test/",
         jwt_audience="feedsvc",
     )
-    document = openapi_document(settings)
+    document = openapi_document(settings, ROUTE_ACTIONS)
     schemathesis.openapi.from_dict(document).validate()
     schemes = document["components"]["securitySchemes"]
     assert schemes["jwt"] == schemes["jwt"] | {"scheme": "bearer", "bearerFormat": "JWT"}
@@ -786,7 +787,7 @@ def test_jwt_and_scopes_are_described(tmp_path: Path) -> None:
 
 def test_every_route_of_a_project_may_answer_429(settings: Settings) -> None:
     """What counts against --project-rate: every queue and topic route, and nothing else."""
-    document = openapi_document(settings)
+    document = openapi_document(settings, ROUTE_ACTIONS)
     for method, path, operation in operations(document):
         counted = path.startswith(("/v2/queues", "/v2/topics"))
         assert ("429" in operation["responses"]) == counted, (method, path)
@@ -804,7 +805,7 @@ def test_keystone_tokens_are_described(tmp_path: Path) -> None:
         keystone_password_file=password,
         keystone_project="service",
     )
-    document = openapi_document(settings)
+    document = openapi_document(settings, ROUTE_ACTIONS)
     schemathesis.openapi.from_dict(document).validate()
     scheme = document["components"]["securitySchemes"]["keystone"]
     assert scheme | {"type": "apiKey", "in": "header", "name": "X-Auth-Token"} == scheme

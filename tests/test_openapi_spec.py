@@ -27,7 +27,7 @@ from aiohttp.typedefs import Handler
 from multidict import MultiMapping
 
 from feedsvc.api.openapi import openapi_document
-from feedsvc.api.routes import ROUTES
+from feedsvc.api.routes import ACTIONS, ROUTES
 from feedsvc.app import create_app
 from feedsvc.config import Settings
 from tests.conftest import make_settings
@@ -124,7 +124,7 @@ def test_every_route_of_the_app_is_an_operation_and_back(redis_url: str, auth: b
         and route.method != "HEAD"  # every GET answers HEAD too
         and not route.resource.canonical.startswith(UNDESCRIBED)
     }
-    document = openapi_document(settings)
+    document = openapi_document(settings, ACTIONS)
     described = {(method, path) for method, path, _ in operations(document)}
     assert answered - described == set(), "routed, not described"
     assert described - answered == set(), "described, not routed"
@@ -202,7 +202,7 @@ async def test_each_handler_reads_exactly_the_query_parameters_described(
     redis_url: str,
 ) -> None:
     settings = make_settings(redis_url)
-    document = openapi_document(settings)
+    document = openapi_document(settings, ACTIONS)
     reads: set[str] = set()
     app = create_app(settings)
     app.middlewares.append(recording(reads))
@@ -277,7 +277,7 @@ def spelled(schema: dict[str, Any], value: int | float) -> str:
 
 
 async def test_query_limits_in_the_document_are_enforced(limits: Settings) -> None:
-    document = openapi_document(limits)
+    document = openapi_document(limits, ACTIONS)
     project = "spec-" + uuid.uuid4().hex
     checked = 0
     async with TestClient(TestServer(create_app(limits))) as http:
@@ -327,7 +327,7 @@ BODIES: list[tuple[str, str, str, Any]] = [
 
 
 async def test_body_limits_in_the_document_are_enforced(limits: Settings) -> None:
-    document = openapi_document(limits)
+    document = openapi_document(limits, ACTIONS)
     schemas = document["components"]["schemas"]
     checked = 0
     # a post of 1,000 messages answers a Location of 1,000 ids
@@ -416,7 +416,7 @@ def described_bounds(document: dict[str, Any]) -> Iterator[tuple[str, str, Any]]
 
 def test_the_documents_bounds_are_the_settings(limits: Settings) -> None:
     """What the two tests above find enforced is what the operator set."""
-    document = openapi_document(limits)
+    document = openapi_document(limits, ACTIONS)
     described = list(described_bounds(document))
     wrong = [
         f"{where}: {setting}={getattr(limits, setting)}, described {value}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from feedsvc.storage import record
+from feedsvc.storage import record, segments
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.scripts import load_script, lua_dir, script_names
 
@@ -40,7 +40,7 @@ def test_scripts_spell_no_field_name_or_key_suffix_themselves() -> None:
 
 def test_every_generated_name_a_script_uses_exists() -> None:
     """A misspelt F_/S_ name would be a nil global in Lua, found only at run time."""
-    known = set(record.LUA_NAMES) | set(record.lua_header_names())
+    known = set(record.LUA_NAMES) | set(record.lua_header_names()) | set(segments.lua_names())
     used = {
         n for source in lua_sources().values() for n in re.findall(r"\b[FSH]_[A-Z_]+\b", source)
     }

@@ -5,6 +5,7 @@ action (``routes.ACTIONS``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from feedsvc.api.routes import add_routes, route_actions
 from feedsvc.app import create_app
 from feedsvc.auth.access import ACTIONS, ADMIN, Identity, parse_scopes, read_token_file
 from feedsvc.clock import ManualClock
+from feedsvc.config import Settings
 from tests.conftest import direct_client, make_settings
 
 Client = TestClient[web.Request, web.Application]
@@ -117,7 +119,7 @@ async def snapshot(redis_url: str, project: str) -> dict[bytes, bytes | None]:
 
 def operations() -> list[tuple[str, str, str]]:
     """(method, path, action) of every operation the OpenAPI document lists."""
-    document = openapi_document(make_settings("redis://x", signed_url_key="k"))
+    document = openapi_document(make_settings("redis://x", signed_url_key="k"), ROUTE_ACTIONS)
     out = []
     for path, item in document["paths"].items():
         for method in item:
@@ -127,6 +129,33 @@ def operations() -> list[tuple[str, str, str]]:
                 if action is not None:
                     out.append((method.upper(), path, action))
     return out
+
+
+def test_which_routes_take_an_access_token_comes_from_the_route_table() -> None:
+    """The OpenAPI document puts access_token on the GETs that routes.ACTIONS
+    calls read, whatever their path looks like: a table that says otherwise
+    moves it."""
+    settings = Settings(auth_token="secret=tenant")
+    stats, claim = "/v2/queues/{queue}/stats", "/v2/queues/{queue}/claims/{claim_id}"
+    token = {"$ref": "#/components/parameters/AccessToken"}
+
+    def takes_token(document: dict[str, Any], path: str) -> bool:
+        return token in document["paths"][path]["get"]["parameters"]
+
+    routed = openapi_document(settings, ROUTE_ACTIONS)
+    assert takes_token(routed, stats) and not takes_token(routed, claim)
+    swapped = {**ROUTE_ACTIONS, ("GET", stats): "manage", ("GET", claim): "read"}
+    document = openapi_document(settings, swapped)
+    assert not takes_token(document, stats) and takes_token(document, claim)
+
+
+async def test_the_served_document_has_the_apps_route_table(redis_url: str) -> None:
+    """The app's copy of routes.ACTIONS, by route, is the table the served
+    document's reads come from."""
+    settings = make_settings(redis_url, driver="lua", auth_token="secret=tenant")
+    async with TestClient(TestServer(create_app(settings))) as http:
+        served = await (await http.get("/v2/openapi.json")).json()
+    assert served == json.loads(json.dumps(openapi_document(settings, ROUTE_ACTIONS)))
 
 
 async def test_every_route_refuses_a_token_without_its_scope_and_changes_nothing(

@@ -150,8 +150,12 @@ def _with_defaults(
     return metadata | {k: d for k, d in defaults.items() if metadata.get(k) is None}
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def iso8601_from_ms(ms: int) -> str:
+    """A time in the API's JSON (a message's ``created``, a redrive's
+    ``started_at``): UTC to the second, cut not rounded, as Zaqar writes
+    message and claim times (oslo's ``iso8601_from_timestamp``):
+    ``2026-11-27T08:05:07Z``."""
+    return dt.datetime.fromtimestamp(ms // 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _summary_json(feed: str, summary: MessageSummary, now: int) -> dict[str, Any]:
@@ -159,7 +163,7 @@ def _summary_json(feed: str, summary: MessageSummary, now: int) -> dict[str, Any
         "id": summary.id,
         "href": f"{feed}/messages/{summary.id}",
         "age": max(0, (now - summary.created_ms) // 1000),
-        "created": _iso(summary.created_ms),
+        "created": iso8601_from_ms(summary.created_ms),
     }
 
 

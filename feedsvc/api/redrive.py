@@ -9,14 +9,13 @@ the path's name only).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from aiohttp import web
 
 from feedsvc.api import validation as v
 from feedsvc.api.feeds import Feed
-from feedsvc.api.handlers import json_response, read_body
+from feedsvc.api.handlers import iso8601_from_ms, json_response, read_body
 from feedsvc.appkeys import REDRIVER
 from feedsvc.errors import BadRequest, InsufficientScope, NotFound
 from feedsvc.storage.base import MAX_REDRIVE_RATE as MAX_RATE
@@ -45,10 +44,6 @@ def redrive_options(raw: bytes, dlq: str) -> tuple[int, str | None]:
     return rate, to
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def redrive_json(redrive: Redrive) -> dict[str, Any]:
     return {
         "state": redrive.state,
@@ -57,8 +52,8 @@ def redrive_json(redrive: Redrive) -> dict[str, Any]:
         "remaining": redrive.remaining,
         "max_per_second": redrive.max_per_second,
         "to": redrive.to,
-        "started_at": _iso(redrive.started_at),
-        "updated_at": _iso(redrive.updated_at),
+        "started_at": iso8601_from_ms(redrive.started_at),
+        "updated_at": iso8601_from_ms(redrive.updated_at),
     }
 
 

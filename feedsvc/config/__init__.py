@@ -41,6 +41,8 @@ CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 # the storage drivers (see feedsvc.storage.drivers, which checks this list)
 DRIVER_NAMES = ("lua", "watch", "watch-naive")
+#: how new messages are stored (feedsvc.storage.segments)
+STORAGE_LAYOUTS = ("records", "segments")
 #: the largest quota (messages or queues) a flag, the admin API or a queue's
 #: _max_messages may set: far above what one Redis holds, and a count Lua's
 #: doubles keep exact
@@ -161,6 +163,13 @@ class RedisSettings:
         "storage driver: lua (EVALSHA scripts), watch (WATCH/MULTI/EXEC, posts to a queue "
         "combined per process) or watch-naive (WATCH/MULTI/EXEC per request, Zaqar 2014 style)",
         choices=DRIVER_NAMES,
+    )
+    storage_layout: str = _opt(
+        "records",
+        "the layout new messages are written in: records (a key per message) or segments "
+        "(packed, 100 messages a string: docs/design.md); a queue that has segments keeps "
+        "them whatever this says",
+        choices=STORAGE_LAYOUTS,
     )
     pool_size: int = _opt(
         32,

@@ -40,6 +40,10 @@ into the Lua scripts too)::
                                  record (legacy): b t c e u s d k x n, a field
                                  each; read until it expires, moved to Q:r:<id>
                                  by the next write to it (see record.py)
+    Q:p:<k>              string  segment k (a queue in segments, from seq ns of
+                                 Q:q on): 100 slots, then records (segments.py)
+    Q:dir                zset    k -> k for each segment there is
+    Q:cl                 hash    seq -> a segment message's claim state
     Q:c:<claim id>       hash    t = ttl s, g = grace s, c = created ms,
                                  x = expires ms, ids = space-separated ids;
                                  PEXPIREAT x

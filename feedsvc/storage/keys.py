@@ -44,6 +44,18 @@ IDEMPOTENCY_SUFFIX = ":idem"
 CLAIM_INDEX_SUFFIX = ":ci"
 GROUP_INFIX = ":g:"
 GROUP_ENTRY = "g:"
+#: the segment layout (issue 30, storage/segments.py): segment <k> of a
+#: queue's messages (a string), the directory of its segments (zset k -> k),
+#: the claim state of its segment messages (hash seq -> state), the segments
+#: due for review (zset k -> when) and each segment's message count (hash)
+SEGMENT_INFIX = ":p:"
+DIRECTORY_SUFFIX = ":dir"
+CLAIM_STATES_SUFFIX = ":cl"
+REVIEWS_SUFFIX = ":sx"
+SEGMENT_COUNTS_SUFFIX = ":sn"
+#: queues whose segments are due for a review: "<kind> <project> <queue>" ->
+#: when; one key, written only outside queue scripts (like fs:subscribed)
+SWEEP_KEY = f"{NAMESPACE}:sweep"
 #: each process's count of the queue's followers, for /metrics (--metrics-queues)
 FOLLOWERS_SUFFIX = ":fol"
 SUBSCRIPTIONS_SUFFIX = ":subs"
@@ -188,6 +200,30 @@ class QueueKeys:
     def group(self, name: str) -> str:
         """Zset: the ids of a group's messages -> seq."""
         return self.prefix + GROUP_INFIX + name
+
+    def segment(self, number: int) -> str:
+        """String: segment ``number`` of the queue's messages (storage/segments.py)."""
+        return f"{self.prefix}{SEGMENT_INFIX}{number}"
+
+    @property
+    def directory(self) -> str:
+        """Zset: the numbers of the queue's segments (k -> k)."""
+        return self.prefix + DIRECTORY_SUFFIX
+
+    @property
+    def claim_states(self) -> str:
+        """Hash: seq -> claim state of a segment message (storage/segments.py)."""
+        return self.prefix + CLAIM_STATES_SUFFIX
+
+    @property
+    def reviews(self) -> str:
+        """Zset: segment number -> when (ms) the sweep looks at it next."""
+        return self.prefix + REVIEWS_SUFFIX
+
+    @property
+    def segment_counts(self) -> str:
+        """Hash: segment number -> its messages (storage/segments.py)."""
+        return self.prefix + SEGMENT_COUNTS_SUFFIX
 
     def record(self, message_id: str) -> str:
         """A message: its header and body in one string (see record.py)."""

@@ -35,16 +35,17 @@ from feedsvc.storage.base import (
 )
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.lua_segments import LuaSegments, SegmentPost
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
     marker_not_given_out,
-    queue_full,
     read_tail_marker,
 )
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
-from feedsvc.storage.sealing import MAGIC, MustSeal
+from feedsvc.storage.sealing import MAGIC
+from feedsvc.storage.segment_pages import MORE, MarkerAhead
 
 log = logging.getLogger("feedsvc")
 
@@ -65,6 +66,12 @@ def _indexed(reply: Any, count: int) -> bool:
 
 class LuaStore(RedisStore):
     name = "lua"
+
+    def _share(self, queues: RedisStore | None) -> None:
+        self.segments = LuaSegments(
+            self._kind, self._transport, self._settings, self._clock, self._script,
+            self._script_reply,
+        )  # fmt: skip
 
     async def open(self) -> None:
         await super().open()
@@ -156,6 +163,11 @@ class LuaStore(RedisStore):
         sealed: bool,
         held: Reservation | None = None,
     ) -> list[str]:
+        post = SegmentPost(keys, project, queue, client_id, messages, request_size, sealed, held)
+        if self._settings.storage_layout == "segments":
+            posted = await self.segments.post(post, idempotency_key, True)
+            if posted is not None:
+                return posted
         script = load_script("post")
         ids = [new_id() for _ in messages]
         settings = self._settings
@@ -210,14 +222,14 @@ class LuaStore(RedisStore):
         # registry's ZADD: the next post lists the queue). A 503 here would
         # make the client post the message again.
         seqs = await self._script_reply(script, all_keys, args, replies[-1])
+        if seqs and seqs[0] == b"segments":
+            # the queue is in segments (another process started them): there it goes
+            posted = await self.segments.post(post, idempotency_key, True)
+            assert posted is not None
+            return posted
         if seqs and seqs[0] == b"replay":
             return [r.text(i) for i in seqs[1:]]
-        if seqs and seqs[0] == b"seal":
-            raise MustSeal
-        if seqs and seqs[0] == b"toolarge":
-            raise self._too_large(queue, seqs[1])
-        if seqs and seqs[0] == b"full":
-            raise queue_full(self._noun, queue, seqs[1])
+        self.segments.refused(queue, seqs)
         if len(seqs) != len(ids):
             raise StorageUnavailable("Redis lost a message body before indexing it.")
         return ids
@@ -228,6 +240,19 @@ class LuaStore(RedisStore):
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
+        try:
+            page = None
+            if self._settings.storage_layout == "segments":
+                page = await self.segments.page(keys, query, now)
+            if page is None:
+                page = await self._list(keys, query, now)
+        except MarkerAhead:
+            assert query.marker is not None
+            raise marker_not_given_out(queue, query.marker) from None
+        return self._opener.page(page, self._noun, project, queue)
+
+    async def _list(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage:
+        """list.lua's page, carried on in the segments when it reached them."""
         args = [
             now,
             "" if query.marker is None else query.marker,
@@ -244,10 +269,10 @@ class LuaStore(RedisStore):
         script = load_script("list")  # reads only: may be sent again
         reply = await self._script(script, keys.fixed(), args, idempotent=True)
         if reply[0] == b"ahead":
-            assert query.marker is not None
-            raise marker_not_given_out(queue, query.marker)
-        page = r.list_reply(reply, now, query.with_authors)
-        return self._opener.page(page, self._noun, project, queue)
+            raise MarkerAhead
+        if reply[0] == MORE:
+            return await self.segments.carry_on(keys, reply, query, now)
+        return r.list_reply(reply, now, query.with_authors)
 
     async def delete_message(
         self, project: str, queue: str, message_id: str, claim_id: str | None

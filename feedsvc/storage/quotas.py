@@ -31,6 +31,7 @@ from feedsvc.clock import Clock
 from feedsvc.config import QuotaSettings
 from feedsvc.errors import ProjectMessagesFull, ProjectQueuesFull, StorageUnavailable
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import LIMIT_FIELDS, new_id
 from feedsvc.storage.keys import (
     KINDS,
@@ -100,7 +101,7 @@ class ProjectQuotas:
             feeds = [QueueKeys.of(project, q, "queue") for q in queues]
             feeds += [QueueKeys.of(project, t, "topic") for t in topics]
             if not cluster:
-                keys += [f.expiry for f in feeds]
+                keys += [k for f in feeds for k in (f.expiry, f.meta, f.seq)]
             args: list[Any] = [now, self._max_messages, self._max_queues, kind, name, count]
             args += [member, now + HOLD_MS, "" if live is None else live, len(queues)]
             args += [*queues, *topics]
@@ -210,10 +211,10 @@ class ProjectQuotas:
     async def _count(self, feeds: Sequence[QueueKeys], now: int) -> int:
         if not feeds:
             return 0
-        counts = await self._transport.call_checked(
-            [("ZCOUNT", f.expiry, f"({now}", "+inf") for f in feeds]
-        )
-        return sum(int(c) for c in counts)
+        reads = [c for f in feeds for c in seg.live_count_commands(f, now)]
+        counts = await self._transport.call_checked(reads)
+        step = len(reads) // len(feeds)
+        return sum(seg.live_count(counts[i : i + step]) for i in range(0, len(counts), step))
 
     def _remember(self, project: str, queues: list[str], topics: list[str]) -> None:
         if len(self._names) >= NAMES_KEPT:

@@ -32,6 +32,7 @@ from feedsvc.errors import (
     QueueNotFound,
 )
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import (
     ENCRYPT_MESSAGES,
     RESERVED_FIELDS,
@@ -57,6 +58,7 @@ from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.redrive import RedisRedrives
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
+from feedsvc.storage.segment_pages import segment_end, segment_messages
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.transport import Transport
 
@@ -126,6 +128,11 @@ def queue_full(noun: str, queue: str, limit: bytes) -> QueueFull:
         f"{noun} {queue} holds at most {int(limit)} live messages "
         "(its _max_messages); delete or consume some, or wait for them to expire."
     )
+
+
+def post_too_large(noun: str, queue: str, limit: bytes) -> PostTooLarge:
+    """A post over the feed's own _max_messages_post_size (limit, as read)."""
+    return PostTooLarge(f"{noun} {queue} accepts posts of at most {int(limit)} bytes.")
 
 
 class SealingMemory:
@@ -342,16 +349,18 @@ class RedisStore(FeedSpace, ABC):
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         keys = self._keys(project, queue)
         now = self._clock.now_ms()
-        total, claimed = await self._transport.call_checked(
-            [
-                ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
-                ("ZCOUNT", keys.claimed, f"({now}", "+inf"),
-            ]
+        *counts, claimed = await self._transport.call_checked(
+            [*seg.live_count_commands(keys, now), ("ZCOUNT", keys.claimed, f"({now}", "+inf")]
         )
+        total, legacy, segmented = seg.live_count(counts), int(counts[0]), counts[1][0] is not None
         oldest = newest = None
-        if total:
+        if legacy:
             oldest = await live_end(self._transport, keys, now, reverse=False)
-            newest = await live_end(self._transport, keys, now, reverse=True)
+        if segmented and total > legacy:
+            oldest = oldest or await segment_end(self._transport, keys, now, reverse=False)
+            newest = await segment_end(self._transport, keys, now, reverse=True)
+        if legacy:
+            newest = newest or await live_end(self._transport, keys, now, reverse=True)
         return QueueStats(
             claimed=int(claimed),
             free=max(0, int(total) - int(claimed)),
@@ -366,8 +375,20 @@ class RedisStore(FeedSpace, ABC):
         if not wanted:
             return []
         now = self._clock.now_ms()
-        replies = await self._transport.call_checked(r.read_commands(keys, wanted))
-        found = r.live_messages(wanted, replies, now)
+        reads = [*r.read_commands(keys, wanted), ("HGET", keys.meta, seg.NEW_START)]
+        replies = await self._transport.call_checked(reads)
+        found = r.live_messages(wanted, replies[:-1], now)
+        if replies[-1] is not None:
+            # a queue in segments: an id not found in the older layout is a seq
+            new_start, tag = int(replies[-1]), seg.id_tag(keys.prefix)
+            seqs = {
+                i: q
+                for i, m in zip(wanted, found, strict=True)
+                if m is None and (q := seg.seq_of(tag, i)) is not None and q >= new_start
+            }
+            if seqs:
+                more = await segment_messages(self._transport, keys, list(seqs.values()), now)
+                found = [m or more.get(seqs.get(i, 0)) for i, m in zip(wanted, found, strict=True)]
         return self._opener.reveal([m for m in found if m is not None])
 
     # -- encrypted queues (see sealing.py) ------------------------------------
@@ -446,8 +467,7 @@ class RedisStore(FeedSpace, ABC):
         it indexes when ``held.in_script``."""
 
     def _too_large(self, queue: str, limit: bytes) -> PostTooLarge:
-        """A post over the queue's own _max_messages_post_size (limit, as read)."""
-        return PostTooLarge(f"{self._noun} {queue} accepts posts of at most {int(limit)} bytes.")
+        return post_too_large(self._noun, queue, limit)
 
     # Queue metadata changes are rare, uncontended writes: both drivers run
     # them as WATCH/MULTI transactions, which are correct against the lua

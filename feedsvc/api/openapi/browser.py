@@ -6,6 +6,8 @@ read (``feedsvc.api.identity``), declared as a security scheme too."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from feedsvc.api.identity import ACCESS_TOKEN
 from feedsvc.api.openapi.shared import Document, Schema, ref
 from feedsvc.api.openapi.signed import SIGNABLE
@@ -14,10 +16,10 @@ from feedsvc.config import Settings
 
 #: The methods a query-string credential, and a read without Client-ID, are for.
 READS = ("get", "head")
-#: Below a queue or topic, the paths whose GET is no read (a claim's, the
-#: subscriptions' and a redrive's: claim and manage), so they take no
-#: access_token (tests/test_openapi.py checks this against routes.ACTIONS).
-NOT_READ = ("/claims", "/subscriptions", "/redrive")
+#: (method, path) -> the action a token's scope must allow (``routes.ACTIONS``,
+#: the one table of them, or the app's copy of it: the document cannot import
+#: the route table, which serves the document).
+RouteActions = Mapping[tuple[str, str], str | None]
 #: The security scheme of access_token.
 SCHEME = "accessToken"
 
@@ -26,11 +28,10 @@ def _below(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
-def is_read(path: str) -> bool:
-    """Whether a GET of path is a ``read`` route (routes.ACTIONS; the test
-    checks the two agree)."""
-    feed = path.startswith(("/v2/queues", "/v2/topics"))
-    return feed and not any(part in path for part in NOT_READ)
+def is_read(path: str, actions: RouteActions) -> bool:
+    """Whether a GET of path is a ``read`` route, the routes whose GET takes
+    an access_token (``feedsvc.api.identity``)."""
+    return actions.get(("GET", path)) == "read"
 
 
 def _operations(document: Document) -> list[tuple[str, Schema]]:
@@ -42,8 +43,9 @@ def _operations(document: Document) -> list[tuple[str, Schema]]:
     ]
 
 
-def add(document: Document, settings: Settings) -> None:
-    """Run last: the operations' parameters and security are all there."""
+def add(document: Document, settings: Settings, actions: RouteActions) -> None:
+    """Run last: the operations' parameters and security are all there.
+    actions says which routes are reads."""
     components = document["components"]
     parameters = components["parameters"]
     refused = ref("responses", "QueryCredentialRefused")
@@ -105,7 +107,7 @@ def add(document: Document, settings: Settings) -> None:
         if _below(path, SIGNABLE):
             added += signed
             operation["responses"].setdefault("403", refused)
-        if tokens and is_read(path) and "security" in operation:
+        if tokens and is_read(path, actions) and "security" in operation:
             added.append(ref("parameters", "AccessToken"))
             operation["security"] = [*operation["security"], {SCHEME: []}]
         operation["parameters"] = added

@@ -23,7 +23,11 @@ PATH = "/v2/queues/{queue}/redrive"
 
 
 def _schemas() -> dict[str, Schema]:
-    time = {"type": "string", "format": "date-time"}
+    time = {
+        "type": "string",
+        "format": "date-time",
+        "description": "UTC to the second, as Zaqar writes message times: 2026-11-27T08:05:07Z.",
+    }
     count = {"type": "integer", "minimum": 0}
     rate = {"type": "integer", "minimum": 1, "maximum": MAX_REDRIVE_RATE}
     return {

@@ -1,0 +1,153 @@
+"""The lua driver's side of the segment layout (storage/segments.py).
+
+Its post (``post_segments.lua``: the arguments, the answer) and its thin
+read (``read_segments.lua``), whose replies ``segment_pages.py`` turns into
+pages; a page list.lua began in the older layout is carried on here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from feedsvc.clock import Clock
+from feedsvc.config import StoreSettings
+from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
+from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
+from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
+from feedsvc.storage.quotas import Reservation
+from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
+from feedsvc.storage.scripts import LuaScript, load_script
+from feedsvc.storage.sealing import MustSeal
+from feedsvc.storage.segment_pages import PageScan, scan_segments
+from feedsvc.storage.transport import Transport
+
+#: LuaStore._script: (script, keys, args, idempotent) -> its reply
+RunScript = Callable[[LuaScript, list[str], list[Any], bool], Awaitable[Any]]
+#: LuaStore._script_reply: (script, keys, args, reply as sent back) -> its reply
+ScriptReply = Callable[[LuaScript, list[str], list[Any], Any], Awaitable[Any]]
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPost:
+    """What a post writes (LuaStore._post's arguments)."""
+
+    keys: QueueKeys
+    project: str
+    queue: str
+    client_id: str
+    messages: list[NewMessage]
+    request_size: int
+    sealed: bool
+    held: Reservation | None
+
+
+class LuaSegments(FeedSpace):
+    def __init__(
+        self,
+        kind: Kind,
+        transport: Transport,
+        settings: StoreSettings,
+        clock: Clock,
+        run: RunScript,
+        reply: ScriptReply,
+    ) -> None:
+        super().__init__(kind)
+        self._transport, self._settings, self._clock = transport, settings, clock
+        self._run, self._reply = run, reply
+
+    def refused(self, queue: str, reply: list[Any]) -> None:
+        """Raise what a post script's refusal says (a replay is no refusal)."""
+        if reply and reply[0] == b"seal":
+            raise MustSeal
+        if reply and reply[0] == b"toolarge":
+            raise post_too_large(self._noun, queue, reply[1])
+        if reply and reply[0] == b"full":
+            raise queue_full(self._noun, queue, reply[1])
+
+    async def post(
+        self, post: SegmentPost, idempotency_key: str | None, may_switch: bool
+    ) -> list[str] | None:
+        """post_segments.lua: the ids, or None if the queue has no segments
+        and may_switch is off (then nothing was done)."""
+        script = load_script("post_segments")
+        settings, held = self._settings, post.held
+        all_keys = post.keys.fixed()
+        token = (
+            "" if idempotency_key is None else idempotency_token(post.client_id, idempotency_key)
+        )
+        args: list[Any] = [
+            self._clock.now_ms(),
+            settings.default_message_ttl,
+            0,
+            post.request_size,
+            token,
+            settings.idempotency_window * 1000,
+            _flag(post.sealed),
+            held.member if held is not None and held.in_script else "",
+            seg.author_bytes(post.client_id),
+            _flag(may_switch),
+        ]
+        # a topic stores a message's group but has no claims to order by it
+        grouping = self._kind == "queue"
+        for message in post.messages:
+            extras = seg.extras(message.group, message.headers)
+            args += [
+                "" if message.ttl is None else message.ttl,
+                "" if message.delay is None else message.delay,
+                message.group if grouping else "",
+                len(extras).to_bytes(seg.EXTRAS_LENGTH_BYTES, "big") + extras,
+                message.body,
+            ]
+        if held is not None and held.in_script:
+            all_keys.append(held.key)
+        replies = await self._transport.call(
+            [
+                ("ZADD", self._registry(post.project), 0, post.queue),
+                ("EVALSHA", script.sha, len(all_keys), *all_keys, *args),
+            ]
+        )
+        # as LuaStore._post: once the script has written, the post is stored
+        # (a failed registry ZADD is made good by the next post)
+        reply = await self._reply(script, all_keys, args, replies[-1])
+        if reply and reply[0] == b"records":
+            return None
+        if reply and reply[0] == b"replay":
+            return [r.text(i) for i in reply[1:]]
+        self.refused(post.queue, reply)
+        return [r.text(i) for i in reply]
+
+    async def read(
+        self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,
+        check: int | None,
+    ) -> list[Any]:  # fmt: skip
+        """read_segments.lua (segment_pages.SegmentRead); reads only: may be sent again."""
+        args = ["" if start is None else start, want, _flag(legacy_read), now]
+        args.append("" if check is None else check)
+        reply: list[Any] = await self._run(load_script("read_segments"), keys.fixed(), args, True)
+        return reply
+
+    async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:
+        """A page read from the segments; None: the older layout first (list.lua)."""
+        read = functools.partial(self.read, keys, now)
+        check = query.marker if query.check_marker else None
+        scan = PageScan(seg.id_tag(keys.prefix), query, now, self._settings.scan_limit)
+        return await scan_segments(read, scan, query.marker, check, False)
+
+    async def carry_on(
+        self, keys: QueueKeys, reply: list[Any], query: ListQuery, now: int
+    ) -> MessagePage:
+        """The page list.lua began (its ``more`` reply), carried on in the segments."""
+        read = functools.partial(self.read, keys, now)
+        tag, limit = seg.id_tag(keys.prefix), self._settings.scan_limit
+        scan = PageScan.after_legacy(reply, tag, query, now, limit)
+        page = await scan_segments(read, scan, query.marker, None, True)
+        assert page is not None
+        return page

@@ -1,0 +1,119 @@
+-- Post messages in the segment layout (storage/segments.py): one call gives
+-- them their seqs and writes their records and slots, all or nothing.
+-- KEYS: the 6 fixed keys, then (when the post holds room under its
+--       project's quota, see quotas.py) the project's reservations.
+-- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
+--       idempotency token ('' = none), idempotency window in ms, '1' if the
+--       bodies are sealed (encrypted) else '0', the post's reservation
+--       ('' = none), the author (16 bytes), '1' if the queue may start
+--       segments here (the process writes segments) else '0', then per
+--       message: ttl, delay ('' = the queue's default, else the
+--       service's), ordered group ('' = none, or not indexed: a topic's),
+--       its extras with their length in front (segments.py), body.
+-- The reservation goes first thing, as in post.lua, unless the answer is
+-- {'records'}: the queue has no segments and may not start them here
+-- (nothing changed; post.lua is the one to call).
+-- Returns the ids of the messages; {'seal'}, {'toolarge', limit},
+-- {'full', limit}, {'replay', id...} as post.lua (nothing written).
+-- The first post in segments sets the queue's F_NEW_START to the first seq
+-- it writes (the counter + 1): from there on every message of the queue is
+-- in segments, every one before in the older layout.
+-- Ordered groups and notifications as post.lua.
+local now = tonumber(ARGV[1])
+local FIRST = 11
+local n = (#ARGV - 10) / 5
+local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
+  F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED)
+local ns = q[1]
+if not ns and ARGV[10] ~= '1' then return {'records'} end
+if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7], ARGV[8]) end
+if ARGV[7] ~= '1' and q[2] == '1' then return {'seal'} end
+local token = ARGV[5]
+local replay = replayed(token, now)
+if replay then return replay end
+if not q[8] then redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1]) end
+local groups_since = q[7]
+-- the older layout's messages and claims, while it has any
+collect_garbage(ARGV[1], groups_since)
+if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
+if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
+local default_ttl = tonumber(q[3] or ARGV[2])
+local default_delay = tonumber(q[4] or ARGV[3])
+-- the counter moves first (nothing is refused from here on): one call
+local top = redis.call('INCRBY', KEYS[K_SEQ], n) - n
+if top == 0 then
+  -- a new counter: microseconds, so a re-created queue starts above every old marker
+  top = now * 1000
+  redis.call('SET', KEYS[K_SEQ], int(top + n))
+  redis.call('HSET', KEYS[K_META], F_SEQ_BASE, int(top))
+end
+if not ns then redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1)) end
+local author = ARGV[9]
+
+-- A call's records for one segment: one APPEND, one SETRANGE of their
+-- (consecutive) slots, the segment's expiry raised to the latest of them.
+local k, first_slot, records, offsets, pending, latest = nil, 0, {}, {}, 0, 0
+local function flush()
+  if not k then return end
+  local key = SEGMENT_PREFIX .. k
+  local data = table.concat(records)
+  local at = redis.call('APPEND', key, data) - #data
+  if at == 0 then
+    -- a new segment (or one gone whole): its slot table first
+    redis.call('SET', key, string.rep('\0', SEG_TABLE_BYTES) .. data)
+    at = SEG_TABLE_BYTES
+    redis.call('PEXPIREAT', key, int(latest))
+    redis.call('ZADD', DIRECTORY, k, k)
+    if first_slot == 0 then
+      -- the segment before is closed: copied to fit (APPEND left it room to grow)
+      local before = SEGMENT_PREFIX .. int(tonumber(k) - 1)
+      local closed = redis.call('GET', before)
+      if closed then redis.call('SET', before, closed, 'KEEPTTL') end
+    end
+  else
+    redis.call('PEXPIREAT', key, int(latest), 'GT')
+  end
+  for j = 1, #offsets do offsets[j] = struct.pack('>I4', at + offsets[j]) end
+  redis.call('SETRANGE', key, first_slot * SEG_SLOT_BYTES, table.concat(offsets))
+  records, offsets, pending, latest = {}, {}, 0, 0
+end
+
+local ids, seq, first_due = {}, top, 0
+for i = 1, n do
+  local a = FIRST + (i - 1) * 5
+  local ttl = tonumber(ARGV[a]) or default_ttl
+  local delay = tonumber(ARGV[a + 1]) or default_delay
+  local group = ARGV[a + 2]
+  seq = seq + 1
+  local sk, slot = segment_of(seq)
+  if sk ~= k then
+    flush()
+    k, first_slot = sk, slot
+  end
+  local expires = now + ttl * 1000
+  local due = 0
+  if delay > 0 then due = now + delay * 1000 end
+  local record = string.format(SEG_RECORD_FORMAT, expires, due, ttl) .. author .. ARGV[a + 3]
+    .. ARGV[a + 4]
+  offsets[#offsets + 1] = pending
+  records[#records + 1] = record
+  pending = pending + #record
+  if expires > latest then latest = expires end
+  local id = segment_id(seq)
+  ids[i] = id
+  if group ~= '' then
+    if not groups_since then
+      groups_since = int(seq)
+      redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
+    end
+    redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
+    redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
+  elseif groups_since then
+    redis.call('ZADD', CLAIM_INDEX, int(seq), id)
+  end
+  if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
+end
+flush()
+notify(seq, first_due)
+if token ~= '' then remember_post(token, now + tonumber(ARGV[6]), ids) end
+return ids
