@@ -64,6 +64,12 @@ OFFSET_MASK: Final = GONE_BIT - 1
 # the queue hash's fields of the layout (record.py owns the others)
 NEW_START: Final = "ns"  # the first seq in segments; absent: the queue has none
 GONE: Final = "gone"  # segment messages swept or deleted (counts; compact-expiry)
+#: the first seq a claim or pop need look at in the segments: every one
+#: before it is gone for good (deleted, popped or expired); claims move it on
+CLAIM_HEAD: Final = "ch"
+#: a deleted (popped, dead-lettered) message's record goes at its segment's
+#: review, scheduled this soon (ms) after the delete
+DELETED_REVIEW_MS: Final = 60_000
 
 # the record: fixed-width text, then binary
 EXPIRES_WIDTH: Final = 13
@@ -252,8 +258,11 @@ def lua_names() -> dict[str, str]:
         "SEG_EXTRAS_AT": str(EXTRAS_AT + 1),
         "SEG_EXTRAS_LENGTH_FORMAT": repr(f">I{EXTRAS_LENGTH_BYTES}"),
         "SEG_ID_FORMAT": repr(f"%0{ID_DIGITS}x"),
+        "SEG_ID_DIGITS": str(ID_DIGITS),
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),
+        "F_CLAIM_HEAD": repr(CLAIM_HEAD),
+        "SEG_DELETED_REVIEW_MS": str(DELETED_REVIEW_MS),
         "S_SEGMENT": repr(SEGMENT_INFIX),
         "S_DIRECTORY": repr(DIRECTORY_SUFFIX),
         "S_CLAIM_STATES": repr(CLAIM_STATES_SUFFIX),
