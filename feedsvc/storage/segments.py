@@ -191,7 +191,8 @@ class SegmentRecord:
 @dataclass(frozen=True, slots=True)
 class ClaimState:
     """A segment message's entry in ``Q:cl``: "<claim id> <claim expires ms>
-    <count> <expires ms>" (claim id "-": none now; expires 0: as posted)."""
+    <count> <expires ms>" (claim id "-": none now, and then a claim expiry
+    is when a release with a delay makes it due; expires 0: as posted)."""
 
     claim: str  # "" = none
     claim_expires: int
@@ -215,6 +216,12 @@ class ClaimState:
 
     def held(self, now: int) -> bool:
         return bool(self.claim) and self.claim_expires > now
+
+    def due(self, posted: int) -> int:
+        """When the message is due, posted: its record's due. A state with no
+        claim but a claim expiry was released with a delay: due then
+        (_lib.lua's segment_record reads it the same)."""
+        return posted if self.claim else max(posted, self.claim_expires)
 
 
 def live_count_commands(keys: QueueKeys, now: int) -> list[Command]:
