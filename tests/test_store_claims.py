@@ -338,7 +338,6 @@ async def test_dead_lettering_survives_a_stop_between_its_steps(
     assert (await store.queue_stats(project, "q")).total == 0
 
 
-@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)
 async def test_purge_keeps_the_queue(store: FeedStore, project: str) -> None:
     await store.create_queue(project, "q", {"keep": True})
     await post(store, project, 5)
@@ -353,7 +352,6 @@ async def test_purge_keeps_the_queue(store: FeedStore, project: str) -> None:
     assert [m.id for m in page.messages] == fresh
 
 
-@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)
 async def test_a_fruitless_claim_says_when_something_becomes_free(
     store: FeedStore, project: str, clock: ManualClock
 ) -> None:
