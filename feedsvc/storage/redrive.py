@@ -43,13 +43,14 @@ from typing import Any
 from feedsvc.clock import Clock
 from feedsvc.config import MessageSettings
 from feedsvc.errors import ProjectQueuesFull, QueueNotFound, RedriveRunning
-from feedsvc.storage import groups
+from feedsvc.storage import groups, segments
 from feedsvc.storage import record as r
 from feedsvc.storage.base import Redrive, new_id
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import REDRIVES_KEY, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.segment_claims import in_segments
+from feedsvc.storage.segment_writes import Appending, append_transaction
 from feedsvc.storage.transport import Transport
 
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
@@ -348,9 +349,9 @@ class RedisRedrives:
         except ProjectQueuesFull:
             return []
         if await in_segments(self._transport, to):
-            # not built yet: a copy in the older layout would sit above the
-            # target's segments' first seq, where no list looks; they stay
-            return []
+            await self._copy_into_segments(to, moves, now)
+            await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
+            return [m.row.id for m in moves]
         default_ttl = self._settings.default_message_ttl
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -393,6 +394,48 @@ class RedisRedrives:
         await self._transport.transactions.optimistic(watch, reads, plan)
         await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
         return [m.row.id for m in moves]
+
+    async def _copy_into_segments(self, to: QueueKeys, moves: list[Move], now: int) -> None:
+        """Step 2 into a queue that writes segments (storage/segment_writes.py):
+        each copy a new record there, with a new id (its seq), marked as the
+        older layout's copy is."""
+        default_ttl = self._settings.default_message_ttl
+
+        def plan(where: Appending, replies: list[Any]) -> tuple[list[Command] | None, None]:
+            (created, ttl_field, since_raw), *marked = replies
+            since = groups.groups_since(since_raw)
+            ttl = int(ttl_field) if ttl_field else default_ttl
+            fresh = [move for move, have in zip(moves, marked, strict=True) if not have]
+            if not fresh:
+                return None, None
+            records: list[tuple[bytes, int]] = []
+            writes: list[Command] = []
+            expires = now + ttl * 1000
+            for n, move in enumerate(fresh):
+                seq, row = where.top + 1 + n, move.row
+                author = segments.author_bytes(row.author.decode())
+                extras = segments.extras(row.group or None, row.headers or None)
+                records.append(
+                    (segments.encode_record(expires, 0, ttl, author, extras, row.body), expires)
+                )
+                grouped, since = groups.index_commands(
+                    to, segments.message_id(seq), seq, row.group, since
+                )
+                writes += grouped
+                mark_until = max(row.expires, now) + PARK_MS
+                writes.append(("SET", to.redriven(row.id), 1, "PXAT", mark_until))
+            writes = where.commands(records) + writes
+            if created is None:
+                writes.append(("HSET", to.meta, r.CREATED, now, r.METADATA, "{}"))
+            writes.append(("SPUBLISH", to.feed, r.notification(where.top + len(fresh), 0)))
+            return writes, None
+
+        watch = [to.meta, *(to.redriven(m.row.id) for m in moves)]
+        reads: list[Command] = [
+            ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
+            *(("EXISTS", to.redriven(m.row.id)) for m in moves),
+        ]
+        await append_transaction(self._transport, to, len(moves), watch, reads, plan)
 
     async def _forget(
         self, keys: QueueKeys, state: State, batch: Batch, copied: list[str], taken: int, now: int
