@@ -340,7 +340,7 @@ async def test_dead_letters_go_back_into_a_queue_in_segments_once_in_order(
         {"_max_claim_count": 1, "_dead_letter_queue": "dlq", "_default_message_ttl": 700},
     )
     batch = [
-        NewMessage(orjson.dumps({"n": i}), 300, headers=b'{"h":1}' if i == 1 else None)
+        NewMessage(orjson.dumps({"n": i}), 300, headers=b'{"h":1}' if i == 1 else b"")
         for i in range(3)
     ]
     ids = await store.post_messages(project, "q", WRITER, batch)
