@@ -72,7 +72,7 @@ async def measure(url: str, layout: str, messages: int, claims: int) -> tuple[fl
 
 
 async def run(url: str, messages: int, claims: int) -> None:
-    results = {}
+    results: dict[str, list[tuple[float, float]]] = {}
     for layout in ("records", "segments") * ROUNDS:
         cpu, evalsha = await measure(url, layout, messages, claims)
         results.setdefault(layout, []).append((cpu, evalsha))
