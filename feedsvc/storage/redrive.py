@@ -349,7 +349,8 @@ class RedisRedrives:
         except ProjectQueuesFull:
             return []
         if await in_segments(self._transport, to):
-            await self._copy_into_segments(to, moves, now)
+            default_ttl = self._settings.default_message_ttl
+            await copy_into_segments(self._transport, default_ttl, to, moves, now)
             await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
             return [m.row.id for m in moves]
         default_ttl = self._settings.default_message_ttl
@@ -395,48 +396,6 @@ class RedisRedrives:
         await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
         return [m.row.id for m in moves]
 
-    async def _copy_into_segments(self, to: QueueKeys, moves: list[Move], now: int) -> None:
-        """Step 2 into a queue that writes segments (storage/segment_writes.py):
-        each copy a new record there, with a new id (its seq), marked as the
-        older layout's copy is."""
-        default_ttl = self._settings.default_message_ttl
-
-        def plan(where: Appending, replies: list[Any]) -> tuple[list[Command] | None, None]:
-            (created, ttl_field, since_raw), *marked = replies
-            since = groups.groups_since(since_raw)
-            ttl = int(ttl_field) if ttl_field else default_ttl
-            fresh = [move for move, have in zip(moves, marked, strict=True) if not have]
-            if not fresh:
-                return None, None
-            records: list[tuple[bytes, int]] = []
-            writes: list[Command] = []
-            expires = now + ttl * 1000
-            for n, move in enumerate(fresh):
-                seq, row = where.top + 1 + n, move.row
-                author = segments.author_bytes(row.author.decode())
-                extras = segments.extras(row.group or None, row.headers or None)
-                records.append(
-                    (segments.encode_record(expires, 0, ttl, author, extras, row.body), expires)
-                )
-                grouped, since = groups.index_commands(
-                    to, segments.message_id(seq), seq, row.group, since
-                )
-                writes += grouped
-                mark_until = max(row.expires, now) + PARK_MS
-                writes.append(("SET", to.redriven(row.id), 1, "PXAT", mark_until))
-            writes = where.commands(records) + writes
-            if created is None:
-                writes.append(("HSET", to.meta, r.CREATED, now, r.METADATA, "{}"))
-            writes.append(("SPUBLISH", to.feed, r.notification(where.top + len(fresh), 0)))
-            return writes, None
-
-        watch = [to.meta, *(to.redriven(m.row.id) for m in moves)]
-        reads: list[Command] = [
-            ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
-            *(("EXISTS", to.redriven(m.row.id)) for m in moves),
-        ]
-        await append_transaction(self._transport, to, len(moves), watch, reads, plan)
-
     async def _forget(
         self, keys: QueueKeys, state: State, batch: Batch, copied: list[str], taken: int, now: int
     ) -> int:
@@ -478,3 +437,47 @@ class RedisRedrives:
         reads += [c for i in copied for c in r.holder_commands(keys, i)]
         moved: int = await self._transport.transactions.optimistic(watch, reads, plan)
         return moved
+
+
+async def copy_into_segments(
+    transport: Transport, default_ttl: int, to: QueueKeys, moves: list[Move], now: int
+) -> None:
+    """Step 2 into a queue that writes segments (storage/segment_writes.py):
+    each copy a new record there, with a new id (its seq), marked as the
+    older layout's copy is."""
+
+    def plan(where: Appending, replies: list[Any]) -> tuple[list[Command] | None, None]:
+        (created, ttl_field, since_raw), *marked = replies
+        since = groups.groups_since(since_raw)
+        ttl = int(ttl_field) if ttl_field else default_ttl
+        fresh = [move for move, have in zip(moves, marked, strict=True) if not have]
+        if not fresh:
+            return None, None
+        records: list[tuple[bytes, int]] = []
+        writes: list[Command] = []
+        expires = now + ttl * 1000
+        for n, move in enumerate(fresh):
+            seq, row = where.top + 1 + n, move.row
+            author = segments.author_bytes(row.author.decode())
+            extras = segments.extras(row.group or None, row.headers or None)
+            records.append(
+                (segments.encode_record(expires, 0, ttl, author, extras, row.body), expires)
+            )
+            grouped, since = groups.index_commands(
+                to, segments.message_id(seq), seq, row.group, since
+            )
+            writes += grouped
+            mark_until = max(row.expires, now) + PARK_MS
+            writes.append(("SET", to.redriven(row.id), 1, "PXAT", mark_until))
+        writes = where.commands(records) + writes
+        if created is None:
+            writes.append(("HSET", to.meta, r.CREATED, now, r.METADATA, "{}"))
+        writes.append(("SPUBLISH", to.feed, r.notification(where.top + len(fresh), 0)))
+        return writes, None
+
+    watch = [to.meta, *(to.redriven(m.row.id) for m in moves)]
+    reads: list[Command] = [
+        ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
+        *(("EXISTS", to.redriven(m.row.id)) for m in moves),
+    ]
+    await append_transaction(transport, to, len(moves), watch, reads, plan)

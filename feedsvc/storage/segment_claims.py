@@ -23,10 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
+from feedsvc.storage.base import Message
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segment_pages import segment_messages
 from feedsvc.storage.transport import Transport
 
 
@@ -239,3 +242,43 @@ def forget_commands(
             ("ZADD", keys.reviews, "LT", now + s.DELETED_REVIEW_MS, k),
         ]
     return out
+
+
+def forget_parked(
+    keys: QueueKeys,
+    parked: Sequence[r.Parked],
+    holders: Sequence[Sequence[Command]],
+    replies: Sequence[Any],
+    claim_id: str,
+    now: int,
+) -> tuple[list[Command] | None, None]:
+    """The dead letters' forget step (claim_upkeep.py): the parked messages
+    still held by claim_id removed, in either layout, given the replies to
+    their holder_commands (holders)."""
+    writes: list[Command] = []
+    held = []
+    at = 0
+    for m, reads in zip(parked, holders, strict=True):
+        mine = replies[at : at + len(reads)]
+        at += len(reads)
+        if holder(mine) == claim_id:
+            held.append(m)
+            writes += forget_commands(keys, m.id, mine, now)
+    if not held:
+        return None, None
+    return writes + groups.forget_commands(keys, [(m.id, m.group) for m in held]), None
+
+
+async def live_messages(
+    transport: Transport, keys: QueueKeys, ids: Sequence[str], now: int
+) -> list[Message | None]:
+    """The live messages of ids in either layout (None: gone), as they are
+    now (a claim's read)."""
+    replies = await transport.call_checked(r.read_commands(keys, ids)) if ids else []
+    found = r.live_messages(ids, replies, now)
+    seqs = {i: q for i, m in zip(ids, found, strict=True) if m is None and (q := s.seq_of(i))}
+    if seqs:
+        # the segments' (a seq below them reads nothing there)
+        more = await segment_messages(transport, keys, list(seqs.values()), now)
+        found = [m or more.get(seqs.get(i, -1)) for i, m in zip(ids, found, strict=True)]
+    return found
