@@ -418,13 +418,16 @@ end
 -- one (m: its read_message table) and visit(nil) for each slot table read,
 -- until a visit answers true. Returns the first seq walked that held a
 -- message not gone and not expired (or where the walk stopped): every seq
--- from low up to it is gone for good (deleted, popped, expired).
+-- from low up to it is gone for good (deleted, popped, expired); the claim
+-- states of those it met go (a message expired keeps no state past the
+-- claims' head).
 local function walk_segments(now, low, high, batch, visit)
   local top = tonumber(redis.call('GET', KEYS[K_SEQ]))
   local from, head, dead = low, low, true
   if not top then return head end
   if high and high - 1 < top then top = high - 1 end
   local states = redis.call('EXISTS', CLAIM_STATES) == 1
+  local stale = {}
   while from <= top do
     local k, slot = segment_of(from)
     local key = SEGMENT_PREFIX .. k
@@ -433,6 +436,9 @@ local function walk_segments(now, low, high, batch, visit)
     if #t == 0 then
       -- gone whole: on to the next segment there is
       local nxt = redis.call('ZRANGE', DIRECTORY, '(' .. k, '+inf', 'BYSCORE', 'LIMIT', 0, 1)[1]
+      if dead and states then
+        for j = slot, SEG_SLOTS - 1 do stale[#stale + 1] = int(tonumber(k) * SEG_SLOTS + j) end
+      end
       from = nxt and math.max(from, tonumber(nxt) * SEG_SLOTS) or top + 1
       if dead then head = math.min(from, top + 1) end
     else
@@ -451,6 +457,7 @@ local function walk_segments(now, low, high, batch, visit)
         if dead then
           if m.expires > now then dead = false end
           head = dead and seq + 1 or seq
+          if dead and got[i] then stale[#stale + 1] = int(seq) end
         end
         if visit(string.format(SEG_ID_FORMAT, seq), seq, m) then
           stop = true
@@ -463,6 +470,7 @@ local function walk_segments(now, low, high, batch, visit)
       batch = math.min(batch * 2, SEG_SLOTS)
     end
   end
+  if #stale > 0 then redis.call('HDEL', CLAIM_STATES, unpack(stale)) end
   return head
 end
 
