@@ -52,6 +52,7 @@ async def test_a_claim_lives_in_the_claim_states_and_a_delete_counts_once(
     client = direct_client(redis_url)
     try:
         raw = await client.hget(keys.claim_states, str(segments.seq_of(ids[0])))
+        assert isinstance(raw, bytes)
         state = segments.ClaimState.decode(raw)
         assert (state.claim, state.claim_expires, state.count) == (
             claim.id,
@@ -112,7 +113,8 @@ async def test_claims_move_past_gone_messages_and_drop_their_states(
         assert await client.hlen(keys.claim_states) == 20
         claim = await store.claim_messages(project, "q", 10, 0, 2)
         assert claim is not None and [m.id for m in claim.messages] == kept[:2]
-        assert int(await client.hget(keys.meta, segments.CLAIM_HEAD)) == segments.seq_of(kept[0])
+        head = await client.hget(keys.meta, segments.CLAIM_HEAD)
+        assert isinstance(head, bytes) and int(head) == segments.seq_of(kept[0])
         # only the new claim's states are left
         assert await client.hlen(keys.claim_states) == 2
     finally:
