@@ -97,7 +97,7 @@ for i = 1, n do
   records[#records + 1] = record
   pending = pending + #record
   if expires > latest then latest = expires end
-  local id = string.format(SEG_ID_FORMAT, seq)
+  local id = segment_id(seq)
   ids[i] = id
   if group ~= '' then
     if not groups_since then

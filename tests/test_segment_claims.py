@@ -51,7 +51,9 @@ async def test_a_claim_lives_in_the_claim_states_and_a_delete_counts_once(
     keys = QueueKeys.of(project, "q")
     client = direct_client(redis_url)
     try:
-        raw = await client.hget(keys.claim_states, str(segments.seq_of(ids[0])))
+        raw = await client.hget(
+            keys.claim_states, str(segments.seq_of(segments.id_tag(keys.prefix), ids[0]))
+        )
         assert isinstance(raw, bytes)
         state = segments.ClaimState.decode(raw)
         assert (state.claim, state.claim_expires, state.count) == (
@@ -114,7 +116,9 @@ async def test_claims_move_past_gone_messages_and_drop_their_states(
         claim = await store.claim_messages(project, "q", 10, 0, 2)
         assert claim is not None and [m.id for m in claim.messages] == kept[:2]
         head = await client.hget(keys.meta, segments.CLAIM_HEAD)
-        assert isinstance(head, bytes) and int(head) == segments.seq_of(kept[0])
+        assert isinstance(head, bytes) and int(head) == segments.seq_of(
+            segments.id_tag(keys.prefix), kept[0]
+        )
         # only the new claim's states are left
         assert await client.hlen(keys.claim_states) == 2
     finally:

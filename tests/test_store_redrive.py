@@ -355,7 +355,11 @@ async def test_dead_letters_go_back_into_a_queue_in_segments_once_in_order(
     page = await store.list_messages(project, "q", ListQuery(READER, limit=20, with_authors=True))
     back = page.messages
     assert [orjson.loads(m.body)["n"] for m in back] == [0, 1, 2]
-    assert all(m.id not in ids and segments.seq_of(m.id) == m.seq for m in back)
+    assert all(
+        m.id not in ids
+        and segments.seq_of(segments.id_tag(QueueKeys.of(project, "q").prefix), m.id) == m.seq
+        for m in back
+    )
     assert [(m.ttl, m.claim_count, m.author, m.headers) for m in back] == [
         (700, 0, WRITER, None),
         (700, 0, WRITER, b'{"h":1}'),

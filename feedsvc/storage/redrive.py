@@ -464,7 +464,7 @@ async def copy_into_segments(
                 (segments.encode_record(expires, 0, ttl, author, extras, row.body), expires)
             )
             grouped, since = groups.index_commands(
-                to, segments.message_id(seq), seq, row.group, since
+                to, segments.message_id(segments.id_tag(to.prefix), seq), seq, row.group, since
             )
             writes += grouped
             mark_until = max(row.expires, now) + PARK_MS

@@ -38,7 +38,8 @@ async def read_records(
 ) -> dict[str, s.SegmentRecord]:
     """The records of the ids that name messages of the queue's segments
     (present, not gone); reads only, two round trips at most."""
-    seqs = {i: q for i in ids if (q := s.seq_of(i)) is not None}
+    tag = s.id_tag(keys.prefix)
+    seqs = {i: q for i in ids if (q := s.seq_of(tag, i)) is not None}
     if not seqs:
         return {}
     numbers = sorted({q // s.SLOTS for q in seqs.values()})
@@ -184,7 +185,7 @@ def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
     """record.holder_commands, then, for an id that may name a segment
     message, the reads of its holder and slot (for holder() and
     forget_commands): four replies, else two."""
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     reads = r.holder_commands(keys, message_id)
     if seq is None:
         return reads
@@ -199,7 +200,7 @@ def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
 
 def holder_keys(keys: QueueKeys, message_id: str) -> list[str]:
     """The keys holder_commands reads (to WATCH)."""
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     found = r.message_keys(keys, message_id)
     if seq is None:
         return found
@@ -222,7 +223,7 @@ def forget_commands(
     either layout: a segment message's slot is marked gone (_lib.lua's
     forget_segment writes the same)."""
     out = r.forget_commands(keys, [message_id])
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     if seq is None or len(replies) < 4 or len(replies[3]) != s.SLOT_BYTES:
         return out
     table = replies[3]
@@ -276,7 +277,8 @@ async def live_messages(
     now (a claim's read)."""
     replies = await transport.call_checked(r.read_commands(keys, ids)) if ids else []
     found = r.live_messages(ids, replies, now)
-    seqs = {i: q for i, m in zip(ids, found, strict=True) if m is None and (q := s.seq_of(i))}
+    tag = s.id_tag(keys.prefix)
+    seqs = {i: q for i, m in zip(ids, found, strict=True) if m is None and (q := s.seq_of(tag, i))}
     if seqs:
         # the segments' (a seq below them reads nothing there)
         more = await segment_messages(transport, keys, list(seqs.values()), now)
