@@ -125,3 +125,17 @@ async def test_claims_move_past_gone_messages_and_drop_their_states(
         await client.aclose()
     more = await store.claim_messages(project, "q", 10, 0, 5)
     assert more is not None and [m.id for m in more.messages] == kept[2:]
+
+
+async def test_the_garbage_collection_keeps_live_segment_messages_in_their_groups(
+    store: FeedStore, project: str
+) -> None:
+    """Every post tidies the fronts of the first groups: a segment message
+    there is read from its segment (it has no record key of its own)."""
+    grouped = [NewMessage(orjson.dumps({"n": i}), 300, group="a") for i in range(2)]
+    ids = await store.post_messages(project, "q", WRITER, grouped)
+    ids += await post(store, project, 1)
+    ids += await post(store, project, 1)
+    claim = await store.claim_messages(project, "q", 60, 30, 5)
+    assert claim is not None and [m.id for m in claim.messages] == ids
+    assert [m.group for m in claim.messages] == ["a", "a", None, None]
