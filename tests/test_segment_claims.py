@@ -17,6 +17,8 @@ from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.record import Parked
+from feedsvc.storage.redis_store import RedisStore
 from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
@@ -139,3 +141,38 @@ async def test_the_garbage_collection_keeps_live_segment_messages_in_their_group
     claim = await store.claim_messages(project, "q", 60, 30, 5)
     assert claim is not None and [m.id for m in claim.messages] == ids
     assert [m.group for m in claim.messages] == ["a", "a", None, None]
+
+
+async def test_dead_letters_land_in_a_dead_letter_queue_in_segments_once(
+    store: FeedStore, project: str
+) -> None:
+    """Into a dead-letter queue that has segments a dead letter is a new
+    message there (a new id), its body, headers, group and claim count
+    kept; moving it again (a stop between copy and forget) finds the copy."""
+    await store.create_queue(project, "q", {"_max_claim_count": 1, "_dead_letter_queue": "dlq"})
+    [seed] = await store.post_messages(project, "dlq", WRITER, [NewMessage(b'"seed"', 300)])
+    batch = [
+        NewMessage(b'"a"', 300, headers=b'{"h":1}', group="g"),
+        NewMessage(b'"b"', 300),
+    ]
+    ids = await store.post_messages(project, "q", WRITER, batch)
+    claim = await store.claim_messages(project, "q", 60, 30, 5)
+    assert claim is not None
+    await store.release_claim(project, "q", claim.id)
+    assert await store.claim_messages(project, "q", 60, 30, 5) is None  # moves them
+    assert await store.get_messages(project, "q", ids) == []
+    query = ListQuery(READER, limit=10, with_authors=True)
+    dead = (await store.list_messages(project, "dlq", query)).messages
+    assert dead[0].id == seed and not set(ids) & {m.id for m in dead}
+    assert [(m.body, m.headers, m.group, m.claim_count, m.author) for m in dead[1:]] == [
+        (b'"a"', b'{"h":1}', "g", 1, WRITER),
+        (b'"b"', None, None, 1, WRITER),
+    ]
+    assert isinstance(store, RedisStore)
+    parked = [Parked(ids[1], b'"b"', WRITER.encode(), 300, 1)]
+    await store.claims.dead_letter(project, "q", "dlq", "cd" * 12, parked)
+    again = (await store.list_messages(project, "dlq", query)).messages
+    assert [m.id for m in again] == [m.id for m in dead]
+    # claimed there in order, the group's head first
+    held = await store.claim_messages(project, "dlq", 60, 30, 5)
+    assert held is not None and [m.id for m in held.messages] == [m.id for m in dead]

@@ -34,6 +34,7 @@ from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
 from feedsvc.storage.segment_claims import ClaimRows, read_records
+from feedsvc.storage.segment_dead_letters import copy_dead_letters
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -299,31 +300,30 @@ class ClaimUpkeep(FeedSpace):
             return segment_claims.forget_parked(source, parked, holders, replies, claim_id, now)
 
         transport = self._transport
-        if await segment_claims.in_segments(transport, target):
-            # not built yet: a copy in the older layout would sit above its
-            # segments' first seq, where no list looks; the messages stay
-            log.warning("dead-lettering to %s, a queue in segments, is not built yet", dlq)
-            return
+        keep_after = (self._settings.max_claim_ttl + self._settings.max_claim_grace) * 1000
         try:
             # a dead-letter queue not made yet is a new queue: listed first,
             # under the project's max_queues (over it, the messages stay)
             await self._quotas.admit(project, "queue", dlq, 0)
-            await transport.transactions.optimistic(
-                [
-                    target.seq,
-                    target.meta,
-                    target.origins,
-                    *(k for m in parked for k in r.message_keys(target, m.id)),
-                ],
-                [
-                    ("GET", target.seq),
-                    ("EXISTS", target.meta),
-                    ("PTTL", target.origins),
-                    ("HGET", target.meta, r.GROUPS_SINCE),
-                    *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
-                ],
-                copy,
-            )
+            if await segment_claims.in_segments(transport, target):
+                await copy_dead_letters(transport, queue, target, parked, now, keep_after)
+            else:
+                await transport.transactions.optimistic(
+                    [
+                        target.seq,
+                        target.meta,
+                        target.origins,
+                        *(k for m in parked for k in r.message_keys(target, m.id)),
+                    ],
+                    [
+                        ("GET", target.seq),
+                        ("EXISTS", target.meta),
+                        ("PTTL", target.origins),
+                        ("HGET", target.meta, r.GROUPS_SINCE),
+                        *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
+                    ],
+                    copy,
+                )
             await transport.transactions.optimistic(
                 [k for m in parked for k in segment_claims.holder_keys(source, m.id)],
                 [c for reads in holders for c in reads],
