@@ -266,16 +266,30 @@ end
 -- Store a segment message's claim state (m: a read_message table): its
 -- claim, count, and its expiry if a claim extended it, which its segment
 -- then lives until too (a segment lives as long as its longest-lived message).
-local function write_state(m)
+-- states: nil to write at once, or a table gathering the writes for
+-- write_states (one HSET, one PEXPIREAT per segment for a whole claim).
+local function write_state(m, states)
   local extended = 0
-  if m.expires > m.posted_expires then
-    extended = m.expires
-    local k = segment_of(m.seq)
+  local k = segment_of(m.seq)
+  if m.expires > m.posted_expires then extended = m.expires end
+  local claim = m.claim ~= '' and m.claim or '-'
+  local value = claim .. ' ' .. int(m.claim_expires) .. ' ' .. int(m.count) .. ' ' .. int(extended)
+  if states then
+    states.fields[#states.fields + 1] = int(m.seq)
+    states.fields[#states.fields + 1] = value
+    if extended > (states.longest[k] or 0) then states.longest[k] = extended end
+    return
+  end
+  if extended > 0 then redis.call('PEXPIREAT', SEGMENT_PREFIX .. k, int(extended), 'GT') end
+  redis.call('HSET', CLAIM_STATES, int(m.seq), value)
+end
+
+-- The writes write_state gathered in states.
+local function write_states(states)
+  if #states.fields > 0 then redis.call('HSET', CLAIM_STATES, unpack(states.fields)) end
+  for k, extended in pairs(states.longest) do
     redis.call('PEXPIREAT', SEGMENT_PREFIX .. k, int(extended), 'GT')
   end
-  local claim = m.claim ~= '' and m.claim or '-'
-  redis.call('HSET', CLAIM_STATES, int(m.seq), claim .. ' ' .. int(m.claim_expires) .. ' '
-    .. int(m.count) .. ' ' .. int(extended))
 end
 
 -- A segment message is gone (deleted, popped, dead-lettered): its slot is
@@ -300,9 +314,9 @@ end
 
 -- Store m's header; a legacy message moves to its record, atomically; a
 -- segment message's claim state.
-local function write_header(id, m)
+local function write_header(id, m, states)
   if m.segment then
-    write_state(m)
+    write_state(m, states)
   elseif m.legacy then
     redis.call('SET', record_key(id), record(m))
     redis.call('PEXPIREAT', record_key(id), int(m.expires))
@@ -702,6 +716,6 @@ local function replayed(token, now)
 end
 
 -- Remember an idempotent post's ids under its token until (ms).
-local function remember_post(token, until_ms, ids)
-  redis.call('HSET', IDEMPOTENCY, token, int(until_ms) .. ' ' .. table.concat(ids, ' '))
+local function remember_post(token, longestms, ids)
+  redis.call('HSET', IDEMPOTENCY, token, int(longestms) .. ' ' .. table.concat(ids, ' '))
 end
