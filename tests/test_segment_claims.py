@@ -176,3 +176,29 @@ async def test_dead_letters_land_in_a_dead_letter_queue_in_segments_once(
     # claimed there in order, the group's head first
     held = await store.claim_messages(project, "dlq", 60, 30, 5)
     assert held is not None and [m.id for m in held.messages] == [m.id for m in dead]
+
+
+async def test_a_redrive_moves_dead_letters_out_of_a_dead_letter_queue_in_segments(
+    store: FeedStore, project: str
+) -> None:
+    await store.create_queue(project, "q", {"_max_claim_count": 1, "_dead_letter_queue": "dlq"})
+    [seed] = await store.post_messages(project, "dlq", WRITER, [NewMessage(b'"seed"', 300)])
+    batch = [NewMessage(b'"a"', 300, headers=b'{"h":1}', group="g"), NewMessage(b'"b"', 300)]
+    await store.post_messages(project, "q", WRITER, batch)
+    claim = await store.claim_messages(project, "q", 60, 30, 5)
+    assert claim is not None
+    await store.release_claim(project, "q", claim.id)
+    assert await store.claim_messages(project, "q", 60, 30, 5) is None  # moves them
+    await store.redrives.start(project, "dlq", 100, None)
+    assert await store.redrives.step(project, "dlq", "owner") == 2
+    assert await store.redrives.step(project, "dlq", "owner") == 0
+    done = await store.redrives.get(project, "dlq")
+    assert done is not None and (done.state, done.moved, done.skipped) == ("done", 2, 1)
+    query = ListQuery(READER, limit=10)
+    left = (await store.list_messages(project, "dlq", query)).messages
+    assert [m.id for m in left] == [seed]
+    back = (await store.list_messages(project, "q", query)).messages
+    assert [(m.body, m.headers, m.group, m.claim_count) for m in back] == [
+        (b'"a"', b'{"h":1}', "g", 0),
+        (b'"b"', None, None, 0),
+    ]

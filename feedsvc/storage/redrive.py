@@ -45,6 +45,7 @@ from feedsvc.config import MessageSettings
 from feedsvc.errors import ProjectQueuesFull, QueueNotFound, RedriveRunning
 from feedsvc.storage import groups, segments
 from feedsvc.storage import record as r
+from feedsvc.storage import segment_claims as sc
 from feedsvc.storage.base import Redrive, new_id
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import REDRIVES_KEY, QueueKeys, registry_key
@@ -280,6 +281,11 @@ class RedisRedrives:
             ]
         )
         listed = r.pairs(found)
+        if len(listed) < budget:  # then the segments (segment_claims.py)
+            after = r.parse_seq(listed[-1][1]) if listed else state.cursor
+            listed += await sc.segment_entries(
+                transport, keys, after, state.end, budget - len(listed)
+            )
         ids = [r.text(i) for i, _ in listed]
         last = r.parse_seq(listed[-1][1]) if listed else state.cursor
         batch = await self._park(keys, state, owner, ids, last, now)
@@ -315,7 +321,7 @@ class RedisRedrives:
             origins = replies[1]
             records = replies[2:]
             moves, skipped = [], 0
-            for n, row in enumerate(r.rows(ids, records)):
+            for n, row in enumerate(view.rows(ids, records)):
                 if row is None or not row.alive(now):
                     continue  # expired meanwhile: nothing to move
                 if row.claimed(now) and row.claim != PARK_ID:
@@ -326,16 +332,17 @@ class RedisRedrives:
                     skipped += 1  # dead-lettered before origins were kept
                     continue
                 raw = records[2 * n]
-                rest = raw[r.FIXED :] if raw is not None else row.author + r.NEWLINE + row.body
-                writes += r.hold_commands(keys, row, PARK_ID, now + PARK_MS)
+                rest = raw[r.FIXED :] if raw is not None else sc.record_rest(row)
+                writes += view.hold(row, PARK_ID, now + PARK_MS)
                 moves.append(Move(row, rest, target))
             return writes, Batch(moves, skipped, last)
 
-        watch = [keys.redrive, *(k for i in ids for k in r.message_keys(keys, i))]
+        view = sc.ClaimRows(keys, await sc.read_records(self._transport, keys, ids))
+        watch = [keys.redrive, *(k for i in ids for k in r.message_keys(keys, i)), *view.watch()]
         reads: list[Command] = [("HMGET", keys.redrive, *FIELDS)]
         if ids:
             reads.append(("HMGET", keys.origins, *ids))
-            reads += r.read_commands(keys, ids)
+            reads += [*r.read_commands(keys, ids), *view.reads()]
         else:
             reads.append(("PING",))
         return await self._transport.transactions.optimistic(watch, reads, plan)
@@ -401,18 +408,13 @@ class RedisRedrives:
     ) -> int:
         """Step 3: the copied dead letters deleted, the progress advanced."""
         uncopied = len(batch.moves) - len(copied)
+        holders = [sc.holder_commands(keys, i) for i in copied]
         group_of = {m.row.id: m.row.group for m in batch.moves}
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, int]:
             current = State.read(replies[0])
-            held = [
-                i
-                for n, i in enumerate(copied)
-                if r.holder(replies[1 + 2 * n], replies[2 + 2 * n]) == PARK_ID
-            ]
-            writes: list[Command] = []
+            held, writes = sc.forget_held(keys, copied, holders, replies[1:], PARK_ID, now)
             if held:
-                writes += r.forget_commands(keys, held)
                 writes += groups.forget_commands(keys, [(i, group_of[i]) for i in held])
                 writes.append(("HDEL", keys.origins, *held))
             if current is not None and current.id == state.id and current.cursor == state.cursor:
@@ -432,9 +434,9 @@ class RedisRedrives:
                 writes.append(("HINCRBY", keys.redrive, "skipped", batch.skipped + uncopied))
             return writes or None, len(held)
 
-        watch = [keys.redrive, *(k for i in copied for k in r.message_keys(keys, i))]
+        watch = [keys.redrive, *(k for i in copied for k in sc.holder_keys(keys, i))]
         reads: list[Command] = [("HMGET", keys.redrive, *FIELDS)]
-        reads += [c for i in copied for c in r.holder_commands(keys, i)]
+        reads += [c for each in holders for c in each]
         moved: int = await self._transport.transactions.optimistic(watch, reads, plan)
         return moved
 

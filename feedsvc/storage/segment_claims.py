@@ -180,6 +180,48 @@ class ClaimRows:
             return r.requeue_commands(self.keys, row, due)
         return [*self._state(row, "", due, row.count), ("ZREM", self.keys.claimed, row.id)]
 
+    def hold(self, row: r.Row, claim_id: str, claim_expires: int) -> list[Command]:
+        """record.hold_commands, in either layout."""
+        if row.id not in self._segment_rows:
+            return r.hold_commands(self.keys, row, claim_id, claim_expires)
+        state = self._state(row, claim_id, claim_expires, row.count)
+        return [*state, ("ZADD", self.keys.claimed, claim_expires, row.id)]
+
+
+def record_rest(row: r.Row) -> bytes:
+    """What follows a record's fixed-width header for a row read otherwise
+    (an older hash, a segment message): its author line, then its body."""
+    return r.author_line(row.author.decode(), row.headers, row.group) + r.NEWLINE + row.body
+
+
+async def segment_entries(
+    transport: Transport, keys: QueueKeys, after: int, end: int, limit: int
+) -> list[tuple[str, int]]:
+    """(id, seq) of up to limit messages in the queue's segments with seqs
+    past after, up to end, in order (present: gone ones are not; expired
+    ones may be)."""
+    [new_start] = await transport.call_checked([("HGET", keys.meta, s.NEW_START)])
+    start = max(after + 1, int(new_start or end + 1))
+    tag, out = s.id_tag(keys.prefix), list[tuple[str, int]]()
+    k = start // s.SLOTS
+    while len(out) < limit and start <= end:
+        [found] = await transport.call_checked(
+            [("ZRANGE", keys.directory, k, end // s.SLOTS, "BYSCORE", "LIMIT", 0, 4)]
+        )
+        if not found:
+            break
+        numbers = [int(n) for n in found]
+        tables = await transport.call_checked(
+            [("GETRANGE", keys.segment(n), 0, s.TABLE_BYTES - 1) for n in numbers]
+        )
+        for n, table in zip(numbers, tables, strict=True):
+            for j, value in enumerate(s.slot_offsets(table)):
+                seq = n * s.SLOTS + j
+                if start <= seq <= end and value and not value & s.GONE_BIT:
+                    out.append((s.message_id(tag, seq), seq))
+        k = numbers[-1] + 1
+    return out[:limit]
+
 
 def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
     """record.holder_commands, then, for an id that may name a segment
@@ -256,18 +298,35 @@ def forget_parked(
     """The dead letters' forget step (claim_upkeep.py): the parked messages
     still held by claim_id removed, in either layout, given the replies to
     their holder_commands (holders)."""
+    held, writes = forget_held(keys, [m.id for m in parked], holders, replies, claim_id, now)
+    if not held:
+        return None, None
+    kept = set(held)
+    return writes + groups.forget_commands(
+        keys, [(m.id, m.group) for m in parked if m.id in kept]
+    ), None
+
+
+def forget_held(
+    keys: QueueKeys,
+    ids: Sequence[str],
+    holders: Sequence[Sequence[Command]],
+    replies: Sequence[Any],
+    claim_id: str,
+    now: int,
+) -> tuple[list[str], list[Command]]:
+    """The ids still held by claim_id, given the replies to their
+    holder_commands (holders), and the writes that remove them."""
     writes: list[Command] = []
     held = []
     at = 0
-    for m, reads in zip(parked, holders, strict=True):
+    for message_id, reads in zip(ids, holders, strict=True):
         mine = replies[at : at + len(reads)]
         at += len(reads)
         if holder(mine) == claim_id:
-            held.append(m)
-            writes += forget_commands(keys, m.id, mine, now)
-    if not held:
-        return None, None
-    return writes + groups.forget_commands(keys, [(m.id, m.group) for m in held]), None
+            held.append(message_id)
+            writes += forget_commands(keys, message_id, mine, now)
+    return held, writes
 
 
 async def live_messages(
