@@ -17,10 +17,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.errors import EncryptionUnavailable
-from feedsvc.storage import record
+from feedsvc.storage import record, segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
-from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.keys import Kind, QueueKeys
 from feedsvc.storage.sealing import MAGIC
 from tests.conftest import direct_client, make_settings
 
@@ -51,14 +51,35 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
     return opened
 
 
-async def raw_body(redis_url: str, project: str, queue: str, message_id: str) -> bytes:
+async def record_span(client: Any, keys: QueueKeys, message_id: str) -> tuple[str, int, int]:
+    """(key, first byte, last byte) of a message's record, in either layout."""
+    seq = segments.seq_of(segments.id_tag(keys.prefix), message_id)
+    if seq is None or await client.exists(keys.record(message_id)):
+        key = keys.record(message_id)
+        return key, 0, int(await client.strlen(key)) - 1
+    k, slot = segments.segment_of(seq)
+    key = keys.segment(k)
+    table = segments.slot_offsets(await client.getrange(key, 0, segments.TABLE_BYTES - 1))
+    start = table[slot] & segments.OFFSET_MASK
+    after = [v & segments.OFFSET_MASK for v in table[slot + 1 :] if v]
+    end = after[0] if after else int(await client.strlen(key))
+    return key, start, end - 1
+
+
+async def raw_body(
+    redis_url: str, project: str, queue: str, message_id: str, kind: Kind = "queue"
+) -> bytes:
     """The body in a message's record, as Redis holds it."""
     client = direct_client(redis_url)
+    keys = QueueKeys.of(project, queue, kind)
     try:
-        raw = await client.get(QueueKeys.of(project, queue).record(message_id))
+        key, start, end = await record_span(client, keys, message_id)
+        raw = await client.getrange(key, start, end)
     finally:
         await client.aclose()
-    assert isinstance(raw, bytes)
+    assert isinstance(raw, bytes) and raw
+    if key != keys.record(message_id):
+        return segments.SegmentRecord.decode(0, raw).body
     row = record.Row.read(message_id, raw, [None] * len(record.ROW))
     assert row is not None
     return row.body
@@ -101,16 +122,7 @@ async def test_an_encrypted_topic_seals_its_bodies(
         topics = store.topics()
         await topics.create_queue(project, "t", dict(ENCRYPTED))
         [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
-        client = direct_client(redis_url)
-        try:
-            key = QueueKeys.of(project, "t", "topic").record(message_id)
-            stored = await client.get(key)
-        finally:
-            await client.aclose()
-        assert isinstance(stored, bytes)
-        row = record.Row.read(message_id, stored, [None] * len(record.ROW))
-        assert row is not None
-        raw = row.body
+        raw = await raw_body(redis_url, project, "t", message_id, "topic")
         assert raw.startswith(MAGIC)
         assert b"4111" not in raw
         got = await topics.get_messages(project, "t", [message_id])
@@ -209,15 +221,7 @@ async def test_a_body_altered_in_redis_is_refused(
     async with stores(KEY) as store:
         await store.create_queue(project, "q", dict(ENCRYPTED))
         [message_id] = await store.post_messages(project, "q", WRITER, [body(SECRET)])
-        raw = await raw_body(redis_url, project, "q", message_id)
-        flipped = raw[:-1] + bytes([raw[-1] ^ 1])
-        client = direct_client(redis_url)
-        try:
-            # the body ends the record
-            key = QueueKeys.of(project, "q").record(message_id)
-            await client.setrange(key, int(await client.strlen(key)) - 1, flipped[-1:])
-        finally:
-            await client.aclose()
+        await alter(redis_url, project, "q", message_id)
         with pytest.raises(EncryptionUnavailable, match="altered"):
             await store.get_messages(project, "q", [message_id])
 
@@ -338,8 +342,7 @@ async def alter(redis_url: str, project: str, queue: str, message_id: str) -> No
     """Flip the last bit of a stored body (the body ends the record)."""
     client = direct_client(redis_url)
     try:
-        key = QueueKeys.of(project, queue).record(message_id)
-        end = int(await client.strlen(key)) - 1
+        key, _, end = await record_span(client, QueueKeys.of(project, queue), message_id)
         last = await client.getrange(key, end, end)
         assert isinstance(last, bytes)
         await client.setrange(key, end, bytes([last[0] ^ 1]))
