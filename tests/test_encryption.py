@@ -17,12 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.errors import EncryptionUnavailable
-from feedsvc.storage import record, segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
-from feedsvc.storage.keys import Kind, QueueKeys
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
 from tests.conftest import direct_client, make_settings
+from tests.stored import body_span, stored_body
 
 KEY = "correct horse battery staple, twice"
 OTHER_KEY = "another key of at least sixteen characters"
@@ -51,38 +51,13 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
     return opened
 
 
-async def record_span(client: Any, keys: QueueKeys, message_id: str) -> tuple[str, int, int]:
-    """(key, first byte, last byte) of a message's record, in either layout."""
-    seq = segments.seq_of(segments.id_tag(keys.prefix), message_id)
-    if seq is None or await client.exists(keys.record(message_id)):
-        key = keys.record(message_id)
-        return key, 0, int(await client.strlen(key)) - 1
-    k, slot = segments.segment_of(seq)
-    key = keys.segment(k)
-    table = segments.slot_offsets(await client.getrange(key, 0, segments.TABLE_BYTES - 1))
-    start = table[slot] & segments.OFFSET_MASK
-    after = [v & segments.OFFSET_MASK for v in table[slot + 1 :] if v]
-    end = after[0] if after else int(await client.strlen(key))
-    return key, start, end - 1
-
-
-async def raw_body(
-    redis_url: str, project: str, queue: str, message_id: str, kind: Kind = "queue"
-) -> bytes:
+async def raw_body(redis_url: str, project: str, queue: str, message_id: str) -> bytes:
     """The body in a message's record, as Redis holds it."""
     client = direct_client(redis_url)
-    keys = QueueKeys.of(project, queue, kind)
     try:
-        key, start, end = await record_span(client, keys, message_id)
-        raw = await client.getrange(key, start, end)
+        return await stored_body(client, QueueKeys.of(project, queue), message_id)
     finally:
         await client.aclose()
-    assert isinstance(raw, bytes) and raw
-    if key != keys.record(message_id):
-        return segments.SegmentRecord.decode(0, raw).body
-    row = record.Row.read(message_id, raw, [None] * len(record.ROW))
-    assert row is not None
-    return row.body
 
 
 def body(value: Any) -> NewMessage:
@@ -122,7 +97,11 @@ async def test_an_encrypted_topic_seals_its_bodies(
         topics = store.topics()
         await topics.create_queue(project, "t", dict(ENCRYPTED))
         [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
-        raw = await raw_body(redis_url, project, "t", message_id, "topic")
+        client = direct_client(redis_url)
+        try:
+            raw = await stored_body(client, QueueKeys.of(project, "t", "topic"), message_id)
+        finally:
+            await client.aclose()
         assert raw.startswith(MAGIC)
         assert b"4111" not in raw
         got = await topics.get_messages(project, "t", [message_id])
@@ -342,7 +321,7 @@ async def alter(redis_url: str, project: str, queue: str, message_id: str) -> No
     """Flip the last bit of a stored body (the body ends the record)."""
     client = direct_client(redis_url)
     try:
-        key, _, end = await record_span(client, QueueKeys.of(project, queue), message_id)
+        key, _, end = await body_span(client, QueueKeys.of(project, queue), message_id)
         last = await client.getrange(key, end, end)
         assert isinstance(last, bytes)
         await client.setrange(key, end, bytes([last[0] ^ 1]))
