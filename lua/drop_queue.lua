@@ -3,7 +3,9 @@
 -- KEYS: the 6 fixed keys. ARGV: batch size, keep ('1' = purge: delete the
 -- messages and claims but keep the queue, its metadata and its counter).
 -- The claim index and the ordered groups go too (a group's zset is deleted
--- whole: its ids are among the messages).
+-- whole: its ids are among the messages), and the segments (storage/
+-- segments.py), up to SEG_SLOTS of them (as many messages as 100 x that)
+-- a call; a purge counts every message given out so far gone.
 local batch = tonumber(ARGV[1])
 local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
 if #ids > 0 then
@@ -16,6 +18,14 @@ if #ids > 0 then
   redis.call('ZREM', KEYS[K_IDX], unpack(ids))
   redis.call('ZREM', KEYS[K_EXP], unpack(ids))
   redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+  return 1
+end
+local segments = redis.call('ZRANGE', DIRECTORY, 0, SEG_SLOTS - 1)
+if #segments > 0 then
+  local skeys = {}
+  for i, k in ipairs(segments) do skeys[i] = SEGMENT_PREFIX .. k end
+  redis.call('DEL', unpack(skeys))
+  redis.call('ZREM', DIRECTORY, unpack(segments))
   return 1
 end
 -- the claim index and the ordered groups its entries name
@@ -39,8 +49,16 @@ if #claims > 0 then
   redis.call('ZREM', KEYS[K_CLAIMS], unpack(claims))
   return 1
 end
+redis.call('UNLINK', CLAIM_STATES, REVIEWS, SEGMENT_COUNTS)
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
+  local q = redis.call('HMGET', KEYS[K_META], F_NEW_START)
+  if q[1] then
+    -- every segment message given out so far is gone
+    local top = tonumber(redis.call('GET', KEYS[K_SEQ])) or 0
+    redis.call('HSET', KEYS[K_META], F_GONE, int(math.max(0, top - tonumber(q[1]) + 1)))
+  end
+  redis.call('HDEL', KEYS[K_META], F_REVIEW_FROM)
   -- no message left: the next grouped post starts the claim index again
   redis.call('HDEL', KEYS[K_META], F_GROUPS_SINCE)
 else
