@@ -132,7 +132,11 @@ class SweepSchedule:
                 ("EVAL", _TAKE, 1, SWEEP_KEY, now, limit, lease),
             ]
         )
-        self.lag_ms = max(0, now - int(float(oldest[1]))) if oldest else 0
+        if oldest:  # [member, score], or [[member, score]] (RESP3)
+            first = oldest[0] if isinstance(oldest[0], list | tuple) else oldest
+            self.lag_ms = max(0, now - int(float(first[1])))
+        else:
+            self.lag_ms = 0
         return [m.decode() if isinstance(m, bytes) else str(m) for m in due], lease
 
     async def settle(self, member: str, lease: int, next_due: int | None) -> None:
