@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -69,17 +70,16 @@ async def listed(store: FeedStore, project: str, queue: str = "q") -> list[str]:
     ids: list[str] = []
     marker = None
     while True:
-        page = await store.list_messages(
-            project, queue, ListQuery(READER, marker=marker, limit=20)
-        )
+        page = await store.list_messages(project, queue, ListQuery(READER, marker=marker, limit=20))
         if not page.messages:
             return ids
         ids += [m.id for m in page.messages]
         marker = page.next_marker
 
 
-def segment_keys(rc: Redis, keys: QueueKeys) -> list[bytes]:
-    return sorted(rc.scan_iter(match=keys.prefix.replace("{", "[{]").replace("}", "[}]") + ":p:*"))
+def segment_keys(rc: Redis, keys: QueueKeys) -> list[str]:
+    pattern = keys.prefix.replace("{", "[{]").replace("}", "[}]") + ":p:*"
+    return sorted(k.decode() for k in rc.scan_iter(match=pattern))
 
 
 def gone(rc: Redis, keys: QueueKeys) -> int:
@@ -99,7 +99,8 @@ async def test_short_messages_behind_a_long_one_give_their_memory_back_at_their_
     [segment] = segment_keys(rc, keys)
     full = rc.strlen(segment)
     # the review is due 30 s after the short ones expire; fs:sweep knows
-    [(k, due)] = rc.zrange(keys.reviews, 0, -1, withscores=True)
+    scheduled: list[Any] = rc.zrange(keys.reviews, 0, -1, withscores=True)
+    [[k, due]] = scheduled
     assert int(due) <= clock.now_ms() + (SHORT * 1000 + reviews.REVIEW_AFTER_MS)
     assert rc.zscore(SWEEP_KEY, reviews.sweep_member("queue", project, "q")) == due
     assert await total(store, project) == 41
@@ -142,13 +143,13 @@ async def test_a_post_runs_a_due_review_of_its_queue_first(
     assert await total(store, project) == 2
 
 
-def run_lib(rc: Redis, keys: QueueKeys, call: str, *args: object) -> object:
+def run_lib(rc: Redis, keys: QueueKeys, call: str, *args: int | None) -> object:
     """Call a function of _lib.lua as a script would (segment_gone: what
     delete, pop and dead-lettering call)."""
     lib = (lua_dir() / f"{LIB}.lua").read_text()
     body = f"return {call}"
     source = lua_prelude() + f"{used_library(lib, body)}\n{body}".encode()
-    return rc.eval(source, 6, *keys.fixed(), *args)
+    return rc.eval(source.decode(), 6, *keys.fixed(), *(str(a) for a in args))
 
 
 async def test_deleted_records_go_at_the_next_review(
@@ -159,9 +160,10 @@ async def test_deleted_records_go_at_the_next_review(
     [segment] = segment_keys(rc, keys)
     full = rc.strlen(segment)
     seq = segments.seq_of(ids[3])
-    when = run_lib(rc, keys, "segment_gone(ARGV[1], tonumber(ARGV[2]))", seq, clock.now_ms())
+    delete = "segment_gone(ARGV[1], tonumber(ARGV[2]))"
+    when = run_lib(rc, keys, delete, seq, clock.now_ms())
     assert when == clock.now_ms() + reviews.DELETE_REVIEW_MS
-    assert run_lib(rc, keys, "segment_gone(ARGV[1], tonumber(ARGV[2]))", seq, clock.now_ms()) is None
+    assert run_lib(rc, keys, delete, seq, clock.now_ms()) is None  # gone already
     await store.segments.note_review(project, "q", int(str(when)))
     assert gone(rc, keys) == 1
     assert await total(store, project) == 9

@@ -21,8 +21,8 @@ from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
 from feedsvc.storage.quotas import Reservation
-from feedsvc.storage.reviews import SweepSchedule
 from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
+from feedsvc.storage.reviews import SweepSchedule
 from feedsvc.storage.scripts import LuaScript, load_script
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, scan_segments

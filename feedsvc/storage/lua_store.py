@@ -43,10 +43,10 @@ from feedsvc.storage.redis_store import (
     marker_not_given_out,
     read_tail_marker,
 )
+from feedsvc.storage.reviews import STATS_REVIEWS
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC
 from feedsvc.storage.segment_pages import MORE, MarkerAhead
-from feedsvc.storage.reviews import STATS_REVIEWS
 from feedsvc.storage.sweeper import Sweeper
 
 log = logging.getLogger("feedsvc")
