@@ -27,7 +27,7 @@ from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.record import lua_prelude
 from feedsvc.storage.scripts import LIB, lua_dir, used_library
-from tests.conftest import make_settings
+from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -260,3 +260,34 @@ async def test_purge_and_delete_leave_no_key(
         assert store.sweeper is not None
         await store.sweeper.tick()
         assert rc.zscore(SWEEP_KEY, reviews.sweep_member("queue", project, "q")) is None
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+async def test_the_loop_reclaims_on_a_cluster_too(
+    redis_url: str, clock: ManualClock, project: str
+) -> None:
+    """fs:sweep lives in a slot of its own: the loop's reads and writes of it
+    and the queue's script go to their own nodes."""
+    settings = make_settings(redis_url, driver="lua", storage_layout="segments")
+    store = make_store(settings, clock)
+    assert isinstance(store, LuaStore)
+    await store.open()
+    try:
+        assert store.sweeper is not None
+        await store.sweeper.close()
+        keys = QueueKeys.of(project, "q")
+        await post(store, project, [DAYS_14] + [SHORT] * 20)
+        await post(store.topics(), project, [DAYS_14] + [SHORT] * 20, queue="t")
+        rc = direct_client(redis_url)
+        [segment] = [keys.segment(int(k)) for k in await rc.zrange(keys.directory, 0, -1)]
+        full = await rc.strlen(segment)
+        clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+        assert await store.sweeper.tick() == 2  # the queue's review and the topic's
+        assert await rc.strlen(segment) < full / 5
+        assert await total(store, project) == 1
+        assert await total(store.topics(), project, "t") == 1
+        topic = QueueKeys.of(project, "t", "topic")
+        assert int(await rc.hget(topic.meta, segments.GONE) or 0) == 20
+        await rc.aclose()
+    finally:
+        await store.close()
