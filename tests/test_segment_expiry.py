@@ -279,7 +279,8 @@ async def test_the_loop_reclaims_on_a_cluster_too(
         await post(store, project, [DAYS_14] + [SHORT] * 20)
         await post(store.topics(), project, [DAYS_14] + [SHORT] * 20, queue="t")
         rc = direct_client(redis_url)
-        [segment] = [keys.segment(int(k)) for k in await rc.zrange(keys.directory, 0, -1)]
+        numbers: list[Any] = await rc.zrange(keys.directory, 0, -1)
+        [segment] = [keys.segment(int(k)) for k in numbers]
         full = await rc.strlen(segment)
         clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
         assert await store.sweeper.tick() == 2  # the queue's review and the topic's
