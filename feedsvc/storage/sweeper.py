@@ -8,9 +8,10 @@ queues from ``fs:sweep`` (each leased for :data:`LEASE_MS`, so processes
 share the work, and one that dies leaves its queues due again), runs at
 most :data:`CALLS_PER_QUEUE` reviews of each, one segment a call (≤ 100
 records: bounded work, Redis never blocks on it), and writes back when
-each is due next. Under a flood of reviews it falls behind rather than
-block Redis: the lag (how late the oldest due queue is) is the store's
-``sweep_lag_seconds`` in /metrics.
+each is due next; while reviews are left due it goes on at once (other
+requests' calls take turns between two of its calls). Under a flood of
+reviews it falls behind rather than block Redis: the lag (how late the
+oldest due queue is) is the store's ``sweep_lag_seconds`` in /metrics.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ MAX_PAUSE = 30.0
 #: Queues swept per tick, at most.
 PER_TICK = 16
 #: Reviews (one segment each) per queue per tick, at most.
-CALLS_PER_QUEUE = 32
+CALLS_PER_QUEUE = 100
 #: How long a process holds the queues it took (ms).
 LEASE_MS = 60_000
 
@@ -46,6 +47,8 @@ class Sweeper:
     def __init__(self, schedule: SweepSchedule, clock: Clock, sweep: SweepQueue) -> None:
         self._schedule, self._clock, self._sweep = schedule, clock, sweep
         self._task: asyncio.Task[None] | None = None
+        #: the last tick left reviews due (a queue's bound, or PER_TICK queues)
+        self.behind = False
 
     def start(self) -> None:
         if self._task is None:
@@ -62,14 +65,16 @@ class Sweeper:
         failures = 0
         while True:
             # waits first: a process stopped as soon as it started leaves Redis alone
-            await asyncio.sleep(min(TICK * 2**failures, MAX_PAUSE))
+            await asyncio.sleep(0 if self.behind else min(TICK * 2**failures, MAX_PAUSE))
             try:
                 await self.tick()
             except FeedError as exc:  # Redis trouble: a later tick tries again
+                self.behind = False
                 if not failures:
                     log.warning("segment sweep waits: %s", exc)
                 failures = min(failures + 1, 8)
             except Exception:  # a bug must not end the sweep for good
+                self.behind = False
                 log.exception("segment sweep failed")
                 failures = min(failures + 1, 8)
             else:
@@ -78,6 +83,7 @@ class Sweeper:
     async def tick(self) -> int:
         """Run the due reviews of up to PER_TICK queues; how many ran."""
         members, lease = await self._schedule.take(PER_TICK, LEASE_MS)
+        self.behind = len(members) == PER_TICK
         total = 0
         trouble: FeedError | None = None
         for member in members:
@@ -85,6 +91,7 @@ class Sweeper:
             try:
                 ran, due = await self._sweep(kind, project, queue, CALLS_PER_QUEUE)
                 total += ran
+                self.behind = self.behind or ran >= CALLS_PER_QUEUE
                 await self._schedule.settle(member, lease, due)
             except FeedError as exc:  # this queue's trouble (its slot's) is not the others'
                 trouble = trouble or exc
