@@ -114,6 +114,8 @@ async def test_short_messages_behind_a_long_one_give_their_memory_back_at_their_
     clock.advance(reviews.REVIEW_AFTER_MS / 1000)
     assert store.sweeper is not None
     await store.sweeper.tick()  # the idle queue's review, by the process's loop
+    # the loop's lag (/metrics): how late the oldest due queue was at its look
+    assert store.stats()["sweep_lag_seconds"] == (clock.now_ms() - int(due)) / 1000 > 0
     assert rc.strlen(segment) < segments.TABLE_BYTES + (full - segments.TABLE_BYTES) / 40
     assert gone(rc, keys) == len(short)
     assert await total(store, project) == 1
