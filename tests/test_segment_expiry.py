@@ -324,3 +324,24 @@ async def test_the_running_loop_sweeps_an_idle_queue(
         assert swept()
     finally:
         await store.close()
+
+
+async def test_a_drained_queue_gives_its_segment_indexes_back(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    """Past 128 segments the directory and the reviews are skip lists (hash
+    tables); once the sweep has emptied most, they are listpacks again (the
+    counts too, a hash table past 512)."""
+    keys = QueueKeys.of(project, "q")
+    await post(store, project, [DAYS_14])
+    for _ in range(140):
+        await post(store, project, [SHORT] * 100)
+    assert rc.object("encoding", keys.directory) == b"skiplist"
+    assert rc.object("encoding", keys.reviews) == b"skiplist"
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+    assert store.sweeper is not None
+    while await store.sweeper.tick():
+        pass
+    assert await total(store, project) == 1
+    for key in (keys.directory, keys.reviews, keys.segment_counts):
+        assert rc.object("encoding", key) == b"listpack"
