@@ -591,6 +591,20 @@ local function review_due(now, limit)
   return #due
 end
 
+-- The queue's segment messages expired but not yet counted gone (now: ms):
+-- each is in a segment whose review is at most SEG_SPREAD_MS ahead
+-- (storage/reviews.py); up to SEG_COUNT_SEGMENTS of those are read.
+local function expired_unswept(now)
+  local soon = redis.call('ZRANGE', REVIEWS, '-inf', int(now + SEG_SPREAD_MS), 'BYSCORE',
+    'LIMIT', 0, SEG_COUNT_SEGMENTS)
+  if #soon == 0 then return 0 end
+  local top, expired = tonumber(redis.call('GET', KEYS[K_SEQ])) or 0, 0
+  for _, k in ipairs(soon) do
+    expired = expired + math.max(0, segment_count(k, top) - #survey_segment(k, now).keep)
+  end
+  return expired
+end
+
 -- A segment message goes (deleted, popped, dead-lettered; the caller has
 -- checked it is one and settled its claims and groups): its slot marked
 -- gone (its record stays until the segment's review, within

@@ -40,7 +40,12 @@ collect_garbage(ARGV[1], groups_since)
 if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
 -- one due review of the queue's segments first (storage/reviews.py)
 local reviewed = ns and review_due(now, 1) > 0
-if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
+if q[6] then
+  -- counted as posted less gone; near the limit, less the expired not yet swept too
+  local live = live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ])
+  if ns and live + n > tonumber(q[6]) then live = live - expired_unswept(now) end
+  if live + n > tonumber(q[6]) then return {'full', q[6]} end
+end
 local default_ttl = tonumber(q[3] or ARGV[2])
 local default_delay = tonumber(q[4] or ARGV[3])
 local top = tonumber(redis.call('GET', KEYS[K_SEQ]))

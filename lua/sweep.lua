@@ -14,14 +14,6 @@ local first = redis.call('ZRANGE', REVIEWS, 0, 0, 'WITHSCORES')
 local out = {ran, first[2] or '', ''}
 if ARGV[3] == '1' then
   local live = live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ])
-  local soon = redis.call('ZRANGE', REVIEWS, '-inf', int(now + SEG_SPREAD_MS), 'BYSCORE',
-    'LIMIT', 0, SEG_COUNT_SEGMENTS)
-  if #soon > 0 then
-    local top = tonumber(redis.call('GET', KEYS[K_SEQ])) or 0
-    for _, k in ipairs(soon) do
-      live = live - math.max(0, segment_count(k, top) - #survey_segment(k, now).keep)
-    end
-  end
-  out[3] = math.max(0, live)
+  out[3] = math.max(0, live - expired_unswept(now))
 end
 return out

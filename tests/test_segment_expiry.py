@@ -21,6 +21,7 @@ import pytest
 from redis import Redis
 
 from feedsvc.clock import ManualClock
+from feedsvc.errors import QueueFull
 from feedsvc.storage import reviews, segments, sweeper
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
@@ -345,3 +346,17 @@ async def test_a_drained_queue_gives_its_segment_indexes_back(
     assert await total(store, project) == 1
     for key in (keys.directory, keys.reviews, keys.segment_counts):
         assert rc.object("encoding", key) == b"listpack"
+
+
+async def test_max_messages_counts_expired_messages_out_before_any_sweep(
+    store: LuaStore, project: str, clock: ManualClock
+) -> None:
+    await store.create_queue(project, "q", {"_max_messages": 3})
+    await post(store, project, [SHORT, SHORT, DAYS_14])
+    with pytest.raises(QueueFull):
+        await post(store, project, [DAYS_14])
+    clock.advance(SHORT + 1)  # the two expire; their review is 30 s away
+    await post(store, project, [DAYS_14, DAYS_14])
+    with pytest.raises(QueueFull):
+        await post(store, project, [DAYS_14])
+    assert await total(store, project) == 3
