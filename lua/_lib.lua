@@ -610,7 +610,7 @@ end
 -- gone (its record stays until the segment's review, within
 -- SEG_DELETE_REVIEW_MS), counted gone, its claim state dropped. Returns the
 -- review's time (ms) for the caller's reply, nil if it was gone already:
--- the process notes it in fs:sweep (reviews.SweepSchedule.note).
+-- the process notes it in fs:sweep (sweeper.SweepSchedule.note).
 local function segment_gone(seq, now)
   local k, slot = segment_of(seq)
   local key = SEGMENT_PREFIX .. k

@@ -1,6 +1,7 @@
 """The sweep loop of one process: runs the segment reviews that are due in
 queues nobody posts to or claims from (storage/reviews.py), so an idle
-queue's expired messages give their memory back too.
+queue's expired messages give their memory back too; and ``fs:sweep``'s
+reads and writes (:class:`SweepSchedule`, one per process).
 
 Started and stopped with the store (the lua driver's ``open`` and
 ``close``). Every :data:`TICK` seconds while it finds work, every
@@ -24,8 +25,9 @@ from collections.abc import Awaitable, Callable
 
 from feedsvc.clock import Clock
 from feedsvc.errors import FeedError
-from feedsvc.storage.keys import Kind
-from feedsvc.storage.reviews import SweepSchedule, parse_member
+from feedsvc.storage.keys import SWEEP_KEY, Kind
+from feedsvc.storage.reviews import parse_member, sweep_member
+from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
 
@@ -42,6 +44,66 @@ PER_TICK = 16
 CALLS_PER_QUEUE = 100
 #: How long a process holds the queues it took (ms).
 LEASE_MS = 60_000
+
+#: take: up to ARGV[2] members due by ARGV[1], each leased until ARGV[3]
+#: (another process passes over them meanwhile; a crashed one's come due
+#: again then). settle ARGV[1] member, ARGV[2] its lease, ARGV[3] its next
+#: due ('' = none): set unless a post noted an earlier one meanwhile.
+_TAKE = """
+local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[3], m) end
+return due
+"""
+_SETTLE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) ~= tonumber(ARGV[2]) then
+  if ARGV[3] ~= '' then redis.call('ZADD', KEYS[1], 'LT', ARGV[3], ARGV[1]) end
+elseif ARGV[3] ~= '' then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+
+class SweepSchedule:
+    """fs:sweep: the queues with a review due, and when (one per process)."""
+
+    def __init__(self, transport: Transport, clock: Clock) -> None:
+        self._transport, self._clock = transport, clock
+        #: the oldest due entry's lateness at the last look (ms; 0 = none late)
+        self.lag_ms = 0
+
+    async def note(self, kind: Kind, project: str, queue: str, when: int) -> None:
+        """A script scheduled a review of the queue at ``when`` (ms)."""
+        member = sweep_member(kind, project, queue)
+        await self._transport.call_checked([("ZADD", SWEEP_KEY, "LT", when, member)])
+
+    async def take(self, limit: int, lease_ms: int) -> tuple[list[str], int]:
+        """Up to ``limit`` members due now, and the lease (ms) they are held
+        until (settle names it); the lag (the oldest due entry's) is
+        measured on the way."""
+        now = self._clock.now_ms()
+        lease = now + lease_ms
+        oldest, due = await self._transport.call_checked(
+            [
+                ("ZRANGE", SWEEP_KEY, 0, 0, "WITHSCORES"),
+                ("EVAL", _TAKE, 1, SWEEP_KEY, now, limit, lease),
+            ]
+        )
+        if oldest:  # [member, score], or [[member, score]] (RESP3)
+            first = oldest[0] if isinstance(oldest[0], list | tuple) else oldest
+            self.lag_ms = max(0, now - int(float(first[1])))
+        else:
+            self.lag_ms = 0
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in due], lease
+
+    async def settle(self, member: str, lease: int, next_due: int | None) -> None:
+        """After the member's reviews: its next due, or none."""
+        args = [member, lease, "" if next_due is None else next_due]
+        await self._transport.call_checked([("EVAL", _SETTLE, 1, SWEEP_KEY, *args)])
+
 
 #: (kind, project, queue, most reviews) -> (reviews run, next due ms or None)
 SweepQueue = Callable[[Kind, str, str, int], Awaitable[tuple[int, int | None]]]
