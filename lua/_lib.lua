@@ -187,12 +187,6 @@ local function forget(id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
 end
 
--- The group of a message (a read_message table), '' = none: it rides on
--- the author line after H_GROUP_MARK (record.py's author_line).
-local function group_of(m)
-  return string.match(m.author, GROUP_PATTERN) or ''
-end
-
 -- The group of the message stored under id ('' = none, or gone), read from
 -- the start of its author line only (a legacy message has none).
 local function stored_group(id)
@@ -219,19 +213,25 @@ local function is_live(m, now)
 end
 
 -- Drop the ids at the front of a group whose messages are gone or expired
--- (up to 5 looked at), and settle its entry: expiry cannot tell which group
--- an expired id was in (its record is gone), so groups are tidied from
--- their fronts, by the claims that walk them and here.
-local function tidy_group(group, now)
+-- (up to 5 looked at), and settle its entry if it changed: expiry cannot
+-- tell which group an expired id was in (its record is gone), so groups
+-- are tidied from their fronts, by the claims that walk them and here. It
+-- reads a message's header only (a grouped message is never legacy).
+local function tidy_group(group, now_text)
   local gkey = GROUP_PREFIX .. group
-  local front = redis.call('ZRANGE', gkey, 0, 4)
-  local stale = {}
+  local now = ms_text(tonumber(now_text))
+  local stale, front = {}, redis.call('ZRANGE', gkey, 0, 4)
+  if #front == 0 then settle_group(group) end  -- emptied by a copy's forget
   for _, id in ipairs(front) do
-    if is_live(read_message(id), now) then break end
+    local h = redis.call('GETRANGE', record_key(id), 0, H_EXPIRES_END - 1)
+    if #h == H_EXPIRES_END and tonumber(sub(h, H_SEQ, H_SEQ_END)) > 0
+      and sub(h, H_EXPIRES, H_EXPIRES_END) > now then break end
     stale[#stale + 1] = id
   end
-  if #stale > 0 then redis.call('ZREM', gkey, unpack(stale)) end
-  settle_group(group)
+  if #stale > 0 then
+    redis.call('ZREM', gkey, unpack(stale))
+    settle_group(group)
+  end
 end
 
 -- Choose the messages a claim or a pop takes, up to limit, in the order
@@ -371,9 +371,10 @@ local function collect_garbage(now_text, groups_since)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMED], "-inf", now_text)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMS], "-inf", now_text)
   if groups_since then
-    local now = tonumber(now_text)
     for _, entry in ipairs(redis.call('ZRANGE', CLAIM_INDEX, 0, 1)) do
-      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then tidy_group(sub(entry, #GROUP_ENTRY + 1), now) end
+      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then
+        tidy_group(sub(entry, #GROUP_ENTRY + 1), now_text)
+      end
     end
   end
 end
@@ -385,6 +386,26 @@ local SEGMENT_PREFIX = PREFIX .. S_SEGMENT
 local DIRECTORY = PREFIX .. S_DIRECTORY
 local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
 local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
+
+-- A segment message's id (segments.py's message_id): the feed's tag (the
+-- first digits of the SHA1 of its key prefix, so an id names a message of
+-- this feed only; made once a call), then its seq in hex. segment_seq is
+-- the other way: the seq an id names here (nil: none of this feed's
+-- segment ids).
+local seg_tag = nil
+local function segment_tag()
+  if not seg_tag then seg_tag = string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS) end
+  return seg_tag
+end
+local function segment_id(seq)
+  return segment_tag() .. string.format(SEG_SEQ_FORMAT, seq)
+end
+local function segment_seq(id)
+  if #id ~= SEG_ID_DIGITS or string.sub(id, 1, SEG_ID_TAG_DIGITS) ~= segment_tag() then
+    return nil
+  end
+  return tonumber(string.sub(id, SEG_ID_TAG_DIGITS + 1), 16)
+end
 
 -- A seq's segment number (as text: the key's suffix) and slot, split as
 -- text: a 16-digit seq / 100 is not exact in a double.
@@ -543,7 +564,7 @@ local function review_segment(k, now, top)
   if count > #s.keep then redis.call('HINCRBY', KEYS[K_META], F_GONE, count - #s.keep) end
   if #s.dead > 0 then
     local ids = {}
-    for i, seq in ipairs(s.dead) do ids[i] = string.format(SEG_ID_FORMAT, tonumber(seq)) end
+    for i, seq in ipairs(s.dead) do ids[i] = segment_id(tonumber(seq)) end
     if redis.call('EXISTS', CLAIM_STATES) == 1 then redis.call('HDEL', CLAIM_STATES, unpack(s.dead)) end
     redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
     if redis.call('EXISTS', CLAIM_INDEX) == 1 then redis.call('ZREM', CLAIM_INDEX, unpack(ids)) end
