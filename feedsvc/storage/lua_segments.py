@@ -127,7 +127,8 @@ class LuaSegments(FeedSpace):
         if reply and reply[0] == b"records":
             return None
         if reply and reply[0] == b"review":
-            await self.note_review(post.project, post.queue, int(reply[1]))
+            if self._sweeps is not None:
+                self._sweeps.note_soon(self._kind, post.project, post.queue, int(reply[1]))
             reply = reply[2:]
         if reply and reply[0] == b"replay":
             return [r.text(i) for i in reply[1:]]

@@ -92,6 +92,7 @@ class LuaStore(RedisStore):
     async def close(self) -> None:
         if self.sweeper is not None:
             await self.sweeper.close()
+        await self.parts.sweeps.noted()
         await super().close()
 
     async def _sweep_queue(

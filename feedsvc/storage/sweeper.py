@@ -74,11 +74,40 @@ class SweepSchedule:
         self._transport, self._clock = transport, clock
         #: the oldest due entry's lateness at the last look (ms; 0 = none late)
         self.lag_ms = 0
+        #: reviews noted and not yet written: member -> earliest when (ms)
+        self._pending: dict[str, int] = {}
+        self._writing: asyncio.Task[None] | None = None
 
     async def note(self, kind: Kind, project: str, queue: str, when: int) -> None:
         """A script scheduled a review of the queue at ``when`` (ms)."""
+        self.note_soon(kind, project, queue, when)
+        await self.noted()
+
+    def note_soon(self, kind: Kind, project: str, queue: str, when: int) -> None:
+        """:meth:`note`, written in the background: the request that made the
+        review does not wait for it (a project quota's reservation, held until
+        the request ends, would refuse others meanwhile)."""
         member = sweep_member(kind, project, queue)
-        await self._transport.call_checked([("ZADD", SWEEP_KEY, "LT", when, member)])
+        self._pending[member] = min(when, self._pending.get(member, when))
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write(), name="segment reviews noted")
+
+    async def noted(self) -> None:
+        """Wait until every review noted so far is written (or given up)."""
+        while self._writing is not None and not self._writing.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._writing)
+
+    async def _write(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            try:
+                await self._transport.call_checked(
+                    [("ZADD", SWEEP_KEY, "LT", when, m) for m, when in batch.items()]
+                )
+            except FeedError as exc:
+                # the queue's next post (or claim) runs its due review itself
+                log.warning("%d segment reviews wait for their queues' posts: %s", len(batch), exc)
 
     async def take(self, limit: int, lease_ms: int) -> tuple[list[str], int]:
         """Up to ``limit`` members due now, and the lease (ms) they are held
@@ -148,6 +177,7 @@ class Sweeper:
 
     async def tick(self) -> int:
         """Run the due reviews of up to PER_TICK queues; how many ran."""
+        await self._schedule.noted()
         members, lease = await self._schedule.take(PER_TICK, LEASE_MS)
         self.behind = len(members) == PER_TICK
         total = 0
