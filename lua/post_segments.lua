@@ -5,11 +5,13 @@
 -- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
 --       idempotency token ('' = none), idempotency window in ms, '1' if the
 --       bodies are sealed (encrypted) else '0', the post's reservation
---       ('' = none), the author (16 bytes), '1' if the queue may start
---       segments here (the process writes segments) else '0', then per
---       message: ttl, delay ('' = the queue's default, else the
+--       ('' = none), the feed's id tag (segments.id_tag), '1' if the queue
+--       may start segments here (the process writes segments) else '0',
+--       then per message: ttl, delay ('' = the queue's default, else the
 --       service's), ordered group ('' = none, or not indexed: a topic's),
---       its extras with their length in front (segments.py), body.
+--       the record's tail as Python builds it (segments.record_tail: the
+--       author, the extras with their length in front, the body): the
+--       script puts the fixed-width times in front and appends it.
 -- The reservation goes first thing, as in post.lua, unless the answer is
 -- {'records'}: the queue has no segments and may not start them here
 -- (nothing changed; post.lua is the one to call).
@@ -19,11 +21,19 @@
 -- it writes (the counter + 1): from there on every message of the queue is
 -- in segments, every one before in the older layout.
 -- Ordered groups and notifications as post.lua.
+-- Redis runs all of this on every post (docs/design-compact-storage.md,
+-- "What a post costs"): one HMGET of the queue hash, the counter, then per
+-- segment touched one APPEND, one PEXPIREAT, one SETRANGE; the older
+-- layout's clean-up only while it may still hold messages (F_LEGACY_GONE
+-- unset: Q:exp never gains a member once the queue writes segments, so
+-- once it is empty it stays so; expired claims are trimmed by the claim
+-- and pop scripts, which run collect_garbage on every call).
 local now = tonumber(ARGV[1])
 local FIRST = 11
-local n = (#ARGV - 10) / 5
+local PER = 4
+local n = (#ARGV - 10) / PER
 local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
-  F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED)
+  F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED, F_LEGACY_GONE)
 local ns = q[1]
 if not ns and ARGV[10] ~= '1' then return {'records'} end
 if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7], ARGV[8]) end
@@ -33,8 +43,12 @@ local replay = replayed(token, now)
 if replay then return replay end
 if not q[8] then redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1]) end
 local groups_since = q[7]
--- the older layout's messages and claims, while it has any
-collect_garbage(ARGV[1], groups_since)
+-- the older layout's messages and claims, while it may have any
+local legacy_gone = q[9]
+if not legacy_gone then
+  collect_garbage(ARGV[1], groups_since)
+  if redis.call('EXISTS', KEYS[K_EXP]) == 0 then legacy_gone = '1' end
+end
 if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
 if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
 local default_ttl = tonumber(q[3] or ARGV[2])
@@ -47,14 +61,20 @@ if top == 0 then
   redis.call('SET', KEYS[K_SEQ], int(top + n))
   redis.call('HSET', KEYS[K_META], F_SEQ_BASE, int(top))
 end
-if not ns then redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1)) end
-local author = ARGV[9]
+if not ns then
+  if legacy_gone then
+    redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1), F_LEGACY_GONE, '1')
+  else
+    redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1))
+  end
+elseif legacy_gone and not q[9] then
+  redis.call('HSET', KEYS[K_META], F_LEGACY_GONE, '1')
+end
 
 -- A call's records for one segment: one APPEND, one SETRANGE of their
 -- (consecutive) slots, the segment's expiry raised to the latest of them.
 local k, first_slot, records, offsets, pending, latest = nil, 0, {}, {}, 0, 0
 local function flush()
-  if not k then return end
   local key = SEGMENT_PREFIX .. k
   local data = table.concat(records)
   local at = redis.call('APPEND', key, data) - #data
@@ -78,28 +98,33 @@ local function flush()
   records, offsets, pending, latest = {}, {}, 0, 0
 end
 
+local tag, format = ARGV[9], string.format
 local ids, seq, first_due = {}, top, 0
+-- seqs are consecutive: the segment and slot are split once, then counted
+local slot
+k, slot = segment_of(top + 1)
+first_slot = slot
 for i = 1, n do
-  local a = FIRST + (i - 1) * 5
+  local a = FIRST + (i - 1) * PER
   local ttl = tonumber(ARGV[a]) or default_ttl
   local delay = tonumber(ARGV[a + 1]) or default_delay
   local group = ARGV[a + 2]
   seq = seq + 1
-  local sk, slot = segment_of(seq)
-  if sk ~= k then
+  if slot == SEG_SLOTS then
     flush()
-    k, first_slot = sk, slot
+    k, slot = int(tonumber(k) + 1), 0
+    first_slot = 0
   end
+  slot = slot + 1
   local expires = now + ttl * 1000
   local due = 0
   if delay > 0 then due = now + delay * 1000 end
-  local record = string.format(SEG_RECORD_FORMAT, expires, due, ttl) .. author .. ARGV[a + 3]
-    .. ARGV[a + 4]
+  local record = format(SEG_RECORD_FORMAT, expires, due, ttl) .. ARGV[a + 3]
   offsets[#offsets + 1] = pending
   records[#records + 1] = record
   pending = pending + #record
   if expires > latest then latest = expires end
-  local id = segment_id(seq)
+  local id = tag .. format(SEG_SEQ_FORMAT, seq)
   ids[i] = id
   if group ~= '' then
     if not groups_since then

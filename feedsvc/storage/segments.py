@@ -68,6 +68,9 @@ OFFSET_MASK: Final = GONE_BIT - 1
 # the queue hash's fields of the layout (record.py owns the others)
 NEW_START: Final = "ns"  # the first seq in segments; absent: the queue has none
 GONE: Final = "gone"  # segment messages swept or deleted (counts; compact-expiry)
+#: set (to "1") once the older layout holds no message of the queue: its index
+#: never gains one after NEW_START, so the post stops looking (post_segments.lua)
+LEGACY_GONE: Final = "lg"
 
 # the record: fixed-width text, then binary
 EXPIRES_WIDTH: Final = 13
@@ -159,13 +162,14 @@ def encode_record(
     drivers write the same)."""
     if ttl > MAX_TTL or len(author) != AUTHOR_BYTES:
         raise ValueError("a field does not fit a segment record")
-    return (
-        b"%013d%013d%07d" % (expires, due, ttl)
-        + author
-        + len(extra).to_bytes(EXTRAS_LENGTH_BYTES, "big")
-        + extra
-        + body
-    )
+    return b"%013d%013d%07d" % (expires, due, ttl) + record_tail(author, extra, body)
+
+
+def record_tail(author: bytes, extra: bytes, body: bytes) -> bytes:
+    """A record after its fixed-width times (encode_record's tail): what a
+    post sends post_segments.lua per message, built here so that Redis
+    only puts the times in front."""
+    return author + len(extra).to_bytes(EXTRAS_LENGTH_BYTES, "big") + extra + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +276,7 @@ def lua_names() -> dict[str, str]:
         "SEG_ID_DIGITS": str(ID_DIGITS),
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),
+        "F_LEGACY_GONE": repr(LEGACY_GONE),
         "S_SEGMENT": repr(SEGMENT_INFIX),
         "S_DIRECTORY": repr(DIRECTORY_SUFFIX),
         "S_CLAIM_STATES": repr(CLAIM_STATES_SUFFIX),
