@@ -15,7 +15,8 @@
 -- The reservation goes first thing, as in post.lua, unless the answer is
 -- {'records'}: the queue has no segments and may not start them here
 -- (nothing changed; post.lua is the one to call).
--- Returns the ids of the messages; {'seal'}, {'toolarge', limit},
+-- Returns {'posted', the first message's seq} (the others follow it: the
+-- caller makes their ids, segments.message_id); {'seal'}, {'toolarge', limit},
 -- {'full', limit}, {'replay', id...} as post.lua (nothing written).
 -- The first post in segments sets the queue's F_NEW_START to the first seq
 -- it writes (the counter + 1): from there on every message of the queue is
@@ -99,7 +100,7 @@ local function flush()
 end
 
 local tag, format = ARGV[9], string.format
-local ids, seq, first_due = {}, top, 0
+local seq, first_due = top, 0
 -- seqs are consecutive: the segment and slot are split once, then counted
 local slot
 k, slot = segment_of(top + 1)
@@ -124,9 +125,8 @@ for i = 1, n do
   records[#records + 1] = written
   pending = pending + #written
   if expires > latest then latest = expires end
-  local id = tag .. format(SEG_SEQ_FORMAT, seq)
-  ids[i] = id
   if group ~= '' then
+    local id = tag .. format(SEG_SEQ_FORMAT, seq)
     if not groups_since then
       groups_since = int(seq)
       redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
@@ -134,11 +134,15 @@ for i = 1, n do
     redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
     redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
   elseif groups_since then
-    redis.call('ZADD', CLAIM_INDEX, int(seq), id)
+    redis.call('ZADD', CLAIM_INDEX, int(seq), tag .. format(SEG_SEQ_FORMAT, seq))
   end
   if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
 end
 flush()
 notify(seq, first_due)
-if token ~= '' then remember_post(token, now + tonumber(ARGV[6]), ids) end
-return ids
+if token ~= '' then
+  local ids = {}
+  for i = 1, n do ids[i] = tag .. format(SEG_SEQ_FORMAT, top + i) end
+  remember_post(token, now + tonumber(ARGV[6]), ids)
+end
+return {'posted', int(top + 1)}

@@ -122,7 +122,9 @@ class LuaSegments(FeedSpace):
         if reply and reply[0] == b"replay":
             return [r.text(i) for i in reply[1:]]
         self.refused(post.queue, reply)
-        return [r.text(i) for i in reply]
+        # the script answers with the first seq only: the ids are made here
+        tag, first = seg.id_tag(post.keys.prefix), int(reply[1])
+        return [seg.message_id(tag, first + i) for i in range(len(post.messages))]
 
     async def read(
         self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,
