@@ -58,7 +58,7 @@ while want > 0 and from <= top and hops < 4 do
       local at, gone = slot_at(slots, j)
       if at > 0 then
         if not first then first = at end
-        if not gone then seqs[#seqs + 1] = int(from + j) end
+        if not gone then seqs[#seqs + 1] = from + j end
       end
     end
     for j = n, #slots / SEG_SLOT_BYTES - 1 do
@@ -78,6 +78,8 @@ while want > 0 and from <= top and hops < 4 do
 end
 out[4] = int(math.min(from, top + 1))
 if #seqs > 0 and redis.call('EXISTS', CLAIM_STATES) == 1 then
+  -- the seqs as text only here: most queues have no claim state
+  for i = 1, #seqs do seqs[i] = int(seqs[i]) end
   local states = redis.call('HMGET', CLAIM_STATES, unpack(seqs))
   for i = 1, #seqs do
     if states[i] then

@@ -221,6 +221,34 @@ async def test_a_queue_switches_to_segments_once_and_is_read_legacy_then_segment
             assert [m.body for m in got] == [body(3), body(28), body(40)]
 
 
+async def test_a_segment_post_collects_the_older_layout_until_it_is_empty(
+    stores: StoreMaker, project: str, redis_url: str, clock: ManualClock
+) -> None:
+    """The post looks at the older layout's index while it has messages,
+    and stops looking (LEGACY_GONE) only once it is empty; a new queue in
+    segments never looks."""
+    client = direct_client(redis_url)
+    keys = QueueKeys.of(project, "q")
+    try:
+        async with stores("records") as old, stores("segments") as new:
+            await old.post_messages(project, "q", WRITER, [NewMessage(body(0), 60)])
+            await new.post_messages(project, "q", WRITER, [NewMessage(body(1), 300)])
+            # a live legacy message: the post must keep collecting
+            assert await client.zcard(keys.expiry) == 1
+            assert not await client.hexists(keys.meta, segments.LEGACY_GONE)
+            clock.advance(61)
+            await new.post_messages(project, "q", WRITER, [NewMessage(body(2), 300)])
+            # expired: the post removed its index entries and stopped looking
+            assert not await client.exists(keys.expiry, keys.index)
+            assert await client.hget(keys.meta, segments.LEGACY_GONE) == b"1"
+            await new.post_messages(project, "fresh", WRITER, [NewMessage(body(3), 300)])
+            fresh = QueueKeys.of(project, "fresh").meta
+            assert await client.hget(fresh, segments.LEGACY_GONE) == b"1"
+            assert (await read_all(new, project, "q", 10))[0] == [1, 2]
+    finally:
+        await client.aclose()
+
+
 async def test_idempotent_posts_are_answered_as_the_first(
     stores: StoreMaker, project: str, redis_url: str
 ) -> None:

@@ -99,19 +99,19 @@ class LuaSegments(FeedSpace):
             settings.idempotency_window * 1000,
             _flag(post.sealed),
             held.member if held is not None and held.in_script else "",
-            seg.author_bytes(post.client_id),
+            seg.id_tag(post.keys.prefix),
             _flag(may_switch),
         ]
         # a topic stores a message's group but has no claims to order by it
         grouping = self._kind == "queue"
+        author = seg.author_bytes(post.client_id)
         for message in post.messages:
             extras = seg.extras(message.group, message.headers)
             args += [
                 "" if message.ttl is None else message.ttl,
                 "" if message.delay is None else message.delay,
                 message.group if grouping else "",
-                len(extras).to_bytes(seg.EXTRAS_LENGTH_BYTES, "big") + extras,
-                message.body,
+                seg.record_tail(author, extras, message.body),
             ]
         if held is not None and held.in_script:
             all_keys.append(held.key)
@@ -133,7 +133,9 @@ class LuaSegments(FeedSpace):
         if reply and reply[0] == b"replay":
             return [r.text(i) for i in reply[1:]]
         self.refused(post.queue, reply)
-        return [r.text(i) for i in reply]
+        # the script answers with the first seq only: the ids are made here
+        tag, first = seg.id_tag(post.keys.prefix), int(reply[1])
+        return [seg.message_id(tag, first + i) for i in range(len(post.messages))]
 
     async def note_review(self, project: str, queue: str, when: int) -> None:
         """A script scheduled a review of the queue's segments (reviews.py):

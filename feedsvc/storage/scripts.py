@@ -46,17 +46,25 @@ def lua_dir() -> Traversable:
 
 
 FUNCTION = re.compile(r"^local function (\w+)", re.MULTILINE)
+LOCALS = re.compile(r"^local ((?:\w+\s*,\s*)*\w+)\s*=", re.MULTILINE)
 COMMENT = re.compile(r"--[^\n]*")
+
+
+def _defined(block: str) -> list[str]:
+    """The names a library block defines: its functions and top-level locals."""
+    constants = [n.strip() for group in LOCALS.findall(block) for n in group.split(",")]
+    return FUNCTION.findall(block) + constants
 
 
 def used_library(lib: str, body: str) -> str:
     """The library's blocks (text between blank lines) that the script body
-    needs: every block that defines no function (constants), and each
-    function block whose name the body or a needed block's code mentions."""
+    needs: each block whose functions or constants the body or a needed
+    block's code mentions (a constant costs a call too: a string built,
+    e.g. a key name), and a block that defines nothing (a comment) never."""
     blocks = lib.split("\n\n")
-    defines = {i: FUNCTION.findall(block) for i, block in enumerate(blocks)}
-    keep = {i for i, names in defines.items() if not names}
-    todo = [body, *(blocks[i] for i in keep)]
+    defines = {i: _defined(block) for i, block in enumerate(blocks)}
+    keep: set[int] = set()
+    todo = [body]
     while todo:
         code = COMMENT.sub("", todo.pop())
         for i, names in defines.items():

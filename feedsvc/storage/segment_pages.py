@@ -233,7 +233,9 @@ async def scan_segments(
     start = marker if scan.last is None else max(scan.last, marker or 0)
     base: int | None = None
     top = 0
-    want = scan.query.limit + 2
+    # as many seqs as the page has room for: a page short of its limit (a
+    # message gone, filtered out) asks again from where this one stopped
+    want = scan.query.limit
     while True:
         reply = await read(None if start is None else start + 1, want, legacy_read, check)
         check = None

@@ -75,6 +75,9 @@ CLAIM_HEAD: Final = "ch"
 #: a deleted (popped, dead-lettered) message's record goes at its segment's
 #: review, scheduled this soon (ms) after the delete
 DELETED_REVIEW_MS: Final = 60_000
+#: set (to "1") once the older layout holds no message of the queue: its index
+#: never gains one after NEW_START, so the post stops looking (post_segments.lua)
+LEGACY_GONE: Final = "lg"
 
 # the record: fixed-width text, then binary
 EXPIRES_WIDTH: Final = 13
@@ -166,13 +169,14 @@ def encode_record(
     drivers write the same)."""
     if ttl > MAX_TTL or len(author) != AUTHOR_BYTES:
         raise ValueError("a field does not fit a segment record")
-    return (
-        b"%013d%013d%07d" % (expires, due, ttl)
-        + author
-        + len(extra).to_bytes(EXTRAS_LENGTH_BYTES, "big")
-        + extra
-        + body
-    )
+    return b"%013d%013d%07d" % (expires, due, ttl) + record_tail(author, extra, body)
+
+
+def record_tail(author: bytes, extra: bytes, body: bytes) -> bytes:
+    """A record after its fixed-width times (encode_record's tail): what a
+    post sends post_segments.lua per message, built here so that Redis
+    only puts the times in front."""
+    return author + len(extra).to_bytes(EXTRAS_LENGTH_BYTES, "big") + extra + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +292,7 @@ def lua_names() -> dict[str, str]:
         "F_GONE": repr(GONE),
         "F_CLAIM_HEAD": repr(CLAIM_HEAD),
         "SEG_DELETED_REVIEW_MS": str(DELETED_REVIEW_MS),
+        "F_LEGACY_GONE": repr(LEGACY_GONE),
         "S_SEGMENT": repr(SEGMENT_INFIX),
         "S_DIRECTORY": repr(DIRECTORY_SUFFIX),
         "S_CLAIM_STATES": repr(CLAIM_STATES_SUFFIX),
