@@ -54,6 +54,7 @@ from feedsvc.errors import (
     Unavailable,
 )
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
@@ -72,13 +73,14 @@ from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
     idempotency_token,
-    marker_ceiling,
     marker_not_given_out,
     queue_full,
     read_tail_marker,
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
-from feedsvc.storage.transport import Transport
+from feedsvc.storage.segment_pages import MarkerAhead, PageScan
+from feedsvc.storage.watch_list import scan_page
+from feedsvc.storage.watch_segments import WatchSegments, replayed
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -90,6 +92,8 @@ T = TypeVar("T")
 Taken = tuple[Claim | None, list[r.Parked], str | None]
 # What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
+#: _post_plan's answer when the queue is in segments (segments.NEW_START): nothing done
+IN_SEGMENTS: list[Outcome] = []
 
 
 @dataclass(slots=True)
@@ -133,14 +137,6 @@ class Posting:
         )
 
 
-def _replayed(seen: Any, now: int) -> list[str] | None:
-    """The first post's ids if an idempotency record (as read) is still in its window."""
-    if seen is None:
-        return None
-    until, *first_ids = r.text(seen).split()
-    return first_ids if int(until) > now else None
-
-
 def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
     """The bodies of a posting, written ahead of its transaction. Until the
     transaction sets the exact expiry, a body that never gets indexed (a
@@ -169,13 +165,15 @@ def _post_plan(
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live = replies[:6]
-        seen = dict(zip(tokens, replies[6 : 6 + len(tokens)], strict=True))
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live, ns = replies[:7]
+        if ns is not None:
+            return None, IN_SEGMENTS  # every post to the queue goes there (ns wins)
+        seen = dict(zip(tokens, replies[7 : 7 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
             forget = [
                 field
-                for field, value in r.pairs(replies[6 + len(tokens)])
+                for field, value in r.pairs(replies[7 + len(tokens)])
                 if int(r.text(value).split()[0]) <= now
             ]
         if not inside and replies[-1] != sum(len(p.ids) for p in postings):
@@ -198,7 +196,7 @@ def _post_plan(
             try:
                 require_sealed(encrypted, posting.sealed)
                 if token is not None:
-                    replay = this_batch.get(token) or _replayed(seen[token], now)
+                    replay = this_batch.get(token) or replayed(seen[token], now)
                     if replay is not None:
                         outcomes.append(replay)
                         unused += posting.ids
@@ -271,6 +269,8 @@ class WatchStore(RedisStore):
             if isinstance(queues, WatchStore)
             else Combiner(self._index_combined, MAX_COMBINED_POSTS)
         )
+        refusals = (self._too_large, functools.partial(queue_full, self._noun))
+        self.segments = WatchSegments(self._transport, self._settings, self._clock, refusals)
 
     async def close(self) -> None:
         await self._combiner.close()
@@ -351,6 +351,23 @@ class WatchStore(RedisStore):
         PostTooLarge). Bodies go in the transaction when
         ``bodies_in_transaction``, else ahead of it (see _body_commands)."""
         first = postings[0]
+        registry = await self._registry_add(first.project, first.queue, first.kind)
+        # a topic stores a message's group but has no claims to order by it
+        grouping = first.kind == "queue"
+        if self._settings.storage_layout == "segments":
+            outcomes = await self.segments.post(postings, registry, True, grouping)
+            if outcomes is not None:
+                return outcomes
+        outcomes = await self._index_records(postings, registry)
+        if outcomes is IN_SEGMENTS:
+            outcomes = await self.segments.post(postings, registry, False, grouping)
+            if outcomes is None:  # the queue went meanwhile: made again in records
+                outcomes = await self._index_records(postings, registry)
+        return outcomes or []
+
+    async def _index_records(self, postings: list[Posting], registry: Command) -> list[Outcome]:
+        """_index in the older layout (IN_SEGMENTS: the queue is in segments)."""
+        first = postings[0]
         keys = first.keys
         settings = self._settings
         now = self._clock.now_ms()
@@ -362,7 +379,7 @@ class WatchStore(RedisStore):
         plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full)
 
         reads: list[Command] = [
-            await self._registry_add(first.project, first.queue, first.kind),
+            registry,
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, *r.POST_SETTINGS),
@@ -371,6 +388,7 @@ class WatchStore(RedisStore):
             # keys.seq, which is watched, so the count cannot change unseen but
             # downwards (a delete, a pop: then a refusal is merely cautious)
             ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
+            ("HGET", keys.meta, seg.NEW_START),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
@@ -380,13 +398,18 @@ class WatchStore(RedisStore):
         if before:  # the bodies written ahead, counted (the plan's last reply)
             reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
         try:
-            return await self._transport.transactions.optimistic(watch, reads, plan, before)
+            outcomes = await self._transport.transactions.optimistic(watch, reads, plan, before)
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
                 with contextlib.suppress(Unavailable):
                     dropped = [keys.record(i) for p in postings for i in p.ids]
                     await self._transport.call([("DEL", *dropped)])
             raise
+        if outcomes is IN_SEGMENTS and before:
+            await self._transport.call_checked(
+                [("DEL", *(keys.record(i) for p in postings for i in p.ids))]
+            )
+        return outcomes
 
     async def tail_marker(self, project: str, queue: str) -> int:
         return await read_tail_marker(self._transport, self._keys(project, queue))
@@ -394,7 +417,18 @@ class WatchStore(RedisStore):
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
-        page = await _scan_page(self._transport, keys, queue, query, now, scan_limit)
+        try:
+            page = None
+            if self._settings.storage_layout == "segments":
+                page = await self.segments.page(keys, query, now)
+            if page is None:
+                scanned = await scan_page(self._transport, keys, queue, query, now, scan_limit)
+                if isinstance(scanned, PageScan):  # on in the segments
+                    scanned = await self.segments.carry_on(keys, scanned, query)
+                page = scanned
+        except MarkerAhead:
+            assert query.marker is not None
+            raise marker_not_given_out(queue, query.marker) from None
         return self._opener.page(page, self._noun, project, queue)
 
     async def delete_message(
@@ -555,112 +589,6 @@ class WatchStore(RedisStore):
 
         popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
-
-
-async def _scan_page(
-    transport: Transport, keys: QueueKeys, queue: str, query: ListQuery, now: int, scan_limit: int
-) -> MessagePage:
-    """One page of the queue for query, read without WATCH (a list reads
-    only): the index in growing chunks, then the records of each chunk;
-    bodies as stored."""
-    found: list[Message] = []
-    scanned = 0
-    alive = alive_at_message = 0  # live entries met, and up to the last message found
-    first_alive: int | None = None  # the seq of the first live entry met
-    last: int | None = None
-    next_due: int | None = None  # see MessagePage
-    claim_ends: int | None = None  # see MessagePage
-    start = "-inf" if query.marker is None else f"({query.marker}"
-    chunk = query.limit + 2
-    check = query.check_marker and query.marker is not None
-    # the counter, read before the index (in the first read's round trip):
-    # every seq up to it not found in the index is gone (see passed below)
-    read_counter = check or query.passing
-    top: int | None = None
-    while len(found) < query.limit and scanned < scan_limit:
-        want = min(chunk, scan_limit - scanned)
-        commands: list[Command] = [
-            ("ZRANGEBYSCORE", keys.index, start, "+inf", "WITHSCORES", "LIMIT", 0, want)
-        ]
-        if read_counter:
-            commands.insert(0, ("GET", keys.seq))
-        [*counter, raw] = await transport.call_checked(commands)
-        if read_counter:
-            top = None if counter[0] is None else r.parse_seq(counter[0])
-            read_counter = False
-        if check:
-            assert query.marker is not None
-            if query.marker > marker_ceiling(counter[0], now):
-                raise marker_not_given_out(queue, query.marker)
-            check = False
-        entries = r.pairs(raw)
-        if not entries:
-            break
-        ids = [r.text(m) for m, _ in entries]
-        replies = await transport.call_checked(r.read_commands(keys, ids))
-        rows = r.rows(ids, replies)
-        for (_, score), row in zip(entries, rows, strict=True):
-            scanned += 1
-            last = r.parse_seq(score)
-            if row is None or not row.alive(now):
-                continue
-            alive += 1
-            first_alive = last if first_alive is None else first_alive
-            if not query.echo and row.author.decode() == query.client_id:
-                continue
-            if row.claimed(now):
-                if claim_ends is None or row.claim_expires < claim_ends:
-                    claim_ends = row.claim_expires
-                if not query.include_claimed:
-                    continue
-            if not query.include_delayed and row.due > now:
-                if row.due < row.expires and (next_due is None or row.due < next_due):
-                    next_due = row.due
-                continue
-            found.append(row.message(now))
-            alive_at_message = alive
-            next_due = None  # only those after the page's last message count (list.lua)
-            if len(found) == query.limit:
-                break
-        if len(entries) < want:
-            break
-        start = f"({last}"
-        chunk = min(chunk * 2, 512)
-    page = _page(found, last, scanned >= scan_limit, next_due, claim_ends)
-    if page.next_marker is not None and query.marker is not None:
-        met = alive_at_message if page.next_due is not None else alive
-        if page.next_marker - query.marker > met:
-            start_at = await _counted_from(transport, keys, query.marker)
-            page.missed = max(0, page.next_marker - start_at - met)
-    elif query.passing and query.marker is not None and not found and scanned < scan_limit:
-        # how far this empty page lets a follower pass (list.lua's passed)
-        start_at = await _counted_from(transport, keys, query.marker)
-        if first_alive is not None:
-            page.passed = max(start_at, first_alive - 1)
-        else:  # nothing live after the marker: every seq up to the counter is gone
-            page.passed = max(start_at, top or 0)
-        page.missed = page.passed - start_at
-    return page
-
-
-async def _counted_from(transport: Transport, keys: QueueKeys, marker: int) -> int:
-    """Where counting what is gone after marker starts: seqs are consecutive
-    from the counter's start (list.lua's missed), later than an old marker
-    of a queue deleted and made again."""
-    [base] = await transport.call_checked([("HGET", keys.meta, r.SEQ_BASE)])
-    return marker if base is None else max(marker, r.parse_seq(base))
-
-
-def _page(
-    found: list[Message], last: int | None, cut: bool, next_due: int | None, claim_ends: int | None
-) -> MessagePage:
-    """The page list.lua answers (its header explains next_marker, next_due,
-    claim_ends and missed); cut: the scan stopped at the scan limit."""
-    if next_due is not None and found:
-        return MessagePage(found, found[-1].seq, next_due, claim_ends)
-    if found or cut:
-        return MessagePage(found, last, None, claim_ends)
-    return MessagePage([], None, next_due, claim_ends)
 
 
 def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:

@@ -1,0 +1,440 @@
+"""The watch drivers' side of the segment layout (storage/segments.py).
+
+The same keys and records as the lua driver's (``post_segments.lua``,
+``read_segments.lua``), written and read through WATCH / MULTI / EXEC and
+plain reads, so a queue written by one driver is read by the other.
+
+Post: a record's slot holds its offset in the segment string, which is the
+string's length before the record is appended; a transaction cannot read
+inside MULTI, so the length is read under WATCH beforehand. The WATCH
+covers ``Q:seq`` (every post changes it), ``Q:q`` (every writer of a
+segment's layout writes it, so a WATCH on it guards them) and the segment
+strings the offsets are computed from. Which segments those are depends on
+the counter, so the transaction WATCHes the segments of the seqs it
+expects (the counter this process saw last, or read once first); if the
+counter read under WATCH differs, the attempt is a conflict and the next
+one WATCHes where the counter is now. Records are written in the
+transaction by both drivers (the tuned one's bodies-ahead split needs a
+key per body; a record's place is only known under WATCH); the tuned
+driver still indexes a burst of posts to a queue in one transaction.
+
+Read: ``read`` answers what ``read_segments.lua`` answers, from plain
+reads: the counter and the queue hash, then the segments in view (each one
+GET: atomic, so its slots and records agree even while a review rewrites
+it) with the claim states of their seqs. ``segment_pages.py`` filters it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from feedsvc.clock import Clock
+from feedsvc.config import StoreSettings
+from feedsvc.errors import PostTooLarge, QueueFull
+from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
+from feedsvc.storage.base import ListQuery, MessagePage
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
+from feedsvc.storage.optimistic import Conflicted, Plan
+from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, scan_segments
+from feedsvc.storage.transport import Transport
+
+if TYPE_CHECKING:
+    from feedsvc.storage.watch_store import Posting
+
+#: What a post comes to: its message ids, or the exception its request gets.
+Outcome = list[str] | Exception
+#: the hops over segments gone whole one read makes at most (as read_segments.lua)
+MAX_HOPS = 4
+#: expired older-layout messages a post forgets on the way (as post.lua)
+GC_BATCH = 100
+#: the queue hash fields a post reads, in this order
+POST_FIELDS = (
+    seg.NEW_START,
+    r.ENCRYPTED,
+    r.DEFAULT_TTL,
+    r.DEFAULT_DELAY,
+    r.MAX_POST_SIZE,
+    r.MAX_MESSAGES,
+    r.GROUPS_SINCE,
+    r.CREATED,
+    seg.GONE,
+)
+
+
+def replayed(seen: Any, now: int) -> list[str] | None:
+    """The first post's ids if an idempotency record (as read) is still in its window."""
+    if seen is None:
+        return None
+    until, *first_ids = r.text(seen).split()
+    return first_ids if int(until) > now else None
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """The segments a post of `count` messages after the counter `top` writes
+    to: the first one, read whole if the post fills it and goes on (it is
+    closed, written anew at its size) else only its length; or, when the
+    post starts a segment, the one before, read whole to close it."""
+
+    counter: int | None  # Q:seq as expected (None: none yet)
+    count: int
+    now: int
+
+    @property
+    def top(self) -> int:
+        """The seq the post's first message follows: the counter, or where
+        the first post starts it (now in microseconds, as post.lua)."""
+        return self.now * 1000 if self.counter is None else self.counter
+
+    @property
+    def first(self) -> tuple[int, int]:
+        return seg.segment_of(self.top + 1)
+
+    @property
+    def last(self) -> int:
+        return (self.top + self.count) // seg.SLOTS
+
+    def reads(self, keys: QueueKeys) -> list[tuple[int, Command]]:
+        k, slot = self.first
+        if slot == 0:
+            return [] if k == 0 else [(k - 1, ("GET", keys.segment(k - 1)))]
+        if self.last > k:
+            return [(k, ("GET", keys.segment(k)))]
+        return [(k, ("STRLEN", keys.segment(k)))]
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One segment's share of a post: its records, their slots, the latest expiry."""
+
+    number: int
+    first_slot: int
+    records: list[bytes] = field(default_factory=list)
+    latest: int = 0
+
+    def offsets(self, at: int) -> bytes:
+        """The slots of the records appended at offset at."""
+        out, offset = [], at
+        for record in self.records:
+            out.append(offset.to_bytes(seg.SLOT_BYTES, "big"))
+            offset += len(record)
+        return b"".join(out)
+
+    def writes(self, keys: QueueKeys, read: Any) -> list[Command]:
+        """Append the records to the segment as read (its length, or its
+        content; None or empty: a new segment, or one gone whole)."""
+        key, data = keys.segment(self.number), b"".join(self.records)
+        start = self.first_slot * seg.SLOT_BYTES
+        if isinstance(read, bytes) and read:
+            slots = self.offsets(len(read))
+            content = read[:start] + slots + read[start + len(slots) : seg.TABLE_BYTES]
+            # closed: written anew at its size (APPEND leaves room to grow)
+            content += read[seg.TABLE_BYTES :] + data
+            return [("SET", key, content, "KEEPTTL"), ("PEXPIREAT", key, self.latest, "GT")]
+        if isinstance(read, int) and read:
+            return [
+                ("APPEND", key, data),
+                ("SETRANGE", key, start, self.offsets(read)),
+                ("PEXPIREAT", key, self.latest, "GT"),
+            ]
+        table = bytearray(seg.TABLE_BYTES)
+        slots = self.offsets(seg.TABLE_BYTES)
+        table[start : start + len(slots)] = slots
+        return [
+            ("SET", key, bytes(table) + data),
+            ("PEXPIREAT", key, self.latest),
+            ("ZADD", keys.directory, self.number, self.number),
+        ]
+
+
+def post_plan(
+    postings: list[Posting],
+    expected: Expected,
+    now: int,
+    settings: StoreSettings,
+    may_switch: bool,
+    grouping: bool,
+    refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
+    learned: dict[str, int | None],
+) -> Plan[list[Outcome] | None]:
+    """The transaction of postings to one queue in segments (replies to
+    WatchSegments.post_reads), each checked on its own as post_segments.lua
+    checks a post. None: the queue has no segments and may not start them.
+    learned["counter"]: the counter as this attempt read it, or as it left it."""
+    keys = postings[0].keys
+    tokens = [p.token for p in postings if p.token is not None]
+    too_large, full = refusals
+
+    def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome] | None]:
+        _, last, q, legacy_live, dead = replies[:5]
+        ns, encrypted, dttl, ddelay, mps, most, groups_since, created, gone = q
+        if ns is None and not may_switch:
+            return None, None
+        counter = learned["counter"] = None if last is None else int(last)
+        if counter != expected.counter:
+            raise Conflicted  # the segments WATCHed may not be the ones written
+        seen = dict(zip(tokens, replies[5 : 5 + len(tokens)], strict=True))
+        forget: list[Any] = []
+        if tokens:
+            forget = [
+                f for f, v in r.pairs(replies[5 + len(tokens)]) if int(r.text(v).split()[0]) <= now
+            ]
+        at = 5 + len(tokens) + (1 if tokens else 0)
+        numbers = [k for k, _ in expected.reads(keys)]
+        segment_reads = dict(zip(numbers, replies[at:], strict=True))
+        top = expected.top
+        live = seg.live_count([legacy_live, [ns, gone], last])
+        default_ttl = int(dttl or settings.default_message_ttl)
+        default_delay = int(ddelay or 0)
+        writes: list[Command] = []
+        if dead:
+            writes += r.forget_commands(keys, dead)
+        writes.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
+        writes.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
+        if counter is None:  # where the counter starts (see list.lua's missed)
+            writes.append(("HSET", keys.meta, r.SEQ_BASE, top))
+        if created is None:
+            writes.append(("HSET", keys.meta, r.CREATED, now))
+        if ns is None:  # from here on, the queue's messages are in segments
+            writes.append(("HSET", keys.meta, seg.NEW_START, top + 1))
+        author_of: dict[str, bytes] = {}
+        outcomes: list[Outcome] = []
+        this_batch: dict[str, list[str]] = {}
+        segments: dict[int, _Segment] = {}
+        seq, first_due = top, 0
+        since = None if groups_since is None else int(groups_since)
+        for posting in postings:
+            token = posting.token
+            try:
+                require_sealed(encrypted, posting.sealed)
+                if token is not None:
+                    replay = this_batch.get(token) or replayed(seen[token], now)
+                    if replay is not None:
+                        outcomes.append(replay)
+                        continue
+                if mps is not None and posting.request_size > int(mps):
+                    raise too_large(posting.queue, mps)
+                if most is not None and live + len(posting.messages) > int(most):
+                    raise full(posting.queue, most)
+            except (MustSeal, PostTooLarge, QueueFull) as refused:
+                outcomes.append(refused)
+                continue
+            author = author_of.setdefault(posting.client_id, seg.author_bytes(posting.client_id))
+            ids: list[str] = []
+            for message in posting.messages:
+                seq += 1
+                ttl = default_ttl if message.ttl is None else message.ttl
+                delay = default_delay if message.delay is None else message.delay
+                expires = now + ttl * 1000
+                due = now + delay * 1000 if delay > 0 else 0
+                extras = seg.extras(message.group, message.headers)
+                k, slot = seg.segment_of(seq)
+                part = segments.setdefault(k, _Segment(k, slot))
+                part.records.append(
+                    seg.encode_record(expires, due, ttl, author, extras, message.body)
+                )
+                part.latest = max(part.latest, expires)
+                message_id = seg.message_id(seq)
+                ids.append(message_id)
+                group = message.group if grouping else ""
+                if group:
+                    if since is None:
+                        since = seq
+                        writes.append(("HSET", keys.meta, r.GROUPS_SINCE, seq))
+                    writes.append(("ZADD", keys.group(group), seq, message_id))
+                    writes.append(("ZADD", keys.claim_index, "NX", seq, GROUP_ENTRY + group))
+                elif since is not None:
+                    writes.append(("ZADD", keys.claim_index, seq, message_id))
+                if due and (not first_due or due < first_due):
+                    first_due = due
+            if token is not None:
+                until = now + settings.idempotency_window * 1000
+                writes.append(("HSET", keys.idempotency, token, f"{until} {' '.join(ids)}"))
+                this_batch[token] = ids
+            outcomes.append(ids)
+            live += len(ids)
+        writes += [
+            ("ZREM", p.held.key, p.held.member) for p in postings if p.held and p.held.in_script
+        ]
+        if forget:
+            writes.append(("HDEL", keys.idempotency, *forget))
+        if not segments:
+            return writes, outcomes
+        for k, part in segments.items():
+            writes += part.writes(keys, segment_reads.get(k))
+            before = segment_reads.get(k - 1)
+            # the segment before is closed: written anew at its size
+            if part.first_slot == 0 and k - 1 not in segments and isinstance(before, bytes):
+                writes.append(("SET", keys.segment(k - 1), before, "KEEPTTL"))
+        writes.append(("SET", keys.seq, seq))
+        # in the transaction: followers hear of it exactly when it is visible
+        writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
+        learned["counter"] = seq
+        return writes, outcomes
+
+    return plan
+
+
+class WatchSegments:
+    """The segment layout through WATCH / MULTI / EXEC: posts, and the thin
+    read of pages (one per store; the counters it expects per queue are
+    what this process saw last)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        settings: StoreSettings,
+        clock: Clock,
+        refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
+    ) -> None:
+        self._transport, self._settings, self._clock = transport, settings, clock
+        self._refusals = refusals
+        self._counters: dict[str, int | None] = {}
+
+    async def post(
+        self, postings: list[Posting], registry: Command, may_switch: bool, grouping: bool
+    ) -> list[Outcome] | None:
+        """Index the postings (all to one queue) in segments, in one
+        optimistic transaction; None: the queue has no segments and may not
+        start them (nothing was done). registry: the first read (listing
+        the queue in its project's registry, or a PING)."""
+        keys = postings[0].keys
+        transport = self._transport
+        count = sum(len(p.messages) for p in postings)
+        tokens = [p.token for p in postings if p.token is not None]
+        if keys.prefix not in self._counters:
+            [counter] = await transport.call_checked([("GET", keys.seq)])
+            self._remember(keys, None if counter is None else int(counter))
+        attempt = 0
+        async with transport.transactions.write_slot():
+            while True:
+                now = self._clock.now_ms()
+                expected = Expected(self._counters.get(keys.prefix), count, now)
+                learned: dict[str, int | None] = {"counter": expected.counter}
+                plan = post_plan(
+                    postings, expected, now, self._settings, may_switch, grouping,
+                    self._refusals, learned,
+                )  # fmt: skip
+                reads: list[Command] = [
+                    registry,
+                    ("GET", keys.seq),
+                    ("HMGET", keys.meta, *POST_FIELDS),
+                    ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
+                    ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
+                ]
+                watch = [keys.seq, keys.meta]
+                if tokens:
+                    reads += [("HGET", keys.idempotency, token) for token in tokens]
+                    reads.append(("HRANDFIELD", keys.idempotency, 5, "WITHVALUES"))
+                    watch.append(keys.idempotency)
+                for k, read in expected.reads(keys):
+                    reads.append(read)
+                    watch.append(keys.segment(k))
+                done, outcomes = await transport.transactions.attempt(watch, reads, plan)
+                self._remember(keys, learned["counter"])
+                if done:
+                    return outcomes
+                await transport.transactions.backoff(attempt)
+                attempt += 1
+
+    def _remember(self, keys: QueueKeys, counter: int | None) -> None:
+        if len(self._counters) >= 10_000:
+            self._counters.clear()
+        self._counters[keys.prefix] = counter
+
+    async def read(
+        self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,
+        check: int | None,
+    ) -> list[Any]:  # fmt: skip
+        """What read_segments.lua answers (segment_pages.SegmentRead), from
+        plain reads: the counter and the queue hash, then the segments in
+        view, each whole (a GET: its slots and records agree), with the
+        claim states of their seqs."""
+        transport = self._transport
+        last, (ns_raw, base), legacy = await transport.call_checked(
+            [
+                ("GET", keys.seq),
+                ("HMGET", keys.meta, seg.NEW_START, r.SEQ_BASE),
+                ("EXISTS", keys.index),
+            ],
+            idempotent=True,
+        )
+        top = None if last is None else int(last)
+        if check is not None and check > (now * 1000 if top is None else top):
+            return [AHEAD]
+        ns = None if ns_raw is None else int(ns_raw)
+        if not legacy_read and (ns is None or ((start is None or start < ns) and legacy)):
+            return [LEGACY]
+        out: list[Any] = [top or 0, base or b"", "" if ns is None else ns, 0, 0]
+        if ns is None or top is None:
+            out[3] = (top or 0) + 1
+            return out
+        at = ns if start is None or start < ns else start
+        hops = 0
+        states: dict[int, bytes] = {}
+        while want > 0 and at <= top and hops < MAX_HOPS:
+            end = min(top, at + want - 1)
+            numbers = list(range(at // seg.SLOTS, end // seg.SLOTS + 1))
+            replies = await transport.call_checked(
+                [
+                    *(("GET", keys.segment(k)) for k in numbers),
+                    ("HMGET", keys.claim_states, *range(at, end + 1)),
+                ],
+                idempotent=True,
+            )
+            states |= {
+                q: v for q, v in zip(range(at, end + 1), replies[-1], strict=True) if v is not None
+            }
+            for k, content in zip(numbers, replies[:-1], strict=True):
+                if not content:
+                    hops += 1
+                    [after] = await transport.call_checked(
+                        [("ZRANGE", keys.directory, f"({k}", "+inf", "BYSCORE", "LIMIT", 0, 1)],
+                        idempotent=True,
+                    )
+                    at = int(after[0]) * seg.SLOTS if after else top + 1
+                    break
+                n = min(want, seg.SLOTS - at % seg.SLOTS, top - at + 1)
+                out += [at, *_slice(content, at % seg.SLOTS, n)]
+                out[4] += 1
+                want -= n
+                at += n
+        out[3] = min(at, top + 1)
+        for q, state in states.items():
+            if q < at:
+                out += [q, state]
+        return out
+
+    async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:
+        """A page read from the segments; None: the older layout first."""
+        read = functools.partial(self.read, keys, now)
+        check = query.marker if query.check_marker else None
+        scan = PageScan(query, now, self._settings.scan_limit)
+        return await scan_segments(read, scan, query.marker, check, False)
+
+    async def carry_on(self, keys: QueueKeys, scan: PageScan, query: ListQuery) -> MessagePage:
+        """A page begun in the older layout, carried on in the segments."""
+        read = functools.partial(self.read, keys, scan.now)
+        page = await scan_segments(read, scan, query.marker, None, True)
+        assert page is not None
+        return page
+
+
+def _slice(content: bytes, slot: int, n: int) -> list[bytes]:
+    """n slots of a segment from slot on, and the records they point to
+    (from the first one's offset to where the last one ends), as
+    read_segments.lua reads them."""
+    table = content[slot * seg.SLOT_BYTES : (slot + n) * seg.SLOT_BYTES]
+    offsets = [v & seg.OFFSET_MASK for v in seg.slot_offsets(table)]
+    first = next((o for o in offsets if o), None)
+    if first is None:
+        return [table, b""]
+    after = seg.slot_offsets(content[(slot + n) * seg.SLOT_BYTES : seg.TABLE_BYTES])
+    end = next((v & seg.OFFSET_MASK for v in after if v), len(content))
+    return [table, content[first:end]]
