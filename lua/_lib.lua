@@ -99,14 +99,192 @@ local function parse_message(id, r)
     author = sub(r, H_AUTHOR, author_end - 1), body = sub(r, author_end + 1), legacy = legacy}
 end
 
--- A message as a table (nil: gone), in either layout (see record.py).
-local function read_message(id)
-  return parse_message(id, redis.call('GET', record_key(id)))
+-- The segment layout (storage/segments.py): the queue's segments (a string
+-- each, SEGMENT_PREFIX .. k), their directory (zset k -> k) and the claim
+-- states of their messages (hash seq -> state).
+local SEGMENT_PREFIX = PREFIX .. S_SEGMENT
+local DIRECTORY = PREFIX .. S_DIRECTORY
+local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
+local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
+
+-- A seq's segment number (as text: the key's suffix) and slot, split as
+-- text: a 16-digit seq / 100 is not exact in a double.
+local function segment_of(seq)
+  local s = int(seq)
+  if #s <= 2 then return '0', tonumber(s) end
+  return string.sub(s, 1, -3), tonumber(string.sub(s, -2))
 end
 
--- Store m's header; a legacy message moves to its record, atomically.
+-- A slot's value (a record's offset; 0 = none) at slot j (from 0) of a
+-- slot table read from its start t, and whether the message is gone (its
+-- record stays until the segment's review: its offset still ends the one
+-- before).
+local function slot_at(t, j)
+  local v = struct.unpack('>I4', t, j * SEG_SLOT_BYTES + 1)
+  if v >= SEG_GONE_BIT then return v - SEG_GONE_BIT, true end
+  return v, false
+end
+
+-- Segment messages by id (storage/segments.py): a segment id names its
+-- seq; the message is read from its slot, its record and its claim state
+-- (Q:cl), only if the seq is the queue's F_NEW_START or later. Rule: an id
+-- is looked up in the older layout first while that has messages (Q:idx).
+-- The queue's F_NEW_START and whether Q:idx exists, read once a call.
+local seg_layout = nil
+
+local function segment_layout()
+  if not seg_layout then
+    seg_layout = {ns = tonumber(redis.call('HGET', KEYS[K_META], F_NEW_START)),
+      legacy = redis.call('EXISTS', KEYS[K_IDX]) == 1}
+  end
+  return seg_layout
+end
+
+-- The seq a segment id names (nil: not one, or below the queue's segments).
+local function segment_seq(id)
+  if #id ~= SEG_ID_DIGITS or sub(id, 1, 8) ~= '00000000' then return nil end
+  local seq = tonumber(sub(id, 9), 16)
+  local ns = segment_layout().ns
+  if not seq or not ns or seq < ns or seq >= 2^53 then return nil end
+  if string.format(SEG_ID_FORMAT, seq) ~= id then return nil end
+  return seq
+end
+
+-- A segment message as a table (read_message's fields; author is its author
+-- line's tail only: '-', then its extras) from its record r and its claim
+-- state (nil: none). A state without a claim whose claim expiry is set was
+-- released with a delay: the message is due then (segments.ClaimState).
+local function segment_record(seq, r, state)
+  local expires = tonumber(sub(r, 1, SEG_EXPIRES_END))
+  local ttl = tonumber(sub(r, SEG_DUE_END + 1, SEG_AUTHOR_AT - 1))
+  local n = struct.unpack(SEG_EXTRAS_LENGTH_FORMAT, r, SEG_EXTRAS_LENGTH_AT)
+  local extras = sub(r, SEG_EXTRAS_AT, SEG_EXTRAS_AT + n - 1)
+  local m = {seq = seq, ttl = ttl, created = expires - ttl * 1000, expires = expires,
+    posted_expires = expires, due = tonumber(sub(r, SEG_EXPIRES_END + 1, SEG_DUE_END)),
+    claim_expires = 0, count = 0, claim = '', extras = extras,
+    author = (n > 0) and ('- ' .. extras) or '-', body = sub(r, SEG_EXTRAS_AT + n), segment = true,
+    author_bytes = sub(r, SEG_AUTHOR_AT, SEG_EXTRAS_LENGTH_AT - 1)}
+  if state then
+    local claim, claim_expires, count, extended = string.match(state, '^(%S+) (%d+) (%d+) (%d+)$')
+    m.claim_expires, m.count = tonumber(claim_expires), tonumber(count)
+    if claim == '-' then
+      if m.claim_expires > m.due then m.due = m.claim_expires end
+      m.claim_expires = 0
+    else
+      m.claim = claim
+    end
+    extended = tonumber(extended)
+    if extended > expires then
+      m.expires = extended
+      m.ttl = math.floor((extended - m.created) / 1000 + 0.5)
+    end
+  end
+  return m
+end
+
+-- The records of the first n slots of a slot table t read from segment
+-- key (from some slot on): {slot index in t (from 0), record} of each
+-- present one, in slot order; one GETRANGE.
+local function segment_records(key, t, n)
+  local next_at = nil  -- where the record after the n slots starts (nil: the string's end)
+  for j = n, #t / SEG_SLOT_BYTES - 1 do
+    local at = slot_at(t, j)
+    if at > 0 then
+      next_at = at
+      break
+    end
+  end
+  local spans = {}  -- {slot, offset, where it ends (nil: the string's end)}, last first
+  for j = n - 1, 0, -1 do
+    local at, gone = slot_at(t, j)
+    if at > 0 then
+      if not gone then spans[#spans + 1] = {j, at, next_at} end
+      next_at = at
+    end
+  end
+  local found = {}
+  if #spans == 0 then return found end
+  local base, stop = spans[#spans][2], spans[1][3]
+  local data = redis.call('GETRANGE', key, base, stop and stop - 1 or -1)
+  for i = #spans, 1, -1 do
+    local span = spans[i]
+    local last = span[3] and span[3] - base or #data
+    found[#found + 1] = {span[1], sub(data, span[2] - base + 1, last)}
+  end
+  return found
+end
+
+-- The segment message of this id as a table (nil: gone, or not one).
+local function segment_message(id)
+  local seq = segment_seq(id)
+  if not seq then return nil end
+  local k, slot = segment_of(seq)
+  local key = SEGMENT_PREFIX .. k
+  local t = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, SEG_TABLE_BYTES - 1)
+  if #t == 0 then return nil end
+  local found = segment_records(key, t, 1)
+  if #found == 0 then return nil end
+  return segment_record(seq, found[1][2], redis.call('HGET', CLAIM_STATES, int(seq)))
+end
+
+-- A message as a table (nil: gone), in either layout (see record.py), or in
+-- the queue's segments.
+local function read_message(id)
+  if segment_seq(id) and not segment_layout().legacy then return segment_message(id) end
+  return parse_message(id, redis.call('GET', record_key(id))) or segment_message(id)
+end
+
+-- A segment message's author line (record.py's author_line): its author's
+-- client id as text (from its 16 bytes, segments.author_text), its extras.
+local function segment_author_line(m)
+  local h = string.gsub(m.author_bytes, '.', function(c) return string.format('%02x', byte(c)) end)
+  local line = sub(h, 1, 8) .. '-' .. sub(h, 9, 12) .. '-' .. sub(h, 13, 16) .. '-'
+    .. sub(h, 17, 20) .. '-' .. sub(h, 21, 32)
+  if m.extras ~= '' then line = line .. ' ' .. m.extras end
+  return line
+end
+
+-- Store a segment message's claim state (m: a read_message table): its
+-- claim, count, and its expiry if a claim extended it, which its segment
+-- then lives until too (a segment lives as long as its longest-lived message).
+local function write_state(m)
+  local extended = 0
+  if m.expires > m.posted_expires then
+    extended = m.expires
+    local k = segment_of(m.seq)
+    redis.call('PEXPIREAT', SEGMENT_PREFIX .. k, int(extended), 'GT')
+  end
+  local claim = m.claim ~= '' and m.claim or '-'
+  redis.call('HSET', CLAIM_STATES, int(m.seq), claim .. ' ' .. int(m.claim_expires) .. ' '
+    .. int(m.count) .. ' ' .. int(extended))
+end
+
+-- A segment message is gone (deleted, popped, dead-lettered): its slot is
+-- marked gone (its record stays until the segment's review, scheduled within
+-- a minute), it leaves the claim states, and the counts learn of it once.
+local function forget_segment(seq, now)
+  local k, slot = segment_of(seq)
+  local key = SEGMENT_PREFIX .. k
+  local t = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, slot * SEG_SLOT_BYTES + 3)
+  if #t == SEG_SLOT_BYTES then
+    local at, gone = slot_at(t, 0)
+    if at > 0 and not gone then
+      redis.call('SETRANGE', key, slot * SEG_SLOT_BYTES, struct.pack('>I4', at + SEG_GONE_BIT))
+      redis.call('HINCRBY', KEYS[K_META], F_GONE, 1)
+      redis.call('HINCRBY', PREFIX .. S_SEGMENT_COUNTS, k, -1)
+      redis.call('ZADD', PREFIX .. S_REVIEWS, 'LT', int(now + SEG_DELETED_REVIEW_MS), k)
+    end
+  end
+  redis.call('HDEL', CLAIM_STATES, int(seq))
+  redis.call('ZREM', KEYS[K_CLAIMED], string.format(SEG_ID_FORMAT, seq))
+end
+
+-- Store m's header; a legacy message moves to its record, atomically; a
+-- segment message's claim state.
 local function write_header(id, m)
-  if m.legacy then
+  if m.segment then
+    write_state(m)
+  elseif m.legacy then
     redis.call('SET', record_key(id), record(m))
     redis.call('PEXPIREAT', record_key(id), int(m.expires))
     redis.call('DEL', legacy_key(id))
@@ -234,6 +412,60 @@ local function tidy_group(group, now)
   settle_group(group)
 end
 
+-- Walk a queue's segment messages with seqs from low up to below high (nil:
+-- to the counter), in order, a batch of slots at a time (first batch
+-- slots, then doubling up to a segment): visit(id, seq, m) for each present
+-- one (m: its read_message table) and visit(nil) for each slot table read,
+-- until a visit answers true. Returns the first seq walked that held a
+-- message not gone and not expired (or where the walk stopped): every seq
+-- from low up to it is gone for good (deleted, popped, expired).
+local function walk_segments(now, low, high, batch, visit)
+  local top = tonumber(redis.call('GET', KEYS[K_SEQ]))
+  local from, head, dead = low, low, true
+  if not top then return head end
+  if high and high - 1 < top then top = high - 1 end
+  local states = redis.call('EXISTS', CLAIM_STATES) == 1
+  while from <= top do
+    local k, slot = segment_of(from)
+    local key = SEGMENT_PREFIX .. k
+    local t = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, SEG_TABLE_BYTES - 1)
+    if visit(nil) then break end
+    if #t == 0 then
+      -- gone whole: on to the next segment there is
+      local nxt = redis.call('ZRANGE', DIRECTORY, '(' .. k, '+inf', 'BYSCORE', 'LIMIT', 0, 1)[1]
+      from = nxt and math.max(from, tonumber(nxt) * SEG_SLOTS) or top + 1
+      if dead then head = math.min(from, top + 1) end
+    else
+      local n = math.min(batch, #t / SEG_SLOT_BYTES, top - from + 1)
+      local found = segment_records(key, t, n)
+      local got = {}
+      if states and #found > 0 then
+        local seqs = {}
+        for i, f in ipairs(found) do seqs[i] = int(from + f[1]) end
+        got = redis.call('HMGET', CLAIM_STATES, unpack(seqs))
+      end
+      local stop = false
+      for i, f in ipairs(found) do
+        local seq = from + f[1]
+        local m = segment_record(seq, f[2], got[i])
+        if dead then
+          if m.expires > now then dead = false end
+          head = dead and seq + 1 or seq
+        end
+        if visit(string.format(SEG_ID_FORMAT, seq), seq, m) then
+          stop = true
+          break
+        end
+      end
+      if stop then break end
+      from = from + n
+      if dead then head = from end
+      batch = math.min(batch * 2, SEG_SLOTS)
+    end
+  end
+  return head
+end
+
 -- Choose the messages a claim or a pop takes, up to limit, in the order
 -- they are to be handed out, looking at scan_limit index entries at most.
 -- judge(id, seq, m) is asked about each free message (is_free) and answers
@@ -259,10 +491,10 @@ local function choose_messages(now, limit, scan_limit, groups_since, judge, remo
     local at = free_at(m, now)
     if at and (not next_free or at < next_free) then next_free = at end
   end
-  local function single(id, seq)
+  local function single(id, seq, m)
     scanned = scanned + 1
-    local m = read_message(id)
-    if not m then
+    if m == nil then m = read_message(id) end
+    if not m or (groups_since and m.expires <= now) then
       if groups_since then tidy.gone[#tidy.gone + 1] = id end
     elseif is_free(m, now) then
       local v = judge(id, seq, m)
@@ -332,11 +564,29 @@ local function choose_messages(now, limit, scan_limit, groups_since, judge, remo
       end
     end
   end
+  -- the segments' messages not in the claim index, from the first that may be live
+  local function segments(high)
+    local layout = segment_layout()
+    if not layout.ns or (high and high <= layout.ns) then return end
+    if taking >= limit or scanned >= scan_limit then return end
+    local low = math.max(layout.ns, tonumber(redis.call('HGET', KEYS[K_META], F_CLAIM_HEAD)) or 0)
+    local head = walk_segments(now, low, high, limit + 1, function(id, seq, m)
+      if id == nil then
+        scanned = scanned + 1
+      else
+        single(id, seq, m)
+      end
+      return taking >= limit or scanned >= scan_limit
+    end)
+    if head > low then tidy.head = head end
+  end
   if groups_since then
     scan(KEYS[K_IDX], '-inf', '(' .. groups_since)
+    segments(tonumber(groups_since))
     scan(CLAIM_INDEX, '-inf', '+inf')
   else
     scan(KEYS[K_IDX], '-inf', '+inf')
+    segments(nil)
   end
   return chosen, next_free, tidy
 end
@@ -344,6 +594,7 @@ end
 -- The tidying choose_messages asked for, once the chosen are written: ids
 -- of gone messages out of the claim index and the groups, groups settled.
 local function tidy_after(tidy)
+  if tidy.head then redis.call('HSET', KEYS[K_META], F_CLAIM_HEAD, int(tidy.head)) end
   if #tidy.gone > 0 then redis.call('ZREM', CLAIM_INDEX, unpack(tidy.gone)) end
   for name, ids in pairs(tidy.stale) do redis.call('ZREM', GROUP_PREFIX .. name, unpack(ids)) end
   for name in pairs(tidy.groups) do settle_group(name) end
@@ -376,32 +627,6 @@ local function collect_garbage(now_text, groups_since)
       if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then tidy_group(sub(entry, #GROUP_ENTRY + 1), now) end
     end
   end
-end
-
--- The segment layout (storage/segments.py): the queue's segments (a string
--- each, SEGMENT_PREFIX .. k), their directory (zset k -> k) and the claim
--- states of their messages (hash seq -> state).
-local SEGMENT_PREFIX = PREFIX .. S_SEGMENT
-local DIRECTORY = PREFIX .. S_DIRECTORY
-local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
-local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
-
--- A seq's segment number (as text: the key's suffix) and slot, split as
--- text: a 16-digit seq / 100 is not exact in a double.
-local function segment_of(seq)
-  local s = int(seq)
-  if #s <= 2 then return '0', tonumber(s) end
-  return string.sub(s, 1, -3), tonumber(string.sub(s, -2))
-end
-
--- A slot's value (a record's offset; 0 = none) at slot j (from 0) of a
--- slot table read from its start t, and whether the message is gone (its
--- record stays until the segment's review: its offset still ends the one
--- before).
-local function slot_at(t, j)
-  local v = struct.unpack('>I4', t, j * SEG_SLOT_BYTES + 1)
-  if v >= SEG_GONE_BIT then return v - SEG_GONE_BIT, true end
-  return v, false
 end
 
 -- How many live messages a feed holds (its Q:exp, Q:q and Q:seq keys), for

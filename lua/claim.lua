@@ -71,7 +71,7 @@ for _, c in ipairs(chosen) do
     end
     parked[#parked + 1] = id
     parked[#parked + 1] = m.body
-    parked[#parked + 1] = m.author
+    parked[#parked + 1] = m.segment and segment_author_line(m) or m.author
     parked[#parked + 1] = int(dlq_ttl or m.ttl)
     parked[#parked + 1] = int(count)
   else
@@ -79,8 +79,10 @@ for _, c in ipairs(chosen) do
     m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
     m.expires, m.ttl = new_expires, new_ttl
     write_header(id, m)
-    redis.call('PEXPIREAT', key, int(new_expires))
-    redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
+    if not m.segment then
+      redis.call('PEXPIREAT', key, int(new_expires))
+      redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
+    end
     redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
     claimed_ids[#claimed_ids + 1] = id
     out[#out + 1] = id
@@ -92,7 +94,7 @@ for _, c in ipairs(chosen) do
     out[#out + 1] = m.author  -- the author line: the message's headers ride on it
   end
 end
-if groups_since then tidy_after(tidy) end
+tidy_after(tidy)
 if #claimed_ids > 0 then
   local ckey = claim_key(claim_id)
   redis.call('HSET', ckey, F_TTL, int(ttl), F_GRACE, int(grace), F_CREATED, ARGV[1],

@@ -1,4 +1,4 @@
--- Delete messages.
+-- Delete messages, in either layout (a segment message's slot is marked gone).
 -- KEYS: the 6 fixed keys, then per id its record key and legacy key
 -- (record.message_keys).
 -- ARGV: now_ms, claim_id ('' = none), check (1 = enforce claims), ids...
@@ -25,6 +25,15 @@ end
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return 'ok' end
+-- the ids of the queue's segments (storage/segments.py), id -> seq
+local segment_ids = {}
+for _, id in ipairs(ids) do
+  local seq = segment_seq(id)
+  if seq and (not segment_layout().legacy
+      or redis.call('EXISTS', record_key(id), legacy_key(id)) == 0) then
+    segment_ids[id] = seq
+  end
+end
 -- In a queue with ordered groups: out of the claim index and their groups,
 -- and a group whose head this frees wakes the claim waits (as a release).
 local fronts = nil
@@ -32,7 +41,13 @@ if redis.call('HEXISTS', KEYS[K_META], F_GROUPS_SINCE) == 1 then
   fronts = {}
   local members = {}
   for _, id in ipairs(ids) do
-    local group = stored_group(id)
+    local group
+    if segment_ids[id] then
+      local m = segment_message(id)
+      group = m and group_of(m) or ''
+    else
+      group = stored_group(id)
+    end
     if group ~= '' then
       if not fronts[group] then
         fronts[group] = redis.call('ZRANGE', GROUP_PREFIX .. group, 0, 0)[1] or ''
@@ -48,6 +63,7 @@ redis.call('DEL', unpack(KEYS, 7))
 redis.call('ZREM', KEYS[K_IDX], unpack(ids))
 redis.call('ZREM', KEYS[K_EXP], unpack(ids))
 redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+for _, seq in pairs(segment_ids) do forget_segment(seq, now) end
 if fronts then
   local freed = false
   for group, front in pairs(fronts) do

@@ -24,7 +24,7 @@ if #unopened > 1 then return unopened end
 local out = {}
 for _, c in ipairs(chosen) do
   local id, seq, m, group = c[1], c[2], c[3], c[5]
-  forget(id)
+  if m.segment then forget_segment(m.seq, now) else forget(id) end
   if group ~= '' then
     redis.call('ZREM', GROUP_PREFIX .. group, id)
   elseif groups_since then
@@ -37,5 +37,5 @@ for _, c in ipairs(chosen) do
   out[#out + 1] = int(m.created)
   out[#out + 1] = m.author
 end
-if groups_since then tidy_after(tidy) end
+tidy_after(tidy)
 return out

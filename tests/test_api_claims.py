@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
-from feedsvc.config import Settings
-from tests.conftest import make_settings
+from feedsvc.config import STORAGE_LAYOUTS, Settings
+from tests.conftest import both_layouts, make_settings
 from tests.test_api import (
     RESERVED_DEFAULTS,
     UNKNOWN_ID,
@@ -50,6 +50,12 @@ MAX_CLAIM_TTL = 43200
 MAX_CLAIM_LIMIT = 20
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=STORAGE_LAYOUTS)
+def storage_layout(request: pytest.FixtureRequest, driver: str) -> str:
+    """Both layouts new messages are written in (the segments on the drivers that write them)."""
+    return both_layouts(request, driver)
 
 
 def claims_path(queue: str) -> str:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
-from feedsvc.config import Settings
+from feedsvc.config import STORAGE_LAYOUTS, Settings
 from feedsvc.errors import QueueNotFound, RedriveRunning
 from feedsvc.storage import record as rec
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
@@ -19,11 +19,23 @@ from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.redis_store import RedisStore
 from feedsvc.storage.redrive import BATCH, FIELDS, LEASE_MS, State
 from feedsvc.storage.sealing import MAGIC
-from tests.conftest import direct_client
+from tests.conftest import both_layouts, direct_client
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
 A, B = "owner-a", "owner-b"
+
+
+@pytest.fixture(params=STORAGE_LAYOUTS)
+def storage_layout(request: pytest.FixtureRequest, driver: str) -> str:
+    """Both layouts new messages are written in (the segments on the drivers that write them)."""
+    return both_layouts(request, driver)
+
+
+@pytest.fixture(autouse=True)
+def _redrives_into_segments(storage_layout: str) -> None:
+    if storage_layout == "segments":
+        pytest.skip("redriving into a queue in segments is not built yet")
 
 
 async def dead_letters(store: FeedStore, project: str, n: int, queue: str = "q") -> list[str]:

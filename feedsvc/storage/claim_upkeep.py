@@ -25,14 +25,17 @@ from feedsvc.errors import (
     ProjectQueuesFull,
     Unavailable,
 )
-from feedsvc.storage import groups
+from feedsvc.storage import groups, segment_claims
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
+from feedsvc.storage.segment_claims import ClaimRows, read_records
+from feedsvc.storage.segment_pages import segment_messages
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -72,6 +75,13 @@ class ClaimUpkeep(FeedSpace):
         held = r.text(ids).split() if ids else []
         replies = await self._transport.call_checked(r.read_commands(keys, held)) if held else []
         found = r.live_messages(held, replies, now)
+        seqs = {
+            i: q for i, m in zip(held, found, strict=True) if m is None and (q := seg.seq_of(i))
+        }
+        if seqs:
+            # the segments' (a seq below them reads nothing there)
+            more = await segment_messages(self._transport, keys, list(seqs.values()), now)
+            found = [m or more.get(seqs.get(i, -1)) for i, m in zip(held, found, strict=True)]
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
         opened = self._opener.readable(messages, "a claim's read", self._noun, project, queue)
         return Claim(claim_id, int(ttl), int(grace), int(created), opened)
@@ -80,11 +90,12 @@ class ClaimUpkeep(FeedSpace):
         self,
         keys: QueueKeys,
         claim_id: str,
-        plan_for: Callable[[list[str]], Plan[T]],
+        plan_for: Callable[[list[str], ClaimRows], Plan[T]],
         also: str | None = None,
     ) -> T:
         """Run a transaction over a claim and the messages it lists (and
-        message also, read after them if the claim does not list it)."""
+        message also, read after them if the claim does not list it), in
+        either layout (segment_claims.py: their records read first)."""
         transport = self._transport
         claim_key = keys.claim(claim_id)
         attempt = 0
@@ -93,10 +104,13 @@ class ClaimUpkeep(FeedSpace):
                 [raw] = await transport.call_checked([("HGET", claim_key, r.HELD)])
                 held = r.text(raw).split() if raw else []
                 read = held if also is None or also in held else [*held, also]
+                view = ClaimRows(keys, await read_records(transport, keys, read))
                 watch = [claim_key, *(k for i in read for k in r.message_keys(keys, i))]
                 reads: list[Command] = [("HMGET", claim_key, r.CLAIM_EXPIRES, r.HELD)]
-                reads += r.read_commands(keys, read)
-                done, result = await transport.transactions.attempt(watch, reads, plan_for(held))
+                reads += [*r.read_commands(keys, read), *view.reads()]
+                watch += view.watch()
+                plan = plan_for(held, view)
+                done, result = await transport.transactions.attempt(watch, reads, plan)
                 if done:
                     return result  # type: ignore[return-value]
                 await transport.transactions.backoff(attempt)
@@ -109,7 +123,7 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
         claim_expires = now + ttl * 1000
 
-        def plan_for(held: list[str]) -> Plan[bool]:
+        def plan_for(held: list[str], view: ClaimRows) -> Plan[bool]:
             def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
                 expires, ids = replies[0]
                 if expires is None or int(expires) <= now:
@@ -117,14 +131,14 @@ class ClaimUpkeep(FeedSpace):
                 if (r.text(ids).split() if ids else []) != held:
                     raise Conflicted
                 writes: list[Command] = []
-                for row in r.rows(held, replies[1:]):
+                for row in view.rows(held, replies[1:]):
                     if row is None or row.claim != claim_id:
                         continue
                     # never shorten a message's life, only extend it
                     keep, new_ttl = r.claim_extension(
                         row.expires, row.created, claim_expires, grace
                     )
-                    writes += r.extend_commands(keys, row, claim_id, claim_expires, keep, new_ttl)
+                    writes += view.extend(row, claim_id, claim_expires, keep, new_ttl)
                 claim_key = keys.claim(claim_id)
                 writes.append(
                     ("HSET", claim_key, r.TTL, ttl, r.GRACE, grace, r.CLAIM_EXPIRES, claim_expires)
@@ -141,15 +155,15 @@ class ClaimUpkeep(FeedSpace):
     async def release_claim(self, project: str, queue: str, claim_id: str) -> None:
         keys = self._keys(project, queue)
 
-        def plan_for(held: list[str]) -> Plan[None]:
+        def plan_for(held: list[str], view: ClaimRows) -> Plan[None]:
             def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
                 _, ids = replies[0]
                 if (r.text(ids).split() if ids else []) != held:
                     raise Conflicted
                 writes: list[Command] = []
-                for row in r.rows(held, replies[1:]):
+                for row in view.rows(held, replies[1:]):
                     if row is not None and row.claim == claim_id:
-                        writes += r.release_commands(keys, row)
+                        writes += view.release(row)
                 writes.append(("DEL", keys.claim(claim_id)))
                 writes.append(("ZREM", keys.claims, claim_id))
                 if len(writes) > 2:  # it freed messages: wake the queue's waiters
@@ -174,13 +188,13 @@ class ClaimUpkeep(FeedSpace):
         now = self._clock.now_ms()
         due = now + delay * 1000 if delay > 0 else 0
 
-        def plan_for(held: list[str]) -> Plan[str]:
+        def plan_for(held: list[str], view: ClaimRows) -> Plan[str]:
             def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
                 expires, ids = replies[0]
                 if (r.text(ids).split() if ids else []) != held:
                     raise Conflicted
                 read = held if message_id in held else [*held, message_id]
-                rows = dict(zip(read, r.rows(read, replies[1:]), strict=True))
+                rows = dict(zip(read, view.rows(read, replies[1:]), strict=True))
                 row = rows[message_id]
                 if row is None or not row.alive(now):
                     return None, "gone"
@@ -203,7 +217,7 @@ class ClaimUpkeep(FeedSpace):
                     ]
                 writes: list[Command] = []
                 for each in freed:
-                    writes += r.requeue_commands(keys, each, due)
+                    writes += view.requeue(each, due)
                 gone = {each.id for each in freed}
                 rest = " ".join(i for i in held if i not in gone)
                 writes.append(("HSET", keys.claim(claim_id), r.HELD, rest))
@@ -289,18 +303,28 @@ class ClaimUpkeep(FeedSpace):
             writes.append(("SPUBLISH", target.feed, r.notification(seq, 0)))
             return writes, None
 
+        holders = [segment_claims.holder_commands(source, m.id) for m in parked]
+
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            held = [
-                m
-                for n, m in enumerate(parked)
-                if r.holder(replies[2 * n], replies[2 * n + 1]) == claim_id
-            ]
+            writes: list[Command] = []
+            held = []
+            at = 0
+            for m, reads in zip(parked, holders, strict=True):
+                mine = replies[at : at + len(reads)]
+                at += len(reads)
+                if segment_claims.holder(mine) == claim_id:
+                    held.append(m)
+                    writes += segment_claims.forget_commands(source, m.id, mine, now)
             if not held:
                 return None, None
-            writes = r.forget_commands(source, [m.id for m in held])
             return writes + groups.forget_commands(source, [(m.id, m.group) for m in held]), None
 
         transport = self._transport
+        if await segment_claims.in_segments(transport, target):
+            # not built yet: a copy in the older layout would sit above its
+            # segments' first seq, where no list looks; the messages stay
+            log.warning("dead-lettering to %s, a queue in segments, is not built yet", dlq)
+            return
         try:
             # a dead-letter queue not made yet is a new queue: listed first,
             # under the project's max_queues (over it, the messages stay)
@@ -322,8 +346,8 @@ class ClaimUpkeep(FeedSpace):
                 copy,
             )
             await transport.transactions.optimistic(
-                [k for m in parked for k in r.message_keys(source, m.id)],
-                [c for m in parked for c in r.holder_commands(source, m.id)],
+                [k for m in parked for k in segment_claims.holder_keys(source, m.id)],
+                [c for reads in holders for c in reads],
                 forget,
             )
             await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])

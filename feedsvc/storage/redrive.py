@@ -49,6 +49,7 @@ from feedsvc.storage.base import Redrive, new_id
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import REDRIVES_KEY, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas
+from feedsvc.storage.segment_claims import in_segments
 from feedsvc.storage.transport import Transport
 
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
@@ -345,6 +346,10 @@ class RedisRedrives:
             # a target not there (deleted since) is made again, as dead-lettering does
             await self._quotas.admit(project, "queue", target, 0)
         except ProjectQueuesFull:
+            return []
+        if await in_segments(self._transport, to):
+            # not built yet: a copy in the older layout would sit above the
+            # target's segments' first seq, where no list looks; they stay
             return []
         default_ttl = self._settings.default_message_ttl
 

@@ -101,15 +101,16 @@ class PageScan:
                 self.claim_ends = state.claim_expires
             if not query.include_claimed:
                 return
-        if query.include_delayed or rec.due <= now:
+        due = rec.due if state is None else state.due(rec.due)
+        if query.include_delayed or due <= now:
             count = 0 if state is None else state.count
             self.messages.append(
                 message(rec, expires, state if held else None, query.with_authors, count)
             )
             self.alive_at_message = self.alive
             self.next_due = None  # only those after the page's last message count
-        elif rec.due < expires and (self.next_due is None or rec.due < self.next_due):
-            self.next_due = rec.due
+        elif due < expires and (self.next_due is None or due < self.next_due):
+            self.next_due = due
 
     def skip_to(self, seq: int) -> None:
         """Seqs up to seq are gone (segments gone whole: no work to pass)."""

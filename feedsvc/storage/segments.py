@@ -64,6 +64,12 @@ OFFSET_MASK: Final = GONE_BIT - 1
 # the queue hash's fields of the layout (record.py owns the others)
 NEW_START: Final = "ns"  # the first seq in segments; absent: the queue has none
 GONE: Final = "gone"  # segment messages swept or deleted (counts; compact-expiry)
+#: the first seq a claim or pop need look at in the segments: every one
+#: before it is gone for good (deleted, popped or expired); claims move it on
+CLAIM_HEAD: Final = "ch"
+#: a deleted (popped, dead-lettered) message's record goes at its segment's
+#: review, scheduled this soon (ms) after the delete
+DELETED_REVIEW_MS: Final = 60_000
 
 # the record: fixed-width text, then binary
 EXPIRES_WIDTH: Final = 13
@@ -185,7 +191,8 @@ class SegmentRecord:
 @dataclass(frozen=True, slots=True)
 class ClaimState:
     """A segment message's entry in ``Q:cl``: "<claim id> <claim expires ms>
-    <count> <expires ms>" (claim id "-": none now; expires 0: as posted)."""
+    <count> <expires ms>" (claim id "-": none now, and then a claim expiry
+    is when a release with a delay makes it due; expires 0: as posted)."""
 
     claim: str  # "" = none
     claim_expires: int
@@ -209,6 +216,12 @@ class ClaimState:
 
     def held(self, now: int) -> bool:
         return bool(self.claim) and self.claim_expires > now
+
+    def due(self, posted: int) -> int:
+        """When the message is due, posted: its record's due. A state with no
+        claim but a claim expiry was released with a delay: due then
+        (_lib.lua's segment_record reads it the same)."""
+        return posted if self.claim else max(posted, self.claim_expires)
 
 
 def live_count_commands(keys: QueueKeys, now: int) -> list[Command]:
@@ -252,8 +265,11 @@ def lua_names() -> dict[str, str]:
         "SEG_EXTRAS_AT": str(EXTRAS_AT + 1),
         "SEG_EXTRAS_LENGTH_FORMAT": repr(f">I{EXTRAS_LENGTH_BYTES}"),
         "SEG_ID_FORMAT": repr(f"%0{ID_DIGITS}x"),
+        "SEG_ID_DIGITS": str(ID_DIGITS),
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),
+        "F_CLAIM_HEAD": repr(CLAIM_HEAD),
+        "SEG_DELETED_REVIEW_MS": str(DELETED_REVIEW_MS),
         "S_SEGMENT": repr(SEGMENT_INFIX),
         "S_DIRECTORY": repr(DIRECTORY_SUFFIX),
         "S_CLAIM_STATES": repr(CLAIM_STATES_SUFFIX),

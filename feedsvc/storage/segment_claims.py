@@ -1,0 +1,241 @@
+"""Claims on segment messages once they are made: claim_upkeep.py's side of
+the segment layout (storage/segments.py).
+
+A segment message's record never changes; what a claim does to it lives in
+its claim state (``Q:cl``, :class:`~feedsvc.storage.segments.ClaimState`).
+So claim upkeep (renew, release, a message's release) reads the records of
+the messages it touches first, outside its transaction (they cannot change;
+a message deleted meanwhile has lost its claim state too), then WATCHes
+``Q:cl`` with the claim and reads the states in the transaction: a row of a
+segment message is its record as read with its state as watched.
+
+Writes: the message's new claim state, ``PEXPIREAT ... GT`` on its segment
+when a claim extends its life (a segment lives as long as its
+longest-lived message), and the queue's claimed index as for the older layout.
+A message released with a delay keeps, in its state, no claim and the time
+it is due (``ClaimState.due``): its record's due cannot change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedsvc.storage import record as r
+from feedsvc.storage import segments as s
+from feedsvc.storage.coalescer import Command
+from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.transport import Transport
+
+
+async def read_records(
+    transport: Transport, keys: QueueKeys, ids: Sequence[str]
+) -> dict[str, s.SegmentRecord]:
+    """The records of the ids that name messages of the queue's segments
+    (present, not gone); reads only, two round trips at most."""
+    seqs = {i: q for i in ids if (q := s.seq_of(i)) is not None}
+    if not seqs:
+        return {}
+    numbers = sorted({q // s.SLOTS for q in seqs.values()})
+    reads: list[Command] = [("HGET", keys.meta, s.NEW_START)]
+    reads += [("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers]
+    new_start, *tables = await transport.call_checked(reads, idempotent=True)
+    if new_start is None:
+        return {}
+    values = {k: s.slot_offsets(t) for k, t in zip(numbers, tables, strict=True)}
+    wanted: list[tuple[str, int, Command]] = []
+    for message_id, seq in seqs.items():
+        k, slot = s.segment_of(seq)
+        table = values[k]
+        if seq < int(new_start) or slot >= len(table):
+            continue
+        value = table[slot]
+        if not value or value & s.GONE_BIT:
+            continue
+        end = next((v & s.OFFSET_MASK for v in table[slot + 1 :] if v), 0)
+        wanted.append((message_id, seq, ("GETRANGE", keys.segment(k), value, end - 1)))
+    if not wanted:
+        return {}
+    raws = await transport.call_checked([c for _, _, c in wanted], idempotent=True)
+    return {
+        message_id: s.SegmentRecord.decode(seq, raw)
+        for (message_id, seq, _), raw in zip(wanted, raws, strict=True)
+        if raw
+    }
+
+
+async def in_segments(transport: Transport, keys: QueueKeys) -> bool:
+    """Whether a queue writes its messages in segments (its NEW_START)."""
+    [found] = await transport.call_checked([("HEXISTS", keys.meta, s.NEW_START)])
+    return bool(found)
+
+
+def segment_row(message_id: str, rec: s.SegmentRecord, state: s.ClaimState | None) -> r.Row:
+    """A segment message as claim upkeep sees a record.py row."""
+    group, headers = s.split_extras(rec.extras)
+    expires, ttl, due = rec.expires, rec.ttl, rec.due
+    claim, claim_expires, count = "", 0, 0
+    if state is not None:
+        count = state.count
+        due = state.due(rec.due)
+        if state.claim:
+            claim, claim_expires = state.claim, state.claim_expires
+        if state.expires > expires:
+            expires = state.expires
+            ttl = round((expires - rec.created) / 1000)
+    return r.Row(
+        message_id,
+        rec.body,
+        ttl,
+        rec.created,
+        expires,
+        rec.seq,
+        claim,
+        claim_expires,
+        count,
+        s.author_text(rec.author).encode(),
+        due,
+        headers=headers or b"",
+        group=group or "",
+    )
+
+
+@dataclass(slots=True)
+class ClaimRows:
+    """The rows of a claim transaction's messages in either layout: the
+    older layout's as record.py reads them, the segments' from their
+    records (read before, :func:`read_records`) and their watched states."""
+
+    keys: QueueKeys
+    records: dict[str, s.SegmentRecord]
+    _segment_rows: set[str] = field(default_factory=set)
+
+    def watch(self) -> list[str]:
+        return [self.keys.claim_states] if self.records else []
+
+    def reads(self) -> list[Command]:
+        """The reads after record.py's read_commands of the same messages."""
+        if not self.records:
+            return []
+        return [("HMGET", self.keys.claim_states, *(c.seq for c in self.records.values()))]
+
+    def rows(self, ids: Sequence[str], replies: Sequence[Any]) -> list[r.Row | None]:
+        """The rows of ids from read_commands(ids)'s replies, then reads()'s."""
+        found = r.rows(ids, replies)
+        if not self.records:
+            return found
+        raw = replies[2 * len(ids)]
+        states = {
+            rec.seq: s.ClaimState.decode(v)
+            for rec, v in zip(self.records.values(), raw, strict=True)
+            if v
+        }
+        out: list[r.Row | None] = []
+        for message_id, row in zip(ids, found, strict=True):
+            rec = self.records.get(message_id)
+            if row is None and rec is not None:
+                self._segment_rows.add(message_id)
+                out.append(segment_row(message_id, rec, states.get(rec.seq)))
+            else:
+                out.append(row)
+        return out
+
+    def _state(self, row: r.Row, claim: str, claim_expires: int, count: int) -> list[Command]:
+        rec = self.records[row.id]
+        extended = row.expires if row.expires > rec.expires else 0
+        state = s.ClaimState(claim, claim_expires, count, extended)
+        out: list[Command] = [("HSET", self.keys.claim_states, rec.seq, state.encode())]
+        if extended:
+            k = rec.seq // s.SLOTS
+            out.append(("PEXPIREAT", self.keys.segment(k), extended, "GT"))
+        return out
+
+    def extend(
+        self, row: r.Row, claim_id: str, claim_expires: int, keep: int, ttl: int
+    ) -> list[Command]:
+        """record.extend_commands, in either layout."""
+        if row.id not in self._segment_rows:
+            return r.extend_commands(self.keys, row, claim_id, claim_expires, keep, ttl)
+        longer = row if keep <= row.expires else dataclasses.replace(row, expires=keep)
+        return [
+            *self._state(longer, claim_id, claim_expires, row.count),
+            ("ZADD", self.keys.claimed, claim_expires, row.id),
+        ]
+
+    def release(self, row: r.Row) -> list[Command]:
+        """record.release_commands, in either layout."""
+        if row.id not in self._segment_rows:
+            return r.release_commands(self.keys, row)
+        return [*self._state(row, "", 0, row.count), ("ZREM", self.keys.claimed, row.id)]
+
+    def requeue(self, row: r.Row, due: int) -> list[Command]:
+        """record.requeue_commands, in either layout (due: in the state)."""
+        if row.id not in self._segment_rows:
+            return r.requeue_commands(self.keys, row, due)
+        return [*self._state(row, "", due, row.count), ("ZREM", self.keys.claimed, row.id)]
+
+
+def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
+    """record.holder_commands, then, for an id that may name a segment
+    message, the reads of its holder and slot (for holder() and
+    forget_commands): four replies, else two."""
+    seq = s.seq_of(message_id)
+    reads = r.holder_commands(keys, message_id)
+    if seq is None:
+        return reads
+    k, slot = s.segment_of(seq)
+    at = slot * s.SLOT_BYTES
+    return [
+        *reads,
+        ("HGET", keys.claim_states, seq),
+        ("GETRANGE", keys.segment(k), at, at + s.SLOT_BYTES - 1),
+    ]
+
+
+def holder_keys(keys: QueueKeys, message_id: str) -> list[str]:
+    """The keys holder_commands reads (to WATCH)."""
+    seq = s.seq_of(message_id)
+    found = r.message_keys(keys, message_id)
+    if seq is None:
+        return found
+    return [*found, keys.claim_states, keys.segment(seq // s.SLOTS)]
+
+
+def holder(replies: Sequence[Any]) -> str:
+    """The claim id holding a message ('' = none) from holder_commands'
+    replies, in either layout."""
+    found = r.holder(replies[0], replies[1])
+    if found or len(replies) < 4 or replies[2] is None:
+        return found
+    return s.ClaimState.decode(replies[2]).claim
+
+
+def forget_commands(
+    keys: QueueKeys, message_id: str, replies: Sequence[Any], now: int
+) -> list[Command]:
+    """The writes that remove a message (given holder_commands' replies), in
+    either layout: a segment message's slot is marked gone (_lib.lua's
+    forget_segment writes the same)."""
+    out = r.forget_commands(keys, [message_id])
+    seq = s.seq_of(message_id)
+    if seq is None or len(replies) < 4 or len(replies[3]) != s.SLOT_BYTES:
+        return out
+    table = replies[3]
+    [value] = s.slot_offsets(table)
+    k, slot = s.segment_of(seq)
+    out.append(("HDEL", keys.claim_states, seq))
+    if value and not value & s.GONE_BIT:
+        out += [
+            (
+                "SETRANGE",
+                keys.segment(k),
+                slot * s.SLOT_BYTES,
+                (value | s.GONE_BIT).to_bytes(4, "big"),
+            ),
+            ("HINCRBY", keys.meta, s.GONE, 1),
+            ("HINCRBY", keys.segment_counts, k, -1),
+            ("ZADD", keys.reviews, "LT", now + s.DELETED_REVIEW_MS, k),
+        ]
+    return out
