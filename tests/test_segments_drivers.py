@@ -54,7 +54,7 @@ def body(n: int) -> bytes:
     return orjson.dumps({"n": n, "pad": "x" * (n % 17)})
 
 
-def batch(n: int, size: int, grouped: bool = True) -> list[NewMessage]:
+def batch(n: int, size: int) -> list[NewMessage]:
     """Messages n.. of every kind: ttls, delays, headers, groups."""
     return [
         NewMessage(
@@ -62,7 +62,7 @@ def batch(n: int, size: int, grouped: bool = True) -> list[NewMessage]:
             ttl=60 + i % 5 * 100,
             delay=30 if i % 11 == 0 else None,
             headers=b'{"h":"%d"}' % i if i % 4 == 0 else b"",
-            group=f"g{i % 3}" if grouped and i % 7 == 0 else "",
+            group=f"g{i % 3}" if i % 7 == 0 else "",
         )
         for i in range(n, n + size)
     ]
@@ -107,16 +107,14 @@ async def test_both_drivers_write_the_same_bytes(
     stores: StoreMaker, driver: str, project: str, redis_url: str, sizes: list[int]
 ) -> None:
     """The same posts at the same clock: every key of the layout alike,
-    byte for byte (the counter starts at the clock, so the seqs agree).
-    Groups are left out: the lua driver's post tidies a group's front as
-    if its ids were records of the older layout (not yet taught segments)."""
+    byte for byte (the counter starts at the clock, so the seqs agree)."""
     async with stores("lua") as lua, stores(driver) as other:
         n = 0
         for j, size in enumerate(sizes):
             for store, queue in ((lua, "a"), (other, "b")):
                 key = f"k{j}" if j % 2 else None
                 await store.post_messages(
-                    project, queue, WRITER, batch(n, size, False), idempotency_key=key
+                    project, queue, WRITER, batch(n, size), idempotency_key=key
                 )
             n += size
         a = await layout_of(redis_url, QueueKeys.of(project, "a"))
