@@ -27,7 +27,7 @@ it) with the claim states of their seqs. ``segment_pages.py`` filters it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
 from feedsvc.errors import PostTooLarge, QueueFull
 from feedsvc.storage import record as r
+from feedsvc.storage import segment_claims
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage
 from feedsvc.storage.coalescer import Command
@@ -281,6 +282,55 @@ def post_plan(
     return plan
 
 
+@dataclass(frozen=True, slots=True)
+class Forgetting:
+    """Deleting messages by id in either layout, in a transaction: the ids
+    of segment messages (seqs) have their slots read under WATCH, and are
+    marked gone as _lib.lua's forget_segment marks them."""
+
+    keys: QueueKeys
+    ids: list[str]
+    seqs: dict[str, int]  # id -> seq of the segment messages among ids
+    records: dict[str, seg.SegmentRecord]  # theirs, when read
+
+    def watch(self) -> list[str]:
+        if not self.seqs:
+            return []
+        numbers = dict.fromkeys(q // seg.SLOTS for q in self.seqs.values())
+        return [self.keys.claim_states, *(self.keys.segment(k) for k in numbers)]
+
+    def reads(self) -> list[Command]:
+        """Per segment message its claim state and its slot."""
+        out: list[Command] = []
+        for seq in self.seqs.values():
+            at = seq % seg.SLOTS * seg.SLOT_BYTES
+            out.append(("HGET", self.keys.claim_states, seq))
+            out.append(("GETRANGE", self.keys.segment(seq // seg.SLOTS), at, at + 3))
+        return out
+
+    def row(self, message_id: str, replies: Sequence[Any]) -> r.Row | None:
+        """A segment message as claim upkeep sees it (None: not one, or gone)."""
+        rec = self.records.get(message_id)
+        if rec is None:
+            return None
+        n = list(self.seqs).index(message_id)
+        state, slot = replies[2 * n], replies[2 * n + 1]
+        [value] = seg.slot_offsets(slot) if len(slot) == seg.SLOT_BYTES else [0]
+        if not value or value & seg.GONE_BIT:
+            return None
+        found = None if state is None else seg.ClaimState.decode(state)
+        return segment_claims.segment_row(message_id, rec, found)
+
+    def writes(self, replies: Sequence[Any], now: int) -> list[Command]:
+        """The deletes, given reads()' replies."""
+        older = [i for i in self.ids if i not in self.seqs]
+        out = r.forget_commands(self.keys, older) if older else []
+        for n, message_id in enumerate(self.seqs):
+            held = [None, None, *replies[2 * n : 2 * n + 2]]
+            out += segment_claims.forget_commands(self.keys, message_id, held, now)
+        return out
+
+
 class WatchSegments:
     """The segment layout through WATCH / MULTI / EXEC: posts, and the thin
     read of pages (one per store; the counters it expects per queue are
@@ -342,6 +392,26 @@ class WatchSegments:
                     return outcomes
                 await transport.transactions.backoff(attempt)
                 attempt += 1
+
+    async def forgetting(
+        self, keys: QueueKeys, ids: list[str], with_records: bool = False
+    ) -> Forgetting:
+        """What deleting ids takes: those that name segment messages of the
+        queue (segments.seq_of, from its NEW_START on), with their records
+        if asked (to judge their claims). Reads nothing for ids of the
+        older layout."""
+        if not any(seg.seq_of(i) is not None for i in ids):
+            return Forgetting(keys, ids, {}, {})
+        if with_records:
+            records = await segment_claims.read_records(self._transport, keys, ids)
+            return Forgetting(keys, ids, {i: rec.seq for i, rec in records.items()}, records)
+        [ns] = await self._transport.call_checked([("HGET", keys.meta, seg.NEW_START)])
+        seqs = {
+            i: q
+            for i in ids
+            if ns is not None and (q := seg.seq_of(i)) is not None and q >= int(ns)
+        }
+        return Forgetting(keys, ids, seqs, {})
 
     def _remember(self, keys: QueueKeys, counter: int | None) -> None:
         if len(self._counters) >= 10_000:

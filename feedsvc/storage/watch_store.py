@@ -439,16 +439,19 @@ class WatchStore(RedisStore):
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
             [row] = r.rows([message_id], replies)
+            if row is None:  # in the segments, if anywhere (segments.py's id rule)
+                row = forgetting.row(message_id, replies[2:])
             if row is not None and row.seq is not None:
                 claimed = row.claimed(now)
                 if claim_id is None and claimed:
                     return None, "claimed"
                 if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
-            return r.forget_commands(keys, [message_id]), "ok"
+            return forgetting.writes(replies[2:], now), "ok"
 
-        reads = r.read_commands(keys, [message_id])
-        watch = r.message_keys(keys, message_id)
+        forgetting = await self.segments.forgetting(keys, [message_id], with_records=True)
+        reads = [*r.read_commands(keys, [message_id]), *forgetting.reads()]
+        watch = [*r.message_keys(keys, message_id), *forgetting.watch()]
         outcome = await self._transport.transactions.optimistic(watch, reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
@@ -461,7 +464,16 @@ class WatchStore(RedisStore):
         if not ids:
             return
         keys = self._keys(project, queue)
-        await self._transport.transaction(r.forget_commands(keys, list(dict.fromkeys(ids))))
+        forgetting = await self.segments.forgetting(keys, list(dict.fromkeys(ids)))
+        if not forgetting.watch():
+            await self._transport.transaction(forgetting.writes([], 0))
+            return
+        now = self._clock.now_ms()
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            return forgetting.writes(replies, now), None
+
+        await self._transport.transactions.optimistic(forgetting.watch(), forgetting.reads(), plan)
 
     async def _free_candidates(
         self,
