@@ -26,8 +26,9 @@ it) with the claim states of their seqs. ``segment_pages.py`` filters it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal, require_sealed
-from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, scan_segments
+from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, ReadReply, scan_segments
 from feedsvc.storage.transport import Transport
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ Outcome = list[str] | Exception
 MAX_HOPS = 4
 #: expired older-layout messages a post forgets on the way (as post.lua)
 GC_BATCH = 100
+#: segments a queue's deletion or purge drops a transaction (as drop_queue.lua)
+DROP_SEGMENTS = 100
 #: the queue hash fields a post reads, in this order
 POST_FIELDS = (
     seg.NEW_START,
@@ -66,6 +69,11 @@ POST_FIELDS = (
     r.CREATED,
     seg.GONE,
 )
+
+
+def segment_keys(keys: QueueKeys) -> list[str]:
+    """A queue's keys of the layout besides its segments (dropped with it)."""
+    return [keys.directory, keys.claim_states, keys.reviews, keys.segment_counts]
 
 
 def replayed(seen: Any, now: int) -> list[str] | None:
@@ -343,7 +351,8 @@ class WatchSegments:
         clock: Clock,
         refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
     ) -> None:
-        self._transport, self._settings, self._clock = transport, settings, clock
+        self.transport, self._transport = transport, transport
+        self._settings, self._clock = settings, clock
         self._refusals = refusals
         self._counters: dict[str, int | None] = {}
 
@@ -412,6 +421,36 @@ class WatchSegments:
             if ns is not None and (q := seg.seq_of(i)) is not None and q >= int(ns)
         }
         return Forgetting(keys, ids, seqs, {})
+
+    async def drop(self, keys: QueueKeys) -> None:
+        """Delete a queue's segments, DROP_SEGMENTS at a time (as drop_queue.lua)."""
+        transport = self._transport
+        while True:
+            [numbers] = await transport.call_checked(
+                [("ZRANGE", keys.directory, 0, DROP_SEGMENTS - 1)]
+            )
+            if not numbers:
+                return
+            await transport.transaction(
+                [
+                    ("DEL", *(keys.segment(int(k)) for k in numbers)),
+                    ("ZREM", keys.directory, *numbers),
+                ]
+            )
+
+    async def purged(self, keys: QueueKeys) -> None:
+        """A purged queue in segments stays in them: every seq so far is gone,
+        and claims start past them (as drop_queue.lua)."""
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            ns, top = replies[0], replies[1]
+            if ns is None or top is None:
+                return None, None
+            gone = max(0, int(top) - int(ns) + 1)
+            return [("HSET", keys.meta, seg.GONE, gone, seg.CLAIM_HEAD, int(top) + 1)], None
+
+        reads: list[Command] = [("HGET", keys.meta, seg.NEW_START), ("GET", keys.seq)]
+        await self._transport.transactions.optimistic([keys.meta, keys.seq], reads, plan)
 
     def _remember(self, keys: QueueKeys, counter: int | None) -> None:
         if len(self._counters) >= 10_000:
@@ -508,3 +547,108 @@ def _slice(content: bytes, slot: int, n: int) -> list[bytes]:
     after = seg.slot_offsets(content[(slot + n) * seg.SLOT_BYTES : seg.TABLE_BYTES])
     end = next((v & seg.OFFSET_MASK for v in after if v), len(content))
     return [table, content[first:end]]
+
+
+@dataclass(slots=True)
+class Taking:
+    """A claim's or a pop's transaction over candidates in either layout:
+    the older layout's rows as record.py reads them, the segments' from
+    their records (read while choosing) with their claim states and slots
+    read under WATCH (a slot marked gone meanwhile makes the row None)."""
+
+    keys: QueueKeys
+    candidates: list[str]
+    records: dict[str, seg.SegmentRecord]
+    forgetting: Forgetting = field(init=False)
+    view: segment_claims.ClaimRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        seqs = {i: rec.seq for i, rec in self.records.items()}
+        self.forgetting = Forgetting(self.keys, self.candidates, seqs, self.records)
+        self.view = segment_claims.ClaimRows(self.keys, self.records)
+
+    def watch(self) -> list[str]:
+        older = (i for i in self.candidates if i not in self.records)
+        return [*(k for i in older for k in r.message_keys(self.keys, i)), *self.forgetting.watch()]
+
+    def reads(self) -> list[Command]:
+        return [*r.read_commands(self.keys, self.candidates), *self.forgetting.reads()]
+
+    def rows(self, replies: Sequence[Any]) -> list[r.Row | None]:
+        """The candidates' rows from reads()' replies."""
+        n = 2 * len(self.candidates)
+        mine = replies[n:]
+        states = [mine[2 * j] for j in range(len(self.records))]
+        rows = self.view.rows(self.candidates, [*replies[:n], states])
+        return [
+            row if row is None or row.id not in self.records or self.forgetting.row(row.id, mine)
+            else None
+            for row in rows
+        ]  # fmt: skip
+
+    def extend(
+        self, row: r.Row, claim_id: str, claim_expires: int, keep: int, ttl: int, count: int
+    ) -> list[Command]:
+        """record.extend_commands with a new claim count, in either layout."""
+        if row.id not in self.records:
+            return r.extend_commands(self.keys, row, claim_id, claim_expires, keep, ttl, count)
+        counted = dataclasses.replace(row, count=count)
+        return self.view.extend(counted, claim_id, claim_expires, keep, ttl)
+
+    def hold(self, row: r.Row, claim_id: str, claim_expires: int) -> list[Command]:
+        """record.hold_commands, in either layout."""
+        if row.id not in self.records:
+            return r.hold_commands(self.keys, row, claim_id, claim_expires)
+        return self.view.extend(row, claim_id, claim_expires, row.expires, row.ttl)
+
+    def forget(self, replies: Sequence[Any], now: int) -> list[Command]:
+        """The candidates removed (a pop), given reads()' replies."""
+        return self.forgetting.writes(replies[2 * len(self.candidates) :], now)
+
+
+@dataclass(slots=True)
+class Walk:
+    """A claim's or a pop's walk of the segments, from the queue's claim
+    head (segments.CLAIM_HEAD) on: rows in seq order, a batch a read."""
+
+    low: int  # where it began
+    head: int  # every seq before it is gone for good (deleted, popped, expired)
+    dead: bool = True  # all walked so far is
+    records: dict[str, seg.SegmentRecord] = field(default_factory=dict)
+
+    def tidy(self, keys: QueueKeys) -> list[Command]:
+        """The claim head moved on, if the walk found it could."""
+        return [("HSET", keys.meta, seg.CLAIM_HEAD, self.head)] if self.head > self.low else []
+
+
+async def walk_segments(
+    segments: WatchSegments, keys: QueueKeys, now: int, want: int
+) -> AsyncIterator[tuple[Walk, int, list[r.Row]]]:
+    """(the walk, slots looked at, the present rows among them) a read at a
+    time (want slots the first, then a segment), until the counter."""
+    [(ns, head)] = await segments.transport.call_checked(
+        [("HMGET", keys.meta, seg.NEW_START, seg.CLAIM_HEAD)], idempotent=True
+    )
+    if ns is None:
+        return
+    low = max(int(ns), int(head or 0))
+    walk = Walk(low, low)
+    start = low
+    while True:
+        got = ReadReply.parse(await segments.read(keys, now, start, want, True, None))
+        rows: list[r.Row] = []
+        for seq, raw in got.slots:
+            if raw is not None:
+                rec = seg.SegmentRecord.decode(seq, raw)
+                row = segment_claims.segment_row(seg.message_id(seq), rec, got.states.get(seq))
+                walk.records[row.id] = rec
+                walk.dead = walk.dead and row.expires <= now
+                rows.append(row)
+            if walk.dead:
+                walk.head = seq + 1
+        if walk.dead:
+            walk.head = max(walk.head, min(got.reached, got.top + 1))
+        yield walk, max(1, len(got.slots)), rows
+        if got.reached > got.top:
+            return
+        start, want = got.reached, seg.SLOTS

@@ -80,7 +80,14 @@ from feedsvc.storage.redis_store import (
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.segment_pages import MarkerAhead, PageScan
 from feedsvc.storage.watch_list import scan_page
-from feedsvc.storage.watch_segments import WatchSegments, replayed
+from feedsvc.storage.watch_segments import (
+    Taking,
+    Walk,
+    WatchSegments,
+    replayed,
+    segment_keys,
+    walk_segments,
+)
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -307,6 +314,7 @@ class WatchStore(RedisStore):
             if not ids:
                 break
             await transport.transaction(r.forget_commands(keys, ids))
+        await self.segments.drop(keys)
         while True:
             [claims] = await transport.call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
@@ -317,10 +325,13 @@ class WatchStore(RedisStore):
         kept = {keys.meta, keys.seq, keys.idempotency, keys.redrive} if keep_queue else set()
         # with a dead-letter queue's redrive and origins (storage/redrive.py)
         everything = [*keys.fixed(), keys.idempotency, keys.redrive, keys.origins]
+        everything += segment_keys(keys)
         deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
         if not keep_queue:
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
+        if keep_queue:
+            await self.segments.purged(keys)
 
     async def _post(
         self,
@@ -483,10 +494,11 @@ class WatchStore(RedisStore):
         max_claims: int | None,
         opened: dict[str, bytes],
         where: tuple[str, str, str],
-    ) -> tuple[list[str], int | None]:
+    ) -> tuple[list[str], int | None, Walk | None]:
         """Up to limit messages from the head that nobody holds (read without
         WATCH), and the earliest time one of the others looked at becomes
-        free by itself (see Unclaimable).
+        free by itself (see Unclaimable); in the older layout's index, then
+        in the segments (the walk: their records, the claim head).
 
         With max_claims, messages claimed that often (to be dead-lettered) are
         included too but do not count towards limit. A sealed body is
@@ -497,6 +509,25 @@ class WatchStore(RedisStore):
         next_free: int | None = None
         counted = 0
         offset, scanned, budget = 0, 0, self._claim_scan_limit()
+
+        def look(row: r.Row | None) -> bool:
+            """One message looked at; True: enough found."""
+            nonlocal next_free, counted
+            at = None if row is None else row.free_at(now)
+            if at is not None and (next_free is None or at < next_free):
+                next_free = at
+            if row is not None and row.free(now):
+                parked = max_claims is not None and row.count >= max_claims
+                if not parked and is_sealed(row.body):  # parked ones move as stored
+                    op, project, queue = where
+                    if not self._opener.verdict(row.id, row.body, op, self._noun, project, queue):
+                        return False
+                    opened[row.id] = row.body
+                found.append(row.id)
+                if max_claims is None or row.count < max_claims:
+                    counted += 1
+            return counted == limit
+
         while counted < limit and scanned < budget:
             [ids] = await self._transport.call_checked(
                 [("ZRANGE", keys.index, offset, offset + 99)]
@@ -508,24 +539,16 @@ class WatchStore(RedisStore):
             replies = await self._transport.call_checked(r.read_commands(keys, names))
             for row in r.rows(names, replies):
                 scanned += 1
-                at = None if row is None else row.free_at(now)
-                if at is not None and (next_free is None or at < next_free):
-                    next_free = at
-                if row is not None and row.free(now):
-                    parked = max_claims is not None and row.count >= max_claims
-                    if not parked and is_sealed(row.body):  # parked ones move as stored
-                        op, project, queue = where
-                        if not self._opener.verdict(
-                            row.id, row.body, op, self._noun, project, queue
-                        ):
-                            continue
-                        opened[row.id] = row.body
-                    found.append(row.id)
-                    if max_claims is None or row.count < max_claims:
-                        counted += 1
-                    if counted == limit:
-                        break
-        return found, next_free
+                if look(row):
+                    break
+        walk = None
+        if counted < limit and scanned < budget:
+            async for step in walk_segments(self.segments, keys, now, limit + 1):
+                walk, slots, rows = step
+                scanned += slots
+                if any(look(row) for row in rows) or scanned >= budget:
+                    break
+        return found, next_free, walk
 
     async def _take(
         self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
@@ -544,15 +567,20 @@ class WatchStore(RedisStore):
                 )
                 plan, max_claims = plan_for(now, meta)
                 opened: dict[str, bytes] = {}
-                candidates, next_free = await self._free_candidates(
+                candidates, next_free, walk = await self._free_candidates(
                     keys, now, limit, max_claims, opened, where
                 )
+                tidy = [] if walk is None else walk.tidy(keys)
                 if not candidates:
+                    if tidy:  # the claim head moves on (a courtesy: the next walk is shorter)
+                        await transport.call_checked(tidy)
                     return Unclaimable(next_free)
-                watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
+                walked = {} if walk is None else walk.records
+                taking = Taking(keys, candidates, {i: walked[i] for i in candidates if i in walked})
+                watch = [keys.meta, *taking.watch()]
                 reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += r.read_commands(keys, candidates)
-                run = _as_opened(candidates, opened, plan(candidates))
+                reads += taking.reads()
+                run = _as_opened(taking, opened, _tidied(plan(taking), tidy))
                 done, result = await transport.transactions.attempt(watch, reads, run)
                 if done and result is not None:
                     return result
@@ -570,8 +598,8 @@ class WatchStore(RedisStore):
             dlq = r.text(meta[1]) if meta[0] and meta[1] and r.text(meta[1]) != queue else None
             max_claims = int(meta[0]) if dlq is not None else None
 
-            def plan(candidates: list[str]) -> Plan[Taken]:
-                return _claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
+            def plan(taking: Taking) -> Plan[Taken]:
+                return _claim_plan(claim_id, now, ttl, grace, taking, meta, dlq)
 
             return plan, max_claims
 
@@ -587,13 +615,13 @@ class WatchStore(RedisStore):
         keys = self._keys(project, queue)
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
-            def plan(candidates: list[str]) -> Plan[list[Message]]:
+            def plan(taking: Taking) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = r.rows(candidates, replies[1:])
+                    rows = taking.rows(replies[1:])
                     if not all(row is not None and row.free(now) for row in rows):
                         raise Conflicted
                     popped = [row.message(now) for row in rows if row is not None]
-                    return r.forget_commands(keys, candidates), popped
+                    return taking.forget(replies[1:], now), popped
 
                 return run
 
@@ -603,14 +631,26 @@ class WatchStore(RedisStore):
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
 
 
-def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
+def _tidied(plan: Plan[T], tidy: list[Command]) -> Plan[T]:
+    """plan, with the claim head moved on where it writes."""
+    if not tidy:
+        return plan
+
+    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
+        writes, result = plan(replies)
+        return (None if writes is None else [*writes, *tidy]), result
+
+    return run
+
+
+def _as_opened(taking: Taking, opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
     """plan, once the sealed bodies read in the transaction are the ones
     opened before it (Conflicted otherwise: the next attempt opens again)."""
     if not opened:
         return plan
 
     def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
-        for row in r.rows(candidates, replies[1:]):
+        for row in taking.rows(replies[1:]):
             if row is not None and row.id in opened and row.body != opened[row.id]:
                 raise Conflicted
         return plan(replies)
@@ -619,18 +659,18 @@ def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -
 
 
 def _claim_plan(
-    keys: QueueKeys,
     claim_id: str,
     now: int,
     ttl: int,
     grace: int,
-    candidates: list[str],
+    taking: Taking,
     meta: list[Any],
     dlq: str | None,
 ) -> Plan[Taken]:
     """The claim transaction; its result is (the claim, the messages parked
     for the dead-letter queue, that queue: see ClaimUpkeep.dead_letter)."""
     claim_expires = now + ttl * 1000
+    keys, candidates = taking.keys, taking.candidates
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, Taken]:
         if replies[0] != meta:
@@ -638,7 +678,7 @@ def _claim_plan(
         writes: list[Command] = []
         claimed: list[Message] = []
         parked: list[r.Parked] = []
-        for message_id, row in zip(candidates, r.rows(candidates, replies[1:]), strict=True):
+        for message_id, row in zip(candidates, taking.rows(replies[1:]), strict=True):
             if row is None or not row.free(now):
                 raise Conflicted
             if dlq is not None and row.count >= int(meta[0]):
@@ -648,12 +688,10 @@ def _claim_plan(
                 parked.append(
                     r.Parked(message_id, row.body, row.author, dttl, row.count, row.headers)
                 )
-                writes += r.hold_commands(keys, row, claim_id, claim_expires)
+                writes += taking.hold(row, claim_id, claim_expires)
                 continue
             keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
-            writes += r.extend_commands(
-                keys, row, claim_id, claim_expires, keep, new_ttl, row.count + 1
-            )
+            writes += taking.extend(row, claim_id, claim_expires, keep, new_ttl, row.count + 1)
             assert row.seq is not None
             claimed.append(
                 Message(
@@ -665,6 +703,7 @@ def _claim_plan(
                     claim_id,
                     row.count + 1,
                     headers=row.headers or None,
+                    group=row.group or None,
                 )
             )
         if not claimed:
