@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
-from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
