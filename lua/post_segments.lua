@@ -80,7 +80,7 @@ local function flush()
   end
   if at == SEG_TABLE_BYTES then
     -- opened: its count starts at minus the seqs of its range before it
-    redis.call('HSETNX', SEGMENT_COUNTS, k, -first_slot)
+    redis.call('HSETNX', SEGMENT_COUNTS, k, int(-first_slot))
   end
   if at == SEG_TABLE_BYTES or not review_from or earliest < review_from then
     -- reviewed at its earliest expiry + SEG_REVIEW_AFTER_MS (or earlier)

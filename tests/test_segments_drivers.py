@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
+from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
@@ -96,6 +97,8 @@ async def layout_of(redis_url: str, keys: QueueKeys) -> dict[str, Any]:
         for g in ("g0", "g1", "g2"):
             out[g] = await client.zrange(keys.group(g), 0, -1, withscores=True)
         out["idem"] = sorted((await client.hgetall(keys.idempotency)).values())
+        out["counts"] = await client.hgetall(keys.segment_counts)
+        out["reviews"] = await client.zrange(keys.reviews, 0, -1, withscores=True)
         return out
     finally:
         await client.aclose()
@@ -163,3 +166,23 @@ async def test_posts_at_once_from_both_drivers_lose_nothing(
             assert sorted(seen) == list(range(600))
             got = await store.get_messages(project, "q", ids)
             assert sorted(orjson.loads(m.body)["n"] for m in got) == list(range(600))
+
+
+async def test_a_segment_opened_at_its_first_slot_takes_deletes(
+    stores: StoreMaker, driver: str, project: str
+) -> None:
+    """A post that opens a segment at slot 0 starts its count at 0 (Q:sn),
+    a number HINCRBY takes: a delete there works, by either driver (Lua's
+    -0 was written "-0", which Redis refuses to increment)."""
+    async with stores("lua") as lua, stores(driver) as other:
+        for writer, deleter, queue in ((lua, other, "a"), (other, lua, "b")):
+            [first] = await writer.post_messages(project, queue, WRITER, batch(0, 1))
+            room = segments.SLOTS - int(first, 16) % segments.SLOTS
+            ids = [first]
+            if room > 1:
+                ids += await writer.post_messages(project, queue, WRITER, batch(1, room - 1))
+            ids += await writer.post_messages(project, queue, WRITER, batch(room, 3))
+            assert int(ids[room], 16) % segments.SLOTS == 0
+            await deleter.delete_message(project, queue, ids[room], None)
+            await writer.delete_messages(project, queue, ids[room + 1 :])
+            assert await read_all(deleter, project, queue, 200) == list(range(room))

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
-from feedsvc.errors import PostTooLarge, QueueFull
+from feedsvc.errors import FeedError, PostTooLarge, QueueFull
 from feedsvc.storage import record as r
-from feedsvc.storage import segment_claims
+from feedsvc.storage import reviews, segment_claims
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage
 from feedsvc.storage.coalescer import Command
@@ -48,6 +49,8 @@ from feedsvc.storage.transport import Transport
 
 if TYPE_CHECKING:
     from feedsvc.storage.watch_store import Posting
+
+log = logging.getLogger("feedsvc")
 
 #: What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
@@ -68,6 +71,7 @@ POST_FIELDS = (
     r.GROUPS_SINCE,
     r.CREATED,
     seg.GONE,
+    reviews.REVIEW_FROM,
 )
 
 
@@ -126,6 +130,7 @@ class _Segment:
     first_slot: int
     records: list[bytes] = field(default_factory=list)
     latest: int = 0
+    earliest: int = 0
 
     def offsets(self, at: int) -> bytes:
         """The slots of the records appended at offset at."""
@@ -134,6 +139,10 @@ class _Segment:
             out.append(offset.to_bytes(seg.SLOT_BYTES, "big"))
             offset += len(record)
         return b"".join(out)
+
+    def opens(self, read: Any) -> bool:
+        """Whether the post opens the segment (new, or gone whole), as read."""
+        return not read
 
     def writes(self, keys: QueueKeys, read: Any) -> list[Command]:
         """Append the records to the segment as read (its length, or its
@@ -182,7 +191,7 @@ def post_plan(
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome] | None]:
         _, last, q, legacy_live, dead = replies[:5]
-        ns, encrypted, dttl, ddelay, mps, most, groups_since, created, gone = q
+        ns, encrypted, dttl, ddelay, mps, most, groups_since, created, gone, tmin = q
         if ns is None and not may_switch:
             return None, None
         counter = learned["counter"] = None if last is None else int(last)
@@ -249,6 +258,7 @@ def post_plan(
                     seg.encode_record(expires, due, ttl, author, extras, message.body)
                 )
                 part.latest = max(part.latest, expires)
+                part.earliest = min(part.earliest or expires, expires)
                 message_id = seg.message_id(seq)
                 ids.append(message_id)
                 group = message.group if grouping else ""
@@ -275,8 +285,19 @@ def post_plan(
             writes.append(("HDEL", keys.idempotency, *forget))
         if not segments:
             return writes, outcomes
+        review_from = None if tmin is None else int(tmin)
         for k, part in segments.items():
             writes += part.writes(keys, segment_reads.get(k))
+            if part.opens(segment_reads.get(k)):
+                # its count starts at minus the seqs of its range before it
+                writes.append(("HSETNX", keys.segment_counts, k, -part.first_slot))
+            if part.opens(segment_reads.get(k)) or not review_from or part.earliest < review_from:
+                # reviewed at its earliest expiry + REVIEW_AFTER_MS (reviews.py)
+                review_from = part.earliest
+                when = part.earliest + reviews.REVIEW_AFTER_MS
+                writes.append(("ZADD", keys.reviews, "LT", when, k))
+                writes.append(("HSET", keys.meta, reviews.REVIEW_FROM, part.earliest))
+                learned["review"] = min(learned.get("review") or when, when)
             before = segment_reads.get(k - 1)
             # the segment before is closed: written anew at its size
             if part.first_slot == 0 and k - 1 not in segments and isinstance(before, bytes):
@@ -350,7 +371,9 @@ class WatchSegments:
         settings: StoreSettings,
         clock: Clock,
         refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
+        sweeps: reviews.SweepSchedule,
     ) -> None:
+        self._sweeps = sweeps
         self.transport, self._transport = transport, transport
         self._settings, self._clock = settings, clock
         self._refusals = refusals
@@ -398,6 +421,8 @@ class WatchSegments:
                 done, outcomes = await transport.transactions.attempt(watch, reads, plan)
                 self._remember(keys, learned["counter"])
                 if done:
+                    if (when := learned.get("review")) is not None:
+                        await self._note_review(postings[0], when)
                     return outcomes
                 await transport.transactions.backoff(attempt)
                 attempt += 1
@@ -451,6 +476,15 @@ class WatchSegments:
 
         reads: list[Command] = [("HGET", keys.meta, seg.NEW_START), ("GET", keys.seq)]
         await self._transport.transactions.optimistic([keys.meta, keys.seq], reads, plan)
+
+    async def _note_review(self, posting: Posting, when: int) -> None:
+        """The post scheduled a review of the queue's segments: noted in
+        fs:sweep (as LuaSegments.note_review). The post is done: a failure
+        here only delays the review."""
+        try:
+            await self._sweeps.note(posting.kind, posting.project, posting.queue, when)
+        except FeedError as exc:
+            log.warning("a segment review of %s/%s waits: %s", posting.project, posting.queue, exc)
 
     def _remember(self, keys: QueueKeys, counter: int | None) -> None:
         if len(self._counters) >= 10_000:

@@ -277,7 +277,9 @@ class WatchStore(RedisStore):
             else Combiner(self._index_combined, MAX_COMBINED_POSTS)
         )
         refusals = (self._too_large, functools.partial(queue_full, self._noun))
-        self.segments = WatchSegments(self._transport, self._settings, self._clock, refusals)
+        self.segments = WatchSegments(
+            self._transport, self._settings, self._clock, refusals, self.parts.sweeps
+        )
 
     async def close(self) -> None:
         await self._combiner.close()
