@@ -41,7 +41,7 @@ from feedsvc.storage import reviews, segment_claims
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
+from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, ReadReply, scan_segments
@@ -372,8 +372,9 @@ class WatchSegments:
         clock: Clock,
         refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
         sweeps: reviews.SweepSchedule,
+        kind: Kind,
     ) -> None:
-        self._sweeps = sweeps
+        self._sweeps, self._kind = sweeps, kind
         self.transport, self._transport = transport, transport
         self._settings, self._clock = settings, clock
         self._refusals = refusals
@@ -422,7 +423,7 @@ class WatchSegments:
                 self._remember(keys, learned["counter"])
                 if done:
                     if (when := learned.get("review")) is not None:
-                        await self._note_review(postings[0], when)
+                        await self.note_review(postings[0].project, postings[0].queue, when)
                     return outcomes
                 await transport.transactions.backoff(attempt)
                 attempt += 1
@@ -477,14 +478,14 @@ class WatchSegments:
         reads: list[Command] = [("HGET", keys.meta, seg.NEW_START), ("GET", keys.seq)]
         await self._transport.transactions.optimistic([keys.meta, keys.seq], reads, plan)
 
-    async def _note_review(self, posting: Posting, when: int) -> None:
-        """The post scheduled a review of the queue's segments: noted in
-        fs:sweep (as LuaSegments.note_review). The post is done: a failure
-        here only delays the review."""
+    async def note_review(self, project: str, queue: str, when: int) -> None:
+        """A write scheduled a review of the queue's segments (reviews.py):
+        noted in fs:sweep (as LuaSegments.note_review). The write is done: a
+        failure here only delays the review until the sweep finds it."""
         try:
-            await self._sweeps.note(posting.kind, posting.project, posting.queue, when)
+            await self._sweeps.note(self._kind, project, queue, when)
         except FeedError as exc:
-            log.warning("a segment review of %s/%s waits: %s", posting.project, posting.queue, exc)
+            log.warning("a segment review of %s/%s waits: %s", project, queue, exc)
 
     def _remember(self, keys: QueueKeys, counter: int | None) -> None:
         if len(self._counters) >= 10_000:

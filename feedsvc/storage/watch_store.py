@@ -79,6 +79,7 @@ from feedsvc.storage.redis_store import (
 )
 from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
 from feedsvc.storage.segment_pages import MarkerAhead, PageScan
+from feedsvc.storage.sweeper import Sweeper
 from feedsvc.storage.watch_list import scan_page
 from feedsvc.storage.watch_segments import (
     Taking,
@@ -88,6 +89,7 @@ from feedsvc.storage.watch_segments import (
     segment_keys,
     walk_segments,
 )
+from feedsvc.storage.watch_sweep import WatchSweep
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -278,10 +280,31 @@ class WatchStore(RedisStore):
         )
         refusals = (self._too_large, functools.partial(queue_full, self._noun))
         self.segments = WatchSegments(
-            self._transport, self._settings, self._clock, refusals, self.parts.sweeps
+            self._transport, self._settings, self._clock, refusals, self.parts.sweeps, self._kind
         )
+        self.reviews = WatchSweep(self._transport, self._clock)
+        self.sweeper: Sweeper | None = None
+
+    async def open(self) -> None:
+        await super().open()
+        if self._kind == "queue":
+            # one sweep loop a process (queues and topics): storage/sweeper.py
+            self.sweeper = Sweeper(self.parts.sweeps, self._clock, self._sweep_queue)
+            self.sweeper.start()
+
+    async def _sweep_queue(
+        self, kind: Kind, project: str, queue: str, most: int
+    ) -> tuple[int, int | None]:
+        """Up to ``most`` due reviews of a queue's segments (watch_sweep.py)."""
+        store = self if kind == self._kind else self.topics()
+        return await store.reviews.sweep(store._keys(project, queue), most)
+
+    async def _live_swept(self, keys: QueueKeys) -> int | None:
+        return await self.reviews.live(keys)
 
     async def close(self) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.close()
         await self._combiner.close()
         await super().close()
 
