@@ -186,3 +186,39 @@ async def test_a_segment_opened_at_its_first_slot_takes_deletes(
             await deleter.delete_message(project, queue, ids[room], None)
             await writer.delete_messages(project, queue, ids[room + 1 :])
             assert await read_all(deleter, project, queue, 200) == list(range(room))
+
+
+async def test_posted_by_one_claimed_and_deleted_by_the_other(
+    stores: StoreMaker, driver: str, project: str, clock: ManualClock
+) -> None:
+    """Post with lua, claim, list and delete with the other driver, and back:
+    one claim state, one claim head, one count, whichever driver wrote them."""
+    async with stores("lua") as lua, stores(driver) as other:
+        for writer, reader, queue in ((lua, other, "a"), (other, lua, "b")):
+            plain = [NewMessage(body(i), 300, group="g" if i == 119 else "") for i in range(120)]
+            ids = await writer.post_messages(project, queue, WRITER, plain)
+            claim = await reader.claim_messages(project, queue, 60, 60, 10)
+            assert claim is not None and [m.id for m in claim.messages] == ids[:10]
+            # the other driver sees the claim: not claimable, listed only when asked
+            again = await writer.claim_messages(project, queue, 60, 60, 5)
+            assert again is not None and [m.id for m in again.messages] == ids[10:15]
+            page = await writer.list_messages(project, queue, ListQuery(READER, limit=20))
+            assert [m.id for m in page.messages] == ids[15:35]
+            held = await writer.list_messages(
+                project, queue, ListQuery(READER, limit=3, include_claimed=True)
+            )
+            assert [m.claim_id for m in held.messages] == [claim.id] * 3
+            for m in claim.messages[:5]:
+                await writer.delete_message(project, queue, m.id, claim.id)
+            await reader.release_claim(project, queue, claim.id)
+            popped = await writer.pop_messages(project, queue, 3)
+            assert [m.id for m in popped] == ids[5:8]
+            await reader.delete_messages(project, queue, ids[100:])
+            left = await read_all(reader, project, queue, 50)
+            assert left == [8, 9, *range(15, 100)]  # 10-14: the second claim's
+            stats = await writer.queue_stats(project, queue)
+            assert (stats.total, stats.claimed) == (92, 5)
+            clock.advance(61)  # the second claim ran out: all free again
+            rest = await reader.pop_messages(project, queue, 100)
+            assert [m.id for m in rest] == ids[8:100]
+            assert (await writer.queue_stats(project, queue)).total == 0
