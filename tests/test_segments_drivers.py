@@ -86,7 +86,8 @@ async def layout_of(redis_url: str, keys: QueueKeys) -> dict[str, Any]:
     """Everything a post writes of a queue in segments, as stored."""
     client = direct_client(redis_url)
     try:
-        numbers = [int(k) for k in await client.zrange(keys.directory, 0, -1)]
+        members: Any = await client.zrange(keys.directory, 0, -1)
+        numbers = [int(k) for k in members]
         out: dict[str, Any] = {"dir": numbers, "seq": await client.get(keys.seq)}
         for k in numbers:
             key = keys.segment(k)

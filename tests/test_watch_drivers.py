@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -58,8 +59,9 @@ async def stored(url: str, project: str, queue: str) -> int:
     client = direct_client(url)
     async with client:
         count = len([k async for k in client.scan_iter(match=keys.record("*"))])
-        for k in await client.zrange(keys.directory, 0, -1):
-            table = await client.getrange(keys.segment(int(k)), 0, segments.TABLE_BYTES - 1)
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        for k in numbers:
+            table: Any = await client.getrange(keys.segment(int(k)), 0, segments.TABLE_BYTES - 1)
             count += sum(1 for v in segments.slot_offsets(table) if v)
     return count
 
