@@ -31,7 +31,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
@@ -46,9 +46,7 @@ from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, ReadReply, scan_segments
 from feedsvc.storage.transport import Transport
-
-if TYPE_CHECKING:
-    from feedsvc.storage.watch_store import Posting
+from feedsvc.storage.watch_posting import Posting
 
 log = logging.getLogger("feedsvc")
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -72,24 +71,23 @@ from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
-    idempotency_token,
     marker_not_given_out,
     queue_full,
     read_tail_marker,
 )
-from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
+from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.segment_pages import MarkerAhead, PageScan
 from feedsvc.storage.sweeper import Sweeper
 from feedsvc.storage.watch_list import scan_page
+from feedsvc.storage.watch_posting import Posting
 from feedsvc.storage.watch_segments import (
     Taking,
-    Walk,
     WatchSegments,
     replayed,
     segment_keys,
-    walk_segments,
 )
 from feedsvc.storage.watch_sweep import WatchSweep
+from feedsvc.storage.watch_take import Taker
 
 GC_BATCH = 100
 DROP_BATCH = 500
@@ -103,47 +101,6 @@ Taken = tuple[Claim | None, list[r.Parked], str | None]
 Outcome = list[str] | Exception
 #: _post_plan's answer when the queue is in segments (segments.NEW_START): nothing done
 IN_SEGMENTS: list[Outcome] = []
-
-
-@dataclass(slots=True)
-class Posting:
-    """One POST on its way to the index."""
-
-    project: str
-    queue: str
-    keys: QueueKeys
-    client_id: str
-    messages: list[NewMessage]
-    ids: list[str]
-    request_size: int
-    token: str | None  # idempotency token
-    sealed: bool
-    #: the room it holds under its project's quota, let go of in the
-    #: indexing transaction when ``held.in_script``
-    held: Reservation | None = None
-    #: what the feed is: the combiner that indexes it is the queue store's,
-    #: shared by the topic view, so the posting says where to list the feed
-    kind: Kind = "queue"
-
-    @classmethod
-    def make(
-        cls,
-        keys: QueueKeys,
-        project: str,
-        queue: str,
-        client_id: str,
-        messages: list[NewMessage],
-        request_size: int,
-        idempotency_key: str | None,
-        sealed: bool,
-        held: Reservation | None = None,
-        kind: Kind = "queue",
-    ) -> Posting:
-        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
-        ids = [new_id() for _ in messages]
-        return cls(
-            project, queue, keys, client_id, messages, ids, request_size, token, sealed, held, kind
-        )
 
 
 def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
@@ -283,6 +240,10 @@ class WatchStore(RedisStore):
             self._transport, self._settings, self._clock, refusals, self.parts.sweeps, self._kind
         )
         self.reviews = WatchSweep(self._transport, self._clock)
+        self._taker = Taker(
+            self._transport, self._clock, self._opener, self.segments, self._noun,
+            self._claim_scan_limit(),
+        )  # fmt: skip
         self.sweeper: Sweeper | None = None
 
     async def open(self) -> None:
@@ -511,107 +472,6 @@ class WatchStore(RedisStore):
 
         await self._transport.transactions.optimistic(forgetting.watch(), forgetting.reads(), plan)
 
-    async def _free_candidates(
-        self,
-        keys: QueueKeys,
-        now: int,
-        limit: int,
-        max_claims: int | None,
-        opened: dict[str, bytes],
-        where: tuple[str, str, str],
-    ) -> tuple[list[str], int | None, Walk | None]:
-        """Up to limit messages from the head that nobody holds (read without
-        WATCH), and the earliest time one of the others looked at becomes
-        free by itself (see Unclaimable); in the older layout's index, then
-        in the segments (the walk: their records, the claim head).
-
-        With max_claims, messages claimed that often (to be dead-lettered) are
-        included too but do not count towards limit. A sealed body is
-        included only if this process can open it (else it is skipped, logged
-        and counted), and noted in opened as it was read.
-        """
-        found: list[str] = []
-        next_free: int | None = None
-        counted = 0
-        offset, scanned, budget = 0, 0, self._claim_scan_limit()
-
-        def look(row: r.Row | None) -> bool:
-            """One message looked at; True: enough found."""
-            nonlocal next_free, counted
-            at = None if row is None else row.free_at(now)
-            if at is not None and (next_free is None or at < next_free):
-                next_free = at
-            if row is not None and row.free(now):
-                parked = max_claims is not None and row.count >= max_claims
-                if not parked and is_sealed(row.body):  # parked ones move as stored
-                    op, project, queue = where
-                    if not self._opener.verdict(row.id, row.body, op, self._noun, project, queue):
-                        return False
-                    opened[row.id] = row.body
-                found.append(row.id)
-                if max_claims is None or row.count < max_claims:
-                    counted += 1
-            return counted == limit
-
-        while counted < limit and scanned < budget:
-            [ids] = await self._transport.call_checked(
-                [("ZRANGE", keys.index, offset, offset + 99)]
-            )
-            if not ids:
-                break
-            offset += len(ids)
-            names = [r.text(i) for i in ids]
-            replies = await self._transport.call_checked(r.read_commands(keys, names))
-            for row in r.rows(names, replies):
-                scanned += 1
-                if look(row):
-                    break
-        walk = None
-        if counted < limit and scanned < budget:
-            async for step in walk_segments(self.segments, keys, now, limit + 1):
-                walk, slots, rows = step
-                scanned += slots
-                if any(look(row) for row in rows) or scanned >= budget:
-                    break
-        return found, next_free, walk
-
-    async def _take(
-        self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
-    ) -> Any:
-        """Find free candidates, then run plan_for(now, candidates, meta) over
-        them in a transaction; again after a backoff on conflict (a sealed
-        body changed since it was opened is one). Unclaimable when nothing is
-        free; where is (what, project, queue) for the log."""
-        transport = self._transport
-        attempt = 0
-        async with transport.transactions.write_slot():
-            while True:
-                now = self._clock.now_ms()
-                [meta] = await transport.call_checked(
-                    [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                )
-                plan, max_claims = plan_for(now, meta)
-                opened: dict[str, bytes] = {}
-                candidates, next_free, walk = await self._free_candidates(
-                    keys, now, limit, max_claims, opened, where
-                )
-                tidy = [] if walk is None else walk.tidy(keys)
-                if not candidates:
-                    if tidy:  # the claim head moves on (a courtesy: the next walk is shorter)
-                        await transport.call_checked(tidy)
-                    return Unclaimable(next_free)
-                walked = {} if walk is None else walk.records
-                taking = Taking(keys, candidates, {i: walked[i] for i in candidates if i in walked})
-                watch = [keys.meta, *taking.watch()]
-                reads: list[Command] = [("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS)]
-                reads += taking.reads()
-                run = _as_opened(taking, opened, _tidied(plan(taking), tidy))
-                done, result = await transport.transactions.attempt(watch, reads, run)
-                if done and result is not None:
-                    return result
-                await transport.transactions.backoff(attempt)
-                attempt += 1
-
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
     ) -> Claim | Unclaimable:
@@ -628,7 +488,7 @@ class WatchStore(RedisStore):
 
             return plan, max_claims
 
-        taken = await self._take(keys, limit, plan_for, ("a claim", project, queue))
+        taken = await self._taker.take(keys, limit, plan_for, ("a claim", project, queue))
         if isinstance(taken, Unclaimable):
             return taken
         claim, parked, dlq = taken
@@ -652,35 +512,8 @@ class WatchStore(RedisStore):
 
             return plan, None
 
-        popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
+        popped = await self._taker.take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
-
-
-def _tidied(plan: Plan[T], tidy: list[Command]) -> Plan[T]:
-    """plan, with the claim head moved on where it writes."""
-    if not tidy:
-        return plan
-
-    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
-        writes, result = plan(replies)
-        return (None if writes is None else [*writes, *tidy]), result
-
-    return run
-
-
-def _as_opened(taking: Taking, opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
-    """plan, once the sealed bodies read in the transaction are the ones
-    opened before it (Conflicted otherwise: the next attempt opens again)."""
-    if not opened:
-        return plan
-
-    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
-        for row in taking.rows(replies[1:]):
-            if row is not None and row.id in opened and row.body != opened[row.id]:
-                raise Conflicted
-        return plan(replies)
-
-    return run
 
 
 def _claim_plan(
