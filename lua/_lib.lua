@@ -125,6 +125,26 @@ local function slot_at(t, j)
   return v, false
 end
 
+-- A segment message's id (segments.py's message_id): the feed's tag (the
+-- first digits of the SHA1 of its key prefix, so an id names a message of
+-- this feed only; made once a call), then its seq in hex. segment_seq is
+-- the other way: the seq an id names here (nil: none of this feed's
+-- segment ids).
+local seg_tag = nil
+local function segment_tag()
+  if not seg_tag then seg_tag = string.sub(redis.sha1hex(PREFIX), 1, SEG_ID_TAG_DIGITS) end
+  return seg_tag
+end
+local function segment_id(seq)
+  return segment_tag() .. string.format(SEG_SEQ_FORMAT, seq)
+end
+local function segment_seq(id)
+  if #id ~= SEG_ID_DIGITS or string.sub(id, 1, SEG_ID_TAG_DIGITS) ~= segment_tag() then
+    return nil
+  end
+  return tonumber(string.sub(id, SEG_ID_TAG_DIGITS + 1), 16)
+end
+
 -- Segment messages by id (storage/segments.py): a segment id names its
 -- seq; the message is read from its slot, its record and its claim state
 -- (Q:cl), only if the seq is the queue's F_NEW_START or later. Rule: an id
@@ -140,13 +160,12 @@ local function segment_layout()
   return seg_layout
 end
 
--- The seq a segment id names (nil: not one, or below the queue's segments).
-local function segment_seq(id)
-  if #id ~= SEG_ID_DIGITS or sub(id, 1, 8) ~= '00000000' then return nil end
-  local seq = tonumber(sub(id, 9), 16)
+-- The seq a segment id of this queue names (nil: not one, or below the
+-- queue's segments).
+local function segment_message_seq(id)
+  local seq = segment_seq(id)
   local ns = segment_layout().ns
-  if not seq or not ns or seq < ns or seq >= 2^53 then return nil end
-  if string.format(SEG_ID_FORMAT, seq) ~= id then return nil end
+  if not seq or not ns or seq < ns or segment_id(seq) ~= id then return nil end
   return seq
 end
 
@@ -216,7 +235,7 @@ end
 
 -- The segment message of this id as a table (nil: gone, or not one).
 local function segment_message(id)
-  local seq = segment_seq(id)
+  local seq = segment_message_seq(id)
   if not seq then return nil end
   local k, slot = segment_of(seq)
   local key = SEGMENT_PREFIX .. k
@@ -230,7 +249,7 @@ end
 -- A message as a table (nil: gone), in either layout (see record.py), or in
 -- the queue's segments.
 local function read_message(id)
-  if segment_seq(id) and not segment_layout().legacy then return segment_message(id) end
+  if segment_message_seq(id) and not segment_layout().legacy then return segment_message(id) end
   return parse_message(id, redis.call('GET', record_key(id))) or segment_message(id)
 end
 
@@ -247,16 +266,30 @@ end
 -- Store a segment message's claim state (m: a read_message table): its
 -- claim, count, and its expiry if a claim extended it, which its segment
 -- then lives until too (a segment lives as long as its longest-lived message).
-local function write_state(m)
+-- states: nil to write at once, or a table gathering the writes for
+-- write_states (one HSET, one PEXPIREAT per segment for a whole claim).
+local function write_state(m, states)
   local extended = 0
-  if m.expires > m.posted_expires then
-    extended = m.expires
-    local k = segment_of(m.seq)
+  local k = segment_of(m.seq)
+  if m.expires > m.posted_expires then extended = m.expires end
+  local claim = m.claim ~= '' and m.claim or '-'
+  local value = claim .. ' ' .. int(m.claim_expires) .. ' ' .. int(m.count) .. ' ' .. int(extended)
+  if states then
+    states.fields[#states.fields + 1] = int(m.seq)
+    states.fields[#states.fields + 1] = value
+    if extended > (states.longest[k] or 0) then states.longest[k] = extended end
+    return
+  end
+  if extended > 0 then redis.call('PEXPIREAT', SEGMENT_PREFIX .. k, int(extended), 'GT') end
+  redis.call('HSET', CLAIM_STATES, int(m.seq), value)
+end
+
+-- The writes write_state gathered in states.
+local function write_states(states)
+  if #states.fields > 0 then redis.call('HSET', CLAIM_STATES, unpack(states.fields)) end
+  for k, extended in pairs(states.longest) do
     redis.call('PEXPIREAT', SEGMENT_PREFIX .. k, int(extended), 'GT')
   end
-  local claim = m.claim ~= '' and m.claim or '-'
-  redis.call('HSET', CLAIM_STATES, int(m.seq), claim .. ' ' .. int(m.claim_expires) .. ' '
-    .. int(m.count) .. ' ' .. int(extended))
 end
 
 -- A segment message is gone (deleted, popped, dead-lettered): its slot is
@@ -276,14 +309,14 @@ local function forget_segment(seq, now)
     end
   end
   redis.call('HDEL', CLAIM_STATES, int(seq))
-  redis.call('ZREM', KEYS[K_CLAIMED], string.format(SEG_ID_FORMAT, seq))
+  redis.call('ZREM', KEYS[K_CLAIMED], segment_id(seq))
 end
 
 -- Store m's header; a legacy message moves to its record, atomically; a
 -- segment message's claim state.
-local function write_header(id, m)
+local function write_header(id, m, states)
   if m.segment then
-    write_state(m)
+    write_state(m, states)
   elseif m.legacy then
     redis.call('SET', record_key(id), record(m))
     redis.call('PEXPIREAT', record_key(id), int(m.expires))
@@ -365,12 +398,6 @@ local function forget(id)
   redis.call('ZREM', KEYS[K_CLAIMED], id)
 end
 
--- The group of a message (a read_message table), '' = none: it rides on
--- the author line after H_GROUP_MARK (record.py's author_line).
-local function group_of(m)
-  return string.match(m.author, GROUP_PATTERN) or ''
-end
-
 -- The group of the message stored under id ('' = none, or gone), read from
 -- the start of its author line only (a legacy message has none).
 local function stored_group(id)
@@ -397,19 +424,31 @@ local function is_live(m, now)
 end
 
 -- Drop the ids at the front of a group whose messages are gone or expired
--- (up to 5 looked at), and settle its entry: expiry cannot tell which group
--- an expired id was in (its record is gone), so groups are tidied from
--- their fronts, by the claims that walk them and here.
-local function tidy_group(group, now)
+-- (up to 5 looked at), and settle its entry if it changed: expiry cannot
+-- tell which group an expired id was in (its record is gone), so groups
+-- are tidied from their fronts, by the claims that walk them and here. It
+-- reads a message's header only (a grouped message is never legacy).
+local function tidy_group(group, now_text)
   local gkey = GROUP_PREFIX .. group
-  local front = redis.call('ZRANGE', gkey, 0, 4)
-  local stale = {}
+  local now = ms_text(tonumber(now_text))
+  local stale, front = {}, redis.call('ZRANGE', gkey, 0, 4)
+  if #front == 0 then settle_group(group) end  -- emptied by a copy's forget
   for _, id in ipairs(front) do
-    if is_live(read_message(id), now) then break end
+    if segment_message_seq(id) then
+      -- a segment message (its slot, its record, its claim state)
+      local m = segment_message(id)
+      if m and m.expires > tonumber(now_text) then break end
+    else
+      local h = redis.call('GETRANGE', record_key(id), 0, H_EXPIRES_END - 1)
+      if #h == H_EXPIRES_END and tonumber(sub(h, H_SEQ, H_SEQ_END)) > 0
+        and sub(h, H_EXPIRES, H_EXPIRES_END) > now then break end
+    end
     stale[#stale + 1] = id
   end
-  if #stale > 0 then redis.call('ZREM', gkey, unpack(stale)) end
-  settle_group(group)
+  if #stale > 0 then
+    redis.call('ZREM', gkey, unpack(stale))
+    settle_group(group)
+  end
 end
 
 -- Walk a queue's segment messages with seqs from low up to below high (nil:
@@ -418,13 +457,16 @@ end
 -- one (m: its read_message table) and visit(nil) for each slot table read,
 -- until a visit answers true. Returns the first seq walked that held a
 -- message not gone and not expired (or where the walk stopped): every seq
--- from low up to it is gone for good (deleted, popped, expired).
+-- from low up to it is gone for good (deleted, popped, expired); the claim
+-- states of those it met go (a message expired keeps no state past the
+-- claims' head).
 local function walk_segments(now, low, high, batch, visit)
   local top = tonumber(redis.call('GET', KEYS[K_SEQ]))
   local from, head, dead = low, low, true
   if not top then return head end
   if high and high - 1 < top then top = high - 1 end
   local states = redis.call('EXISTS', CLAIM_STATES) == 1
+  local stale = {}
   while from <= top do
     local k, slot = segment_of(from)
     local key = SEGMENT_PREFIX .. k
@@ -433,6 +475,9 @@ local function walk_segments(now, low, high, batch, visit)
     if #t == 0 then
       -- gone whole: on to the next segment there is
       local nxt = redis.call('ZRANGE', DIRECTORY, '(' .. k, '+inf', 'BYSCORE', 'LIMIT', 0, 1)[1]
+      if dead and states then
+        for j = slot, SEG_SLOTS - 1 do stale[#stale + 1] = int(tonumber(k) * SEG_SLOTS + j) end
+      end
       from = nxt and math.max(from, tonumber(nxt) * SEG_SLOTS) or top + 1
       if dead then head = math.min(from, top + 1) end
     else
@@ -451,8 +496,9 @@ local function walk_segments(now, low, high, batch, visit)
         if dead then
           if m.expires > now then dead = false end
           head = dead and seq + 1 or seq
+          if dead and got[i] then stale[#stale + 1] = int(seq) end
         end
-        if visit(string.format(SEG_ID_FORMAT, seq), seq, m) then
+        if visit(segment_id(seq), seq, m) then
           stop = true
           break
         end
@@ -463,6 +509,7 @@ local function walk_segments(now, low, high, batch, visit)
       batch = math.min(batch * 2, SEG_SLOTS)
     end
   end
+  if #stale > 0 then redis.call('HDEL', CLAIM_STATES, unpack(stale)) end
   return head
 end
 
@@ -622,9 +669,10 @@ local function collect_garbage(now_text, groups_since)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMED], "-inf", now_text)
   redis.call('ZREMRANGEBYSCORE', KEYS[K_CLAIMS], "-inf", now_text)
   if groups_since then
-    local now = tonumber(now_text)
     for _, entry in ipairs(redis.call('ZRANGE', CLAIM_INDEX, 0, 1)) do
-      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then tidy_group(sub(entry, #GROUP_ENTRY + 1), now) end
+      if sub(entry, 1, #GROUP_ENTRY) == GROUP_ENTRY then
+        tidy_group(sub(entry, #GROUP_ENTRY + 1), now_text)
+      end
     end
   end
 end
@@ -668,8 +716,8 @@ local function replayed(token, now)
 end
 
 -- Remember an idempotent post's ids under its token until (ms).
-local function remember_post(token, until_ms, ids)
-  redis.call('HSET', IDEMPOTENCY, token, int(until_ms) .. ' ' .. table.concat(ids, ' '))
+local function remember_post(token, longestms, ids)
+  redis.call('HSET', IDEMPOTENCY, token, int(longestms) .. ' ' .. table.concat(ids, ' '))
 end
 
 -- Reviews of segments (storage/reviews.py): when the sweep looks at each
@@ -748,7 +796,7 @@ local function review_segment(k, now, top)
   if count > #s.keep then redis.call('HINCRBY', KEYS[K_META], F_GONE, count - #s.keep) end
   if #s.dead > 0 then
     local ids = {}
-    for i, seq in ipairs(s.dead) do ids[i] = string.format(SEG_ID_FORMAT, tonumber(seq)) end
+    for i, seq in ipairs(s.dead) do ids[i] = segment_id(tonumber(seq)) end
     if redis.call('EXISTS', CLAIM_STATES) == 1 then redis.call('HDEL', CLAIM_STATES, unpack(s.dead)) end
     redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
     if redis.call('EXISTS', CLAIM_INDEX) == 1 then redis.call('ZREM', CLAIM_INDEX, unpack(ids)) end

@@ -55,14 +55,17 @@ local function judge(id, seq, m)
 end
 local chosen, next_free, tidy = choose_messages(now, limit, scan_limit, groups_since, judge)
 if #unopened > 1 then return unopened end
+-- segment messages' claim states, and the claimed index, written at once
+local states, claimed = {fields = {}, longest = {}}, {}
 for _, c in ipairs(chosen) do
   local id, seq, m, park = c[1], c[2], c[3], c[4]
   local key = record_key(id)
   local count = m.count
   if park then
     m.claim, m.claim_expires = claim_id, claim_expires
-    write_header(id, m)
-    redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+    write_header(id, m, states)
+    claimed[#claimed + 1] = int(claim_expires)
+    claimed[#claimed + 1] = id
     if c[5] ~= '' then
       -- it leaves its group (whose next message is now its head), and stays
       -- claimable alone until the dead-letter queue has its copy
@@ -78,12 +81,13 @@ for _, c in ipairs(chosen) do
     local new_expires, new_ttl = extend_for_claim(m.expires, m.created, claim_expires, grace)
     m.claim, m.claim_expires, m.count = claim_id, claim_expires, count + 1
     m.expires, m.ttl = new_expires, new_ttl
-    write_header(id, m)
+    write_header(id, m, states)
     if not m.segment then
       redis.call('PEXPIREAT', key, int(new_expires))
       redis.call('ZADD', KEYS[K_EXP], int(new_expires), id)
     end
-    redis.call('ZADD', KEYS[K_CLAIMED], int(claim_expires), id)
+    claimed[#claimed + 1] = int(claim_expires)
+    claimed[#claimed + 1] = id
     claimed_ids[#claimed_ids + 1] = id
     out[#out + 1] = id
     out[#out + 1] = seq
@@ -94,6 +98,8 @@ for _, c in ipairs(chosen) do
     out[#out + 1] = m.author  -- the author line: the message's headers ride on it
   end
 end
+write_states(states)
+if #claimed > 0 then redis.call('ZADD', KEYS[K_CLAIMED], unpack(claimed)) end
 tidy_after(tidy)
 if #claimed_ids > 0 then
   local ckey = claim_key(claim_id)

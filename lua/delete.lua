@@ -28,7 +28,7 @@ if #ids == 0 then return 'ok' end
 -- the ids of the queue's segments (storage/segments.py), id -> seq
 local segment_ids = {}
 for _, id in ipairs(ids) do
-  local seq = segment_seq(id)
+  local seq = segment_message_seq(id)
   if seq and (not segment_layout().legacy
       or redis.call('EXISTS', record_key(id), legacy_key(id)) == 0) then
     segment_ids[id] = seq
@@ -44,7 +44,7 @@ if redis.call('HEXISTS', KEYS[K_META], F_GROUPS_SINCE) == 1 then
     local group
     if segment_ids[id] then
       local m = segment_message(id)
-      group = m and group_of(m) or ''
+      group = m and string.match(m.author, GROUP_PATTERN) or ''
     else
       group = stored_group(id)
     end

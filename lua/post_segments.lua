@@ -117,7 +117,7 @@ for i = 1, n do
   pending = pending + #record
   if expires > latest then latest = expires end
   if not earliest or expires < earliest then earliest = expires end
-  local id = string.format(SEG_ID_FORMAT, seq)
+  local id = segment_id(seq)
   ids[i] = id
   if group ~= '' then
     if not groups_since then

@@ -1437,3 +1437,19 @@ async def test_redis_down_is_503_with_retry_after(headers: Headers, driver: str)
                 assert resp.status == 503, method
                 assert int(resp.headers["Retry-After"]) >= 1
                 check_request_id(resp)
+
+
+async def test_an_unknown_expectation_is_ignored_and_100_continue_still_works(
+    http: Client, headers: Headers
+) -> None:
+    """aiohttp answers an Expect other than 100-continue with a plain-text 417
+    before any handler, a status no operation documents (the OpenAPI fuzz
+    found it); RFC 9110 lets a server ignore it, and feedsvc does."""
+    resp = await http.get("/v2", headers={**headers, "Expect": "T"})
+    assert resp.status == 200, await resp.text()
+    ids = await post(http, {**headers, "Expect": "100-continue"}, "exp", [{"body": 1}])
+    resp = await http.post(
+        messages_path("exp"), json={"messages": [{"body": 2}]}, headers={**headers, "Expect": "x"}
+    )
+    assert resp.status == 201, await resp.text()
+    assert len(ids) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -35,6 +36,7 @@ from tests.test_api import (
     post,
 )
 from tests.test_api_redrive import progress_when
+from tests.test_live import next_event, open_stream
 
 #: The drivers that order claims by group so far.
 GROUPED_DRIVERS = ["lua"]
@@ -142,6 +144,18 @@ async def test_the_group_comes_back_wherever_the_message_is(http: Client, header
     assert [(m["body"], m["group"], m["headers"]) for m in popped["messages"]] == [
         ("p", "g2", {"k": "v"})
     ]
+
+
+@grouped
+async def test_a_stream_event_carries_the_group(http: Client, headers: Headers) -> None:
+    stream = await open_stream(http, headers)  # the queue "q" of tests/test_live.py
+    try:
+        await next_event(stream)  # retry
+        await post(http, other_client(headers), "q", [{"body": "s", "group": "g"}])
+        event = orjson.loads((await next_event(stream))["data"])
+    finally:
+        stream.close()
+    assert (event["body"], event["group"]) == ("s", "g")
 
 
 @grouped
@@ -364,6 +378,7 @@ async def test_releasing_a_message_releases_the_claim_s_later_messages_of_its_gr
 
 
 @grouped
+@both_topologies
 async def test_pop_respects_groups(http: Client, headers: Headers) -> None:
     q = "pop"
     ids = await post(
@@ -405,6 +420,7 @@ async def test_a_hot_group_s_blocked_backlog_does_not_stop_a_claim(
 
 @records_only
 @grouped
+@both_topologies
 async def test_expired_grouped_messages_leave_no_stale_ids_after_gc(
     http: Client, headers: Headers, clock: ManualClock, redis_url: str
 ) -> None:
@@ -472,6 +488,7 @@ async def dead_lettered(http: Client, headers: Headers) -> list[str]:
 
 
 @grouped
+@both_topologies
 async def test_a_dead_letter_keeps_its_group_and_its_order(
     http: Client, headers: Headers, redis_url: str
 ) -> None:
@@ -529,3 +546,30 @@ async def test_a_redriven_dead_letter_keeps_its_group_and_its_order(
         assert await zset(redis, keys.claim_index) == []
     finally:
         await redis.aclose()
+
+
+@grouped
+@pytest.mark.parametrize("how", ["purge", "delete"])
+async def test_purge_and_queue_delete_take_the_claim_index_and_the_groups(
+    http: Client, headers: Headers, redis_url: str, how: str
+) -> None:
+    q = "drop"
+    keys = QueueKeys.of(headers["X-Project-ID"], q)
+    await post(http, headers, q, [{"body": n, "group": f"g{n % 3}"} for n in range(7)])
+    await post(http, headers, q, [{"body": "u"}])
+    if how == "purge":
+        body = {"resource_types": ["messages"]}
+        resp = await http.post(f"/v2/queues/{q}/purge", json=body, headers=headers)
+    else:
+        resp = await http.delete(f"/v2/queues/{q}", headers=headers)
+    assert resp.status == 204, await resp.text()
+    redis: Any = direct_client(redis_url)
+    try:
+        assert await redis.exists(keys.claim_index, *(keys.group(f"g{n}") for n in range(3))) == 0
+        assert await redis.hget(keys.meta, record.GROUPS_SINCE) is None
+    finally:
+        await redis.aclose()
+    # a purged queue starts its claim index again with its next grouped post
+    await post(http, headers, q, [{"body": "u2"}, {"body": "a", "group": "g0"}])
+    _, got = await claim(http, headers, q)
+    assert bodies(got) == ["u2", "a"]

@@ -170,7 +170,7 @@ async def test_deleted_records_go_at_the_next_review(
     ids = await post(store, project, [DAYS_14] * 10)
     [segment] = segment_keys(rc, keys)
     full = rc.strlen(segment)
-    seq = segments.seq_of(ids[3])
+    seq = segments.seq_of(segments.id_tag(keys.prefix), ids[3])
     delete = "segment_gone(ARGV[1], tonumber(ARGV[2]))"
     when = run_lib(rc, keys, delete, seq, clock.now_ms())
     assert when == clock.now_ms() + reviews.DELETE_REVIEW_MS

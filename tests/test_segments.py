@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 
 import orjson
 import pytest
@@ -15,10 +16,12 @@ import pytest
 from feedsvc.clock import ManualClock
 from feedsvc.errors import MarkerNotGivenOut, ProjectMessagesFull, QueueFull
 from feedsvc.storage import segments
-from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent, Unreadable
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
+from feedsvc.storage.segment_pages import PageScan, read_by_commands, scan_segments
+from feedsvc.storage.transport import Transport
 from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
@@ -84,7 +87,8 @@ async def test_a_post_lists_and_reads_back_every_field(
             NewMessage(body(3), 300, headers=b'{"a":"b"}', group="g1"),
         ]
         ids = await store.post_messages(project, "q", WRITER, posted)
-        assert all(len(i) == 24 and int(i, 16) for i in ids)
+        tag = segments.id_tag(QueueKeys.of(project, "q").prefix)
+        assert all(len(i) == 24 and i.startswith(tag) for i in ids)
         assert ids == sorted(ids)
         page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
         assert [m.id for m in page.messages] == ids
@@ -97,7 +101,7 @@ async def test_a_post_lists_and_reads_back_every_field(
         ]
         assert [m.group for m in page.messages] == [None, None, "g1", "g1"]
         assert [m.ttl for m in page.messages] == [300, 600, 300, 300]
-        assert [m.seq for m in page.messages] == [int(i, 16) for i in ids]
+        assert [m.seq for m in page.messages] == [int(i[11:], 16) for i in ids]
         got = await store.get_messages(project, "q", [ids[3], ids[1], "0" * 24])
         assert [(m.id, m.body, m.headers, m.group) for m in got] == [
             (ids[3], body(3), b'{"a":"b"}', "g1"),
@@ -108,7 +112,7 @@ async def test_a_post_lists_and_reads_back_every_field(
         try:
             keys = QueueKeys.of(project, "q")
             assert not await client.exists(keys.record(ids[0]))
-            k, _ = segments.segment_of(int(ids[0], 16))
+            k, _ = segments.segment_of(page.messages[0].seq)
             assert await client.exists(keys.segment(k))
         finally:
             await client.aclose()
@@ -178,7 +182,7 @@ async def test_a_marker_past_the_counter_is_refused(stores: StoreMaker, project:
         [one] = await store.post_messages(project, "q", WRITER, [NewMessage(body(0), 300)])
         with pytest.raises(MarkerNotGivenOut):
             await store.list_messages(
-                project, "q", ListQuery(READER, marker=int(one, 16) + 5, check_marker=True)
+                project, "q", ListQuery(READER, marker=int(one[11:], 16) + 5, check_marker=True)
             )
 
 
@@ -199,13 +203,13 @@ async def test_a_queue_switches_to_segments_once_and_is_read_legacy_then_segment
         )
         # a process configured records: the queue's segments win
         fresh += await old.post_messages(project, "q", WRITER, [NewMessage(body(40), 300)])
-        assert all(int(i, 16) > int(f, 16) for i in fresh[1:] for f in fresh[:1])
+        assert fresh == sorted(fresh)
         client = direct_client(redis_url)
         try:
             keys = QueueKeys.of(project, "q")
             assert not await client.exists(keys.record(fresh[-1]))
             ns = int(await client.hget(keys.meta, segments.NEW_START) or 0)
-            assert ns == int(fresh[0], 16)
+            assert ns == int(fresh[0][11:], 16)
         finally:
             await client.aclose()
         for store in (old, new):
@@ -248,7 +252,7 @@ async def test_sealed_bodies_are_stored_sealed(
         assert [m.body for m in await store.get_messages(project, "vault", ids)] == [body(7)]
         client = direct_client(redis_url)
         try:
-            k, _ = segments.segment_of(int(ids[0], 16))
+            k, _ = segments.segment_of(page.messages[0].seq)
             raw = await client.get(QueueKeys.of(project, "vault").segment(k))
             assert isinstance(raw, bytes) and MAGIC in raw and b'{"n":7}' not in raw
         finally:
@@ -264,8 +268,11 @@ def test_the_record_codec_round_trips() -> None:
     assert segments.author_text(rec.author) == WRITER
     assert segments.split_extras(rec.extras) == ("g", b'{"a":"b"}')
     assert rec.created == 1_800_000_000_000 - 300_000
-    assert segments.seq_of(segments.message_id(1_799_999_999_999_999)) == 1_799_999_999_999_999
-    assert segments.seq_of("0123456789abcdef01234567") is None
+    tag = segments.id_tag(QueueKeys.of("p", "q").prefix)
+    assert len(tag) == 11 and tag != segments.id_tag(QueueKeys.of("p", "r").prefix)
+    seq = 1_799_999_999_999_999
+    assert segments.seq_of(tag, segments.message_id(tag, seq)) == seq
+    assert segments.seq_of(tag, "0123456789abcdef01234567") is None
     state = segments.ClaimState("c" * 24, 5, 2, 9)
     assert segments.ClaimState.decode(state.encode()) == state
 
@@ -297,3 +304,66 @@ async def test_the_project_quota_counts_segment_messages(stores: StoreMaker, pro
             await store.post_messages(project, "a", WRITER, [NewMessage(body(3), 300)])
         usage = await store.quotas.usage(project)
         assert usage["messages"] == 3
+
+
+async def test_deliveries_read_both_layouts_in_order(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """A subscription's delivery reads (no script) find the older messages,
+    then the segments', gone ones as None so the position moves past them."""
+    async with stores("records") as old, stores("segments") as new:
+        await old.post_messages(project, "q", WRITER, [NewMessage(body(0), 300)])
+        await new.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 5 if i == 2 else 300) for i in range(1, 150)]
+        )
+        clock.advance(10)
+        parent = Parent("queue", project, "q")
+        seen: list[int | None] = []
+        position = 0
+        while batch := await new.deliveries.messages_after(parent, position, 40):
+            for seq, message in batch:
+                assert seq > position
+                position = seq
+                assert not isinstance(message, Unreadable)
+                seen.append(None if message is None else orjson.loads(message.body)["n"])
+        assert seen == [0, 1, None, *range(3, 150)]
+
+
+async def test_the_read_by_commands_pages_as_the_script_does(
+    stores: StoreMaker, project: str, redis_url: str, clock: ManualClock
+) -> None:
+    """read_by_commands (no script) answers what read_segments.lua does."""
+    async with stores() as store:
+        for i in range(0, 230, 23):
+            batch = [NewMessage(body(n), 5 if n % 4 == 0 else 300) for n in range(i, i + 23)]
+            await store.post_messages(project, "q", WRITER, batch)
+        clock.advance(10)
+        keys = QueueKeys.of(project, "q")
+        transport = Transport(make_settings(redis_url), clock)
+        try:
+            transport.open()
+            for limit in (1, 10, 20):
+                marker: int | None = None
+                while True:
+                    query = ListQuery(READER, marker=marker, limit=limit)
+                    tag = segments.id_tag(keys.prefix)
+                    scan = PageScan(tag, query, clock.now_ms(), 1000)
+                    read = partial(read_by_commands, transport, keys, clock.now_ms())
+                    page = await scan_segments(read, scan, marker, None, False)
+                    assert page == await store.list_messages(project, "q", query)
+                    if not page.messages:
+                        break
+                    marker = page.next_marker
+        finally:
+            await transport.close()
+
+
+async def test_an_id_reaches_its_own_queue_only(stores: StoreMaker, project: str) -> None:
+    """Seqs of two queues overlap; their ids do not (segments.id_tag)."""
+    async with stores() as store:
+        mine = await store.post_messages(project, "a", WRITER, [NewMessage(body(0), 300)])
+        theirs = await store.post_messages(project, "b", WRITER, [NewMessage(body(1), 300)])
+        # b's counter started where a's did (the same clock): the same seq
+        assert mine[0][11:] == theirs[0][11:] and mine != theirs
+        assert await store.get_messages(project, "a", theirs) == []
+        assert [m.id for m in await store.get_messages(project, "b", theirs)] == theirs

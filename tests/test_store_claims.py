@@ -52,7 +52,7 @@ async def claim_ids(store: FeedStore, project: str, limit: int, ttl: int = 300) 
 def life_key(keys: QueueKeys, message_id: str) -> str:
     """The key whose expiry is a message's life: its record, or its segment
     (which lives as long as its longest-lived message)."""
-    seq = segments.seq_of(message_id)
+    seq = segments.seq_of(segments.id_tag(keys.prefix), message_id)
     return keys.record(message_id) if seq is None else keys.segment(seq // segments.SLOTS)
 
 

@@ -10,9 +10,10 @@ import orjson
 import pytest
 
 from feedsvc.clock import ManualClock
-from feedsvc.config import STORAGE_LAYOUTS, Settings
+from feedsvc.config import Settings
 from feedsvc.errors import QueueNotFound, RedriveRunning
 from feedsvc.storage import record as rec
+from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
@@ -26,16 +27,12 @@ WRITER = str(uuid.uuid4())
 A, B = "owner-a", "owner-b"
 
 
-@pytest.fixture(params=STORAGE_LAYOUTS)
+@pytest.fixture(params=["records"])
 def storage_layout(request: pytest.FixtureRequest, driver: str) -> str:
-    """Both layouts new messages are written in (the segments on the drivers that write them)."""
+    """These tests follow a message by its id, which a redrive keeps in the
+    older layout only (in segments an id is a position: a moved message gets
+    a new one there); the segment layout's redrive is tested below."""
     return both_layouts(request, driver)
-
-
-@pytest.fixture(autouse=True)
-def _redrives_into_segments(storage_layout: str) -> None:
-    if storage_layout == "segments":
-        pytest.skip("redriving into a queue in segments is not built yet")
 
 
 async def dead_letters(store: FeedStore, project: str, n: int, queue: str = "q") -> list[str]:
@@ -328,3 +325,46 @@ async def test_sealed_bodies_move_sealed_and_open_in_their_queue(
         assert back.body == b'"secret"'
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("storage_layout", ["segments"], indirect=True)
+async def test_dead_letters_go_back_into_a_queue_in_segments_once_in_order(
+    store: FeedStore, project: str, redis_url: str
+) -> None:
+    """Into a queue that writes segments a moved message is a new message:
+    a new id (its seq there), the same body, author, headers and group, a
+    fresh ttl and a claim count of 0, in order, once, and claimable."""
+    await store.create_queue(
+        project,
+        "q",
+        {"_max_claim_count": 1, "_dead_letter_queue": "dlq", "_default_message_ttl": 700},
+    )
+    batch = [
+        NewMessage(orjson.dumps({"n": i}), 300, headers=b'{"h":1}' if i == 1 else b"")
+        for i in range(3)
+    ]
+    ids = await store.post_messages(project, "q", WRITER, batch)
+    for _ in range(2):  # claimed once, then moved by the next claim
+        claim = await store.claim_messages(project, "q", 300, 60, 20)
+        if claim is not None:
+            await store.release_claim(project, "q", claim.id)
+    assert await listed(store, project, "dlq") == ids
+    await store.redrives.start(project, "dlq", 100, None)
+    assert await store.redrives.step(project, "dlq", A) == 3
+    assert await store.redrives.step(project, "dlq", A) == 0
+    page = await store.list_messages(project, "q", ListQuery(READER, limit=20, with_authors=True))
+    back = page.messages
+    assert [orjson.loads(m.body)["n"] for m in back] == [0, 1, 2]
+    assert all(
+        m.id not in ids
+        and segments.seq_of(segments.id_tag(QueueKeys.of(project, "q").prefix), m.id) == m.seq
+        for m in back
+    )
+    assert [(m.ttl, m.claim_count, m.author, m.headers) for m in back] == [
+        (700, 0, WRITER, None),
+        (700, 0, WRITER, b'{"h":1}'),
+        (700, 0, WRITER, None),
+    ]
+    assert await listed(store, project, "dlq") == []
+    claim = await store.claim_messages(project, "q", 300, 60, 20)
+    assert claim is not None and [m.id for m in claim.messages] == [m.id for m in back]

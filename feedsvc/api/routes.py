@@ -3,7 +3,8 @@ action each one is for the scope check (``ACTIONS``, ``feedsvc.api.identity``)."
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.typedefs import Handler
 from aiohttp.web_urldispatcher import AbstractRoute
 
@@ -130,18 +131,31 @@ def route_actions(app: web.Application) -> dict[AbstractRoute, str | None]:
     return table
 
 
+async def expect_continue(request: web.Request) -> None:
+    """What an ``Expect`` header gets before the handler runs: "100
+    Continue" for ``100-continue`` (as aiohttp's default), and any other
+    expectation is ignored (RFC 9110 lets a server ignore one) instead of
+    aiohttp's plain-text 417, which no operation of the API documents."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version == HttpVersion11 and expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+
+
 def add_routes(app: web.Application, bench_routes: bool = False) -> None:
     for method, path, handler, _ in ROUTES:
         if method == "GET":
             # GET routes answer HEAD too (HEAD /v2/ping is a health probe)
-            app.router.add_get(path, handler)
+            app.router.add_get(path, handler, expect_handler=expect_continue)
         else:
-            app.router.add_route(method, path, handler)
+            app.router.add_route(method, path, handler, expect_handler=expect_continue)
     # operations: not part of the Zaqar API, no headers needed
-    app.router.add_get("/metrics", metrics.get_metrics)
+    app.router.add_get("/metrics", metrics.get_metrics, expect_handler=expect_continue)
     # the browser console: static files; the page sends /v2 requests itself
-    app.router.add_get("/console", console.get_console)
-    app.router.add_get("/console/{asset}", console.get_console_asset)
+    app.router.add_get("/console", console.get_console, expect_handler=expect_continue)
+    app.router.add_get(
+        "/console/{asset}", console.get_console_asset, expect_handler=expect_continue
+    )
     if bench_routes:
         app.router.add_get("/bench/hello", h.bench_hello)
         app.router.add_post("/bench/post", h.bench_post)

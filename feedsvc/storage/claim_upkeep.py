@@ -27,7 +27,6 @@ from feedsvc.errors import (
 )
 from feedsvc.storage import groups, segment_claims
 from feedsvc.storage import record as r
-from feedsvc.storage import segments as seg
 from feedsvc.storage.base import Claim
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
@@ -35,7 +34,7 @@ from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
 from feedsvc.storage.segment_claims import ClaimRows, read_records
-from feedsvc.storage.segment_pages import segment_messages
+from feedsvc.storage.segment_dead_letters import copy_dead_letters
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -73,15 +72,7 @@ class ClaimUpkeep(FeedSpace):
         if expires is None or int(expires) <= now:
             raise ClaimNotFound(claim_id)
         held = r.text(ids).split() if ids else []
-        replies = await self._transport.call_checked(r.read_commands(keys, held)) if held else []
-        found = r.live_messages(held, replies, now)
-        seqs = {
-            i: q for i, m in zip(held, found, strict=True) if m is None and (q := seg.seq_of(i))
-        }
-        if seqs:
-            # the segments' (a seq below them reads nothing there)
-            more = await segment_messages(self._transport, keys, list(seqs.values()), now)
-            found = [m or more.get(seqs.get(i, -1)) for i, m in zip(held, found, strict=True)]
+        found = await segment_claims.live_messages(self._transport, keys, held, now)
         messages = [m for m in found if m is not None and m.claim_id == claim_id]
         opened = self._opener.readable(messages, "a claim's read", self._noun, project, queue)
         return Claim(claim_id, int(ttl), int(grace), int(created), opened)
@@ -306,45 +297,33 @@ class ClaimUpkeep(FeedSpace):
         holders = [segment_claims.holder_commands(source, m.id) for m in parked]
 
         def forget(replies: list[Any]) -> tuple[list[Command] | None, None]:
-            writes: list[Command] = []
-            held = []
-            at = 0
-            for m, reads in zip(parked, holders, strict=True):
-                mine = replies[at : at + len(reads)]
-                at += len(reads)
-                if segment_claims.holder(mine) == claim_id:
-                    held.append(m)
-                    writes += segment_claims.forget_commands(source, m.id, mine, now)
-            if not held:
-                return None, None
-            return writes + groups.forget_commands(source, [(m.id, m.group) for m in held]), None
+            return segment_claims.forget_parked(source, parked, holders, replies, claim_id, now)
 
         transport = self._transport
-        if await segment_claims.in_segments(transport, target):
-            # not built yet: a copy in the older layout would sit above its
-            # segments' first seq, where no list looks; the messages stay
-            log.warning("dead-lettering to %s, a queue in segments, is not built yet", dlq)
-            return
+        keep_after = (self._settings.max_claim_ttl + self._settings.max_claim_grace) * 1000
         try:
             # a dead-letter queue not made yet is a new queue: listed first,
             # under the project's max_queues (over it, the messages stay)
             await self._quotas.admit(project, "queue", dlq, 0)
-            await transport.transactions.optimistic(
-                [
-                    target.seq,
-                    target.meta,
-                    target.origins,
-                    *(k for m in parked for k in r.message_keys(target, m.id)),
-                ],
-                [
-                    ("GET", target.seq),
-                    ("EXISTS", target.meta),
-                    ("PTTL", target.origins),
-                    ("HGET", target.meta, r.GROUPS_SINCE),
-                    *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
-                ],
-                copy,
-            )
+            if await segment_claims.in_segments(transport, target):
+                await copy_dead_letters(transport, queue, target, parked, now, keep_after)
+            else:
+                await transport.transactions.optimistic(
+                    [
+                        target.seq,
+                        target.meta,
+                        target.origins,
+                        *(k for m in parked for k in r.message_keys(target, m.id)),
+                    ],
+                    [
+                        ("GET", target.seq),
+                        ("EXISTS", target.meta),
+                        ("PTTL", target.origins),
+                        ("HGET", target.meta, r.GROUPS_SINCE),
+                        *(("EXISTS", *r.message_keys(target, m.id)) for m in parked),
+                    ],
+                    copy,
+                )
             await transport.transactions.optimistic(
                 [k for m in parked for k in segment_claims.holder_keys(source, m.id)],
                 [c for reads in holders for c in reads],

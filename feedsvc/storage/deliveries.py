@@ -21,10 +21,12 @@ import orjson
 
 from feedsvc.clock import Clock
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage import subscriptions as s
 from feedsvc.storage.base import Delivery, Message, Parent, Unreadable
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import SUBSCRIBED_KEY
+from feedsvc.storage.segment_pages import messages_from
 from feedsvc.storage.transport import Transport
 
 
@@ -159,18 +161,24 @@ class RedisDeliveries:
         self, parent: Parent, position: int, limit: int
     ) -> list[tuple[int, Message | Unreadable | None]]:
         keys = self._parent_keys(parent)
-        [entries] = await self._transport.call_checked(
+        entries, new_start = await self._transport.call_checked(
             [("ZRANGEBYSCORE", keys.index, f"({position}", "+inf", "WITHSCORES",
-              "LIMIT", 0, limit)]
+              "LIMIT", 0, limit), ("HGET", keys.meta, seg.NEW_START)]
         )  # fmt: skip
         pairs = [(r.text(i), r.parse_seq(seq)) for i, seq in r.pairs(entries)]
-        if not pairs:
-            return []
-        ids = [i for i, _ in pairs]
-        replies = await self._transport.call_checked(r.read_commands(keys, ids))
         now = self._clock.now_ms()
-        messages = r.live_messages(ids, replies, now)
-        found = [(seq, m) for (_, seq), m in zip(pairs, messages, strict=True)]
+        found: list[tuple[int, Message | None]]
+        if pairs:
+            ids = [i for i, _ in pairs]
+            replies = await self._transport.call_checked(r.read_commands(keys, ids))
+            messages = r.live_messages(ids, replies, now)
+            found = [(seq, m) for (_, seq), m in zip(pairs, messages, strict=True)]
+        elif new_start is not None:
+            # past the older layout's messages: the queue's segments (segments.py)
+            start = max(position + 1, int(new_start))
+            found = await messages_from(self._transport, keys, start, limit, now)
+        else:
+            return []
         opened = iter(self._reveal([m for _, m in found if m is not None], parent))
         return [(seq, None if m is None else next(opened)) for seq, m in found]
 

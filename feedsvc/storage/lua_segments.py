@@ -172,7 +172,7 @@ class LuaSegments(FeedSpace):
         """A page read from the segments; None: the older layout first (list.lua)."""
         read = functools.partial(self.read, keys, now)
         check = query.marker if query.check_marker else None
-        scan = PageScan(query, now, self._settings.scan_limit)
+        scan = PageScan(seg.id_tag(keys.prefix), query, now, self._settings.scan_limit)
         return await scan_segments(read, scan, query.marker, check, False)
 
     async def carry_on(
@@ -180,7 +180,8 @@ class LuaSegments(FeedSpace):
     ) -> MessagePage:
         """The page list.lua began (its ``more`` reply), carried on in the segments."""
         read = functools.partial(self.read, keys, now)
-        scan = PageScan.after_legacy(reply, query, now, self._settings.scan_limit)
+        tag, limit = seg.id_tag(keys.prefix), self._settings.scan_limit
+        scan = PageScan.after_legacy(reply, tag, query, now, limit)
         page = await scan_segments(read, scan, query.marker, None, True)
         assert page is not None
         return page

@@ -392,11 +392,11 @@ class RedisStore(FeedSpace, ABC):
         found = r.live_messages(wanted, replies[:-1], now)
         if replies[-1] is not None:
             # a queue in segments: an id not found in the older layout is a seq
-            new_start = int(replies[-1])
+            new_start, tag = int(replies[-1]), seg.id_tag(keys.prefix)
             seqs = {
                 i: q
                 for i, m in zip(wanted, found, strict=True)
-                if m is None and (q := seg.seq_of(i)) is not None and q >= new_start
+                if m is None and (q := seg.seq_of(tag, i)) is not None and q >= new_start
             }
             if seqs:
                 more = await segment_messages(self._transport, keys, list(seqs.values()), now)

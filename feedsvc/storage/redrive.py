@@ -43,13 +43,15 @@ from typing import Any
 from feedsvc.clock import Clock
 from feedsvc.config import MessageSettings
 from feedsvc.errors import ProjectQueuesFull, QueueNotFound, RedriveRunning
-from feedsvc.storage import groups
+from feedsvc.storage import groups, segments
 from feedsvc.storage import record as r
+from feedsvc.storage import segment_claims as sc
 from feedsvc.storage.base import Redrive, new_id
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import REDRIVES_KEY, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.segment_claims import in_segments
+from feedsvc.storage.segment_writes import Appending, append_transaction
 from feedsvc.storage.transport import Transport
 
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
@@ -279,6 +281,11 @@ class RedisRedrives:
             ]
         )
         listed = r.pairs(found)
+        if len(listed) < budget:  # then the segments (segment_claims.py)
+            after = r.parse_seq(listed[-1][1]) if listed else state.cursor
+            listed += await sc.segment_entries(
+                transport, keys, after, state.end, budget - len(listed)
+            )
         ids = [r.text(i) for i, _ in listed]
         last = r.parse_seq(listed[-1][1]) if listed else state.cursor
         batch = await self._park(keys, state, owner, ids, last, now)
@@ -314,7 +321,7 @@ class RedisRedrives:
             origins = replies[1]
             records = replies[2:]
             moves, skipped = [], 0
-            for n, row in enumerate(r.rows(ids, records)):
+            for n, row in enumerate(view.rows(ids, records)):
                 if row is None or not row.alive(now):
                     continue  # expired meanwhile: nothing to move
                 if row.claimed(now) and row.claim != PARK_ID:
@@ -325,16 +332,17 @@ class RedisRedrives:
                     skipped += 1  # dead-lettered before origins were kept
                     continue
                 raw = records[2 * n]
-                rest = raw[r.FIXED :] if raw is not None else row.author + r.NEWLINE + row.body
-                writes += r.hold_commands(keys, row, PARK_ID, now + PARK_MS)
+                rest = raw[r.FIXED :] if raw is not None else sc.record_rest(row)
+                writes += view.hold(row, PARK_ID, now + PARK_MS)
                 moves.append(Move(row, rest, target))
             return writes, Batch(moves, skipped, last)
 
-        watch = [keys.redrive, *(k for i in ids for k in r.message_keys(keys, i))]
+        view = sc.ClaimRows(keys, await sc.read_records(self._transport, keys, ids))
+        watch = [keys.redrive, *(k for i in ids for k in r.message_keys(keys, i)), *view.watch()]
         reads: list[Command] = [("HMGET", keys.redrive, *FIELDS)]
         if ids:
             reads.append(("HMGET", keys.origins, *ids))
-            reads += r.read_commands(keys, ids)
+            reads += [*r.read_commands(keys, ids), *view.reads()]
         else:
             reads.append(("PING",))
         return await self._transport.transactions.optimistic(watch, reads, plan)
@@ -348,9 +356,10 @@ class RedisRedrives:
         except ProjectQueuesFull:
             return []
         if await in_segments(self._transport, to):
-            # not built yet: a copy in the older layout would sit above the
-            # target's segments' first seq, where no list looks; they stay
-            return []
+            default_ttl = self._settings.default_message_ttl
+            await copy_into_segments(self._transport, default_ttl, to, moves, now)
+            await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
+            return [m.row.id for m in moves]
         default_ttl = self._settings.default_message_ttl
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
@@ -399,18 +408,13 @@ class RedisRedrives:
     ) -> int:
         """Step 3: the copied dead letters deleted, the progress advanced."""
         uncopied = len(batch.moves) - len(copied)
+        holders = [sc.holder_commands(keys, i) for i in copied]
         group_of = {m.row.id: m.row.group for m in batch.moves}
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, int]:
             current = State.read(replies[0])
-            held = [
-                i
-                for n, i in enumerate(copied)
-                if r.holder(replies[1 + 2 * n], replies[2 + 2 * n]) == PARK_ID
-            ]
-            writes: list[Command] = []
+            held, writes = sc.forget_held(keys, copied, holders, replies[1:], PARK_ID, now)
             if held:
-                writes += r.forget_commands(keys, held)
                 writes += groups.forget_commands(keys, [(i, group_of[i]) for i in held])
                 writes.append(("HDEL", keys.origins, *held))
             if current is not None and current.id == state.id and current.cursor == state.cursor:
@@ -430,8 +434,52 @@ class RedisRedrives:
                 writes.append(("HINCRBY", keys.redrive, "skipped", batch.skipped + uncopied))
             return writes or None, len(held)
 
-        watch = [keys.redrive, *(k for i in copied for k in r.message_keys(keys, i))]
+        watch = [keys.redrive, *(k for i in copied for k in sc.holder_keys(keys, i))]
         reads: list[Command] = [("HMGET", keys.redrive, *FIELDS)]
-        reads += [c for i in copied for c in r.holder_commands(keys, i)]
+        reads += [c for each in holders for c in each]
         moved: int = await self._transport.transactions.optimistic(watch, reads, plan)
         return moved
+
+
+async def copy_into_segments(
+    transport: Transport, default_ttl: int, to: QueueKeys, moves: list[Move], now: int
+) -> None:
+    """Step 2 into a queue that writes segments (storage/segment_writes.py):
+    each copy a new record there, with a new id (its seq), marked as the
+    older layout's copy is."""
+
+    def plan(where: Appending, replies: list[Any]) -> tuple[list[Command] | None, None]:
+        (created, ttl_field, since_raw), *marked = replies
+        since = groups.groups_since(since_raw)
+        ttl = int(ttl_field) if ttl_field else default_ttl
+        fresh = [move for move, have in zip(moves, marked, strict=True) if not have]
+        if not fresh:
+            return None, None
+        records: list[tuple[bytes, int]] = []
+        writes: list[Command] = []
+        expires = now + ttl * 1000
+        for n, move in enumerate(fresh):
+            seq, row = where.top + 1 + n, move.row
+            author = segments.author_bytes(row.author.decode())
+            extras = segments.extras(row.group or None, row.headers or None)
+            records.append(
+                (segments.encode_record(expires, 0, ttl, author, extras, row.body), expires)
+            )
+            grouped, since = groups.index_commands(
+                to, segments.message_id(segments.id_tag(to.prefix), seq), seq, row.group, since
+            )
+            writes += grouped
+            mark_until = max(row.expires, now) + PARK_MS
+            writes.append(("SET", to.redriven(row.id), 1, "PXAT", mark_until))
+        writes = where.commands(records) + writes
+        if created is None:
+            writes.append(("HSET", to.meta, r.CREATED, now, r.METADATA, "{}"))
+        writes.append(("SPUBLISH", to.feed, r.notification(where.top + len(fresh), 0)))
+        return writes, None
+
+    watch = [to.meta, *(to.redriven(m.row.id) for m in moves)]
+    reads: list[Command] = [
+        ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
+        *(("EXISTS", to.redriven(m.row.id)) for m in moves),
+    ]
+    await append_transaction(transport, to, len(moves), watch, reads, plan)

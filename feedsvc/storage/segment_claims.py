@@ -23,10 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
+from feedsvc.storage.base import Message
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segment_pages import segment_messages
 from feedsvc.storage.transport import Transport
 
 
@@ -35,7 +38,8 @@ async def read_records(
 ) -> dict[str, s.SegmentRecord]:
     """The records of the ids that name messages of the queue's segments
     (present, not gone); reads only, two round trips at most."""
-    seqs = {i: q for i in ids if (q := s.seq_of(i)) is not None}
+    tag = s.id_tag(keys.prefix)
+    seqs = {i: q for i in ids if (q := s.seq_of(tag, i)) is not None}
     if not seqs:
         return {}
     numbers = sorted({q // s.SLOTS for q in seqs.values()})
@@ -176,12 +180,54 @@ class ClaimRows:
             return r.requeue_commands(self.keys, row, due)
         return [*self._state(row, "", due, row.count), ("ZREM", self.keys.claimed, row.id)]
 
+    def hold(self, row: r.Row, claim_id: str, claim_expires: int) -> list[Command]:
+        """record.hold_commands, in either layout."""
+        if row.id not in self._segment_rows:
+            return r.hold_commands(self.keys, row, claim_id, claim_expires)
+        state = self._state(row, claim_id, claim_expires, row.count)
+        return [*state, ("ZADD", self.keys.claimed, claim_expires, row.id)]
+
+
+def record_rest(row: r.Row) -> bytes:
+    """What follows a record's fixed-width header for a row read otherwise
+    (an older hash, a segment message): its author line, then its body."""
+    return r.author_line(row.author.decode(), row.headers, row.group) + r.NEWLINE + row.body
+
+
+async def segment_entries(
+    transport: Transport, keys: QueueKeys, after: int, end: int, limit: int
+) -> list[tuple[str, int]]:
+    """(id, seq) of up to limit messages in the queue's segments with seqs
+    past after, up to end, in order (present: gone ones are not; expired
+    ones may be)."""
+    [new_start] = await transport.call_checked([("HGET", keys.meta, s.NEW_START)])
+    start = max(after + 1, int(new_start or end + 1))
+    tag, out = s.id_tag(keys.prefix), list[tuple[str, int]]()
+    k = start // s.SLOTS
+    while len(out) < limit and start <= end:
+        [found] = await transport.call_checked(
+            [("ZRANGE", keys.directory, k, end // s.SLOTS, "BYSCORE", "LIMIT", 0, 4)]
+        )
+        if not found:
+            break
+        numbers = [int(n) for n in found]
+        tables = await transport.call_checked(
+            [("GETRANGE", keys.segment(n), 0, s.TABLE_BYTES - 1) for n in numbers]
+        )
+        for n, table in zip(numbers, tables, strict=True):
+            for j, value in enumerate(s.slot_offsets(table)):
+                seq = n * s.SLOTS + j
+                if start <= seq <= end and value and not value & s.GONE_BIT:
+                    out.append((s.message_id(tag, seq), seq))
+        k = numbers[-1] + 1
+    return out[:limit]
+
 
 def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
     """record.holder_commands, then, for an id that may name a segment
     message, the reads of its holder and slot (for holder() and
     forget_commands): four replies, else two."""
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     reads = r.holder_commands(keys, message_id)
     if seq is None:
         return reads
@@ -196,7 +242,7 @@ def holder_commands(keys: QueueKeys, message_id: str) -> list[Command]:
 
 def holder_keys(keys: QueueKeys, message_id: str) -> list[str]:
     """The keys holder_commands reads (to WATCH)."""
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     found = r.message_keys(keys, message_id)
     if seq is None:
         return found
@@ -219,7 +265,7 @@ def forget_commands(
     either layout: a segment message's slot is marked gone (_lib.lua's
     forget_segment writes the same)."""
     out = r.forget_commands(keys, [message_id])
-    seq = s.seq_of(message_id)
+    seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     if seq is None or len(replies) < 4 or len(replies[3]) != s.SLOT_BYTES:
         return out
     table = replies[3]
@@ -239,3 +285,61 @@ def forget_commands(
             ("ZADD", keys.reviews, "LT", now + s.DELETED_REVIEW_MS, k),
         ]
     return out
+
+
+def forget_parked(
+    keys: QueueKeys,
+    parked: Sequence[r.Parked],
+    holders: Sequence[Sequence[Command]],
+    replies: Sequence[Any],
+    claim_id: str,
+    now: int,
+) -> tuple[list[Command] | None, None]:
+    """The dead letters' forget step (claim_upkeep.py): the parked messages
+    still held by claim_id removed, in either layout, given the replies to
+    their holder_commands (holders)."""
+    held, writes = forget_held(keys, [m.id for m in parked], holders, replies, claim_id, now)
+    if not held:
+        return None, None
+    kept = set(held)
+    return writes + groups.forget_commands(
+        keys, [(m.id, m.group) for m in parked if m.id in kept]
+    ), None
+
+
+def forget_held(
+    keys: QueueKeys,
+    ids: Sequence[str],
+    holders: Sequence[Sequence[Command]],
+    replies: Sequence[Any],
+    claim_id: str,
+    now: int,
+) -> tuple[list[str], list[Command]]:
+    """The ids still held by claim_id, given the replies to their
+    holder_commands (holders), and the writes that remove them."""
+    writes: list[Command] = []
+    held = []
+    at = 0
+    for message_id, reads in zip(ids, holders, strict=True):
+        mine = replies[at : at + len(reads)]
+        at += len(reads)
+        if holder(mine) == claim_id:
+            held.append(message_id)
+            writes += forget_commands(keys, message_id, mine, now)
+    return held, writes
+
+
+async def live_messages(
+    transport: Transport, keys: QueueKeys, ids: Sequence[str], now: int
+) -> list[Message | None]:
+    """The live messages of ids in either layout (None: gone), as they are
+    now (a claim's read)."""
+    replies = await transport.call_checked(r.read_commands(keys, ids)) if ids else []
+    found = r.live_messages(ids, replies, now)
+    tag = s.id_tag(keys.prefix)
+    seqs = {i: q for i, m in zip(ids, found, strict=True) if m is None and (q := s.seq_of(tag, i))}
+    if seqs:
+        # the segments' (a seq below them reads nothing there)
+        more = await segment_messages(transport, keys, list(seqs.values()), now)
+        found = [m or more.get(seqs.get(i, -1)) for i, m in zip(ids, found, strict=True)]
+    return found

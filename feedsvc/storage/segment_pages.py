@@ -42,6 +42,7 @@ SegmentRead = Callable[[int | None, int, bool, int | None], Awaitable[list[Any]]
 class PageScan:
     """What a page's scan has met so far (list.lua's locals, the same names)."""
 
+    tag: str  # the feed's segments.id_tag
     query: ListQuery
     now: int
     scan_limit: int
@@ -59,11 +60,13 @@ class PageScan:
         self.own = s.author_bytes(self.query.client_id)
 
     @classmethod
-    def after_legacy(cls, reply: list[Any], query: ListQuery, now: int, limit: int) -> PageScan:
+    def after_legacy(
+        cls, reply: list[Any], tag: str, query: ListQuery, now: int, limit: int
+    ) -> PageScan:
         """list.lua's ``more``: {'more', scanned, last or '', alive, alive at
         the page's last message, first alive or '', next due or '', claim ends
         or '', then id, record...}."""
-        scan = cls(query, now, limit, r.listed(reply, 8, now, query.with_authors))
+        scan = cls(tag, query, now, limit, r.listed(reply, 8, now, query.with_authors))
         scan.scanned = int(reply[1])
         scan.last = r.parse_seq(reply[2]) if reply[2] else None
         scan.alive, scan.alive_at_message = int(reply[3]), int(reply[4])
@@ -105,7 +108,7 @@ class PageScan:
         if query.include_delayed or due <= now:
             count = 0 if state is None else state.count
             self.messages.append(
-                message(rec, expires, state if held else None, query.with_authors, count)
+                message(self.tag, rec, expires, state if held else None, query.with_authors, count)
             )
             self.alive_at_message = self.alive
             self.next_due = None  # only those after the page's last message count
@@ -151,7 +154,12 @@ class PageScan:
 
 
 def message(
-    rec: s.SegmentRecord, expires: int, held: s.ClaimState | None, with_author: bool, count: int
+    tag: str,
+    rec: s.SegmentRecord,
+    expires: int,
+    held: s.ClaimState | None,
+    with_author: bool,
+    count: int,
 ) -> Message:
     """A segment message as read (held: its live claim, if any; count: how
     often it was claimed)."""
@@ -159,7 +167,7 @@ def message(
     created = rec.created
     ttl = rec.ttl if expires == rec.expires else round((expires - created) / 1000)
     return Message(
-        s.message_id(rec.seq),
+        s.message_id(tag, rec.seq),
         rec.seq,
         rec.body,
         ttl,
@@ -286,7 +294,8 @@ async def segment_messages(
         expires = state.expires if state is not None and state.expires else rec.expires
         if expires > now:
             held = state if state is not None and state.held(now) else None
-            out[seq] = message(rec, expires, held, True, state.count if state else 0)
+            count = state.count if state else 0
+            out[seq] = message(s.id_tag(keys.prefix), rec, expires, held, True, count)
     return out
 
 
@@ -330,5 +339,95 @@ async def segment_end(
             ttl = int(head[s.EXPIRES_WIDTH + s.DUE_WIDTH : s.AUTHOR_AT])
             extended = s.ClaimState.decode(state).expires if state else 0
             if (extended or expires) > now:
-                return MessageSummary(s.message_id(seq), expires - ttl * 1000)
+                return MessageSummary(
+                    s.message_id(s.id_tag(keys.prefix), seq), expires - ttl * 1000
+                )
     return None
+
+
+#: attempts of read_by_commands at a segment rewritten between its reads
+REREADS = 3
+
+
+async def read_by_commands(
+    transport: Transport, keys: QueueKeys, now: int, start: int | None, want: int,
+    legacy_read: bool, check: int | None,
+) -> list[Any]:  # fmt: skip
+    """read_segments.lua's reply, read with plain commands (where no script
+    runs: deliveries, a driver without scripts). A segment's records are
+    read in a MULTI with its slot table again: if a review rewrote the
+    segment between the two reads, the table differs and it is read anew."""
+    (new_start, base), counter, legacy = await transport.call_checked(
+        [("HMGET", keys.meta, s.NEW_START, r.SEQ_BASE), ("GET", keys.seq), ("EXISTS", keys.index)],
+        idempotent=True,
+    )
+    top = None if counter is None else int(counter)
+    if check is not None and check > (top if top is not None else now * 1000):
+        return [AHEAD]
+    ns = None if new_start is None else int(new_start)
+    if not legacy_read and (ns is None or ((start is None or start < ns) and legacy)):
+        return [LEGACY]
+    out: list[Any] = [top or 0, base or b"", b"" if ns is None else ns, (top or 0) + 1, 0]
+    if ns is None or top is None:
+        return out
+    at = ns if start is None or start < ns else start
+    seqs: list[int] = []
+    hops = rereads = 0
+    while want > 0 and at <= top and hops < 4 and rereads < REREADS:
+        k, slot = s.segment_of(at)
+        key = keys.segment(k)
+        n = min(want, s.SLOTS - slot, top - at + 1)
+        table_read: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, s.TABLE_BYTES - 1)
+        [table] = await transport.call_checked([table_read], idempotent=True)
+        if not table:
+            hops += 1
+            [after] = await transport.call_checked(
+                [("ZRANGE", keys.directory, f"({k}", "+inf", "BYSCORE", "LIMIT", 0, 1)]
+            )
+            at = int(after[0]) * s.SLOTS if after else top + 1
+            continue
+        values = s.slot_offsets(table)
+        first = next((v & s.OFFSET_MASK for v in values[:n] if v), None)
+        records = b""
+        if first is not None:
+            upto = next((v & s.OFFSET_MASK for v in values[n:] if v), 0) - 1
+            again, records = await transport.transaction(
+                [table_read, ("GETRANGE", key, first, upto)]
+            )
+            if again != table:
+                rereads += 1
+                continue
+        out += [at, table[: n * s.SLOT_BYTES], records]
+        out[4] += 1
+        seqs += [at + j for j, v in enumerate(values[:n]) if v and not v & s.GONE_BIT]
+        want -= n
+        at += n
+    out[3] = min(at, top + 1)
+    if seqs:
+        [states] = await transport.call_checked(
+            [("HMGET", keys.claim_states, *seqs)], idempotent=True
+        )
+        out += [x for seq, v in zip(seqs, states, strict=True) if v for x in (seq, v)]
+    return out
+
+
+async def messages_from(
+    transport: Transport, keys: QueueKeys, start: int, limit: int, now: int
+) -> list[tuple[int, Message | None]]:
+    """The segment messages from seq start on, up to limit seqs (a delivery's
+    batch): (seq, the message; None: gone or expired), in seq order."""
+    reply = await read_by_commands(transport, keys, now, start, limit, True, None)
+    got, tag = ReadReply.parse(reply), s.id_tag(keys.prefix)
+    out: list[tuple[int, Message | None]] = []
+    for seq, raw in got.slots:
+        if raw is None:
+            out.append((seq, None))
+            continue
+        rec = s.SegmentRecord.decode(seq, raw)
+        state = got.states.get(seq)
+        expires = state.expires if state is not None and state.expires else rec.expires
+        held = state if state is not None and state.held(now) else None
+        count = 0 if state is None else state.count
+        alive = expires > now
+        out.append((seq, message(tag, rec, expires, held, True, count) if alive else None))
+    return out

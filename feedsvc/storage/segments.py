@@ -28,9 +28,12 @@ as on an older record's author line; empty for most messages), the body as
 posted (JSON bytes, or an encrypted queue's sealed bytes). ``created`` is
 ``expires - ttl * 1000``.
 
-A segment message's *id* is its seq as 24 lowercase hex digits
-(:func:`message_id`): ids reveal how many messages were posted between two
-of one's own, and are not secret (docs/design.md).
+A segment message's *id* is 24 lowercase hex digits: the feed's tag (11,
+:func:`id_tag`, from its key prefix) then its seq (13, :func:`message_id`).
+Within a feed ids sort by seq; they reveal how many messages were posted
+between two of one's own, and are not secret (docs/design.md). The tag
+keeps an id of one queue from naming a message of another: seqs of two
+queues overlap (each counter starts at its queue's creation in us).
 
 Its *claim state*, only while it is claimed or was (``Q:cl``, seq ->
 :class:`ClaimState`): claim id, claim expiry, times claimed, and the
@@ -39,6 +42,7 @@ message's expiry when a claim extended its life (0: not extended).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Sequence
@@ -84,22 +88,34 @@ EXTRAS_AT: Final = EXTRAS_LENGTH_AT + EXTRAS_LENGTH_BYTES  # 51
 MAX_EXTRAS: Final = 256**EXTRAS_LENGTH_BYTES - 1
 MAX_TTL: Final = 10**TTL_WIDTH - 1
 ID_DIGITS: Final = 24
+ID_TAG_DIGITS: Final = 11  # the feed's tag (id_tag)
+SEQ_DIGITS: Final = ID_DIGITS - ID_TAG_DIGITS  # 13 hex digits: seqs (us) until 2112
 GROUP_MARK: Final = b"g="  # the same mark as record.py's (a group follows it)
 EXTRAS_SEPARATOR: Final = b" "
 
 
-def message_id(seq: int) -> str:
-    """The id of the segment message with this seq."""
-    return f"{seq:024x}"
+@functools.lru_cache(maxsize=4096)
+def id_tag(prefix: str) -> str:
+    """The first ID_TAG_DIGITS of every segment message id of the feed whose
+    keys start with prefix (keys.QueueKeys.prefix): ids name seqs, and seqs
+    of two queues overlap, so without it an id posted to one queue would
+    name a message of another (DESIGN rule 3). _lib.lua's segment_tag is the same."""
+    return hashlib.sha1(prefix.encode(), usedforsecurity=False).hexdigest()[:ID_TAG_DIGITS]
 
 
-def seq_of(message_id: str) -> int | None:
-    """The seq a segment message's id names (None: not one: an id of the
-    older layout has random digits, 2**-44 odds of looking like one)."""
-    if len(message_id) != ID_DIGITS or not message_id.startswith("0" * 8):
+def message_id(tag: str, seq: int) -> str:
+    """The id of the segment message with this seq in the feed of this id_tag."""
+    return f"{tag}{seq:0{SEQ_DIGITS}x}"
+
+
+def seq_of(tag: str, message_id: str) -> int | None:
+    """The seq a segment message's id names in the feed of this id_tag
+    (None: not one of its segment ids, e.g. an id of the older layout, or
+    of another feed)."""
+    if len(message_id) != ID_DIGITS or not message_id.startswith(tag):
         return None
     try:
-        return int(message_id, 16)
+        return int(message_id[ID_TAG_DIGITS:], 16)
     except ValueError:
         return None
 
@@ -265,7 +281,8 @@ def lua_names() -> dict[str, str]:
         "SEG_EXTRAS_LENGTH_AT": str(EXTRAS_LENGTH_AT + 1),
         "SEG_EXTRAS_AT": str(EXTRAS_AT + 1),
         "SEG_EXTRAS_LENGTH_FORMAT": repr(f">I{EXTRAS_LENGTH_BYTES}"),
-        "SEG_ID_FORMAT": repr(f"%0{ID_DIGITS}x"),
+        "SEG_SEQ_FORMAT": repr(f"%0{SEQ_DIGITS}x"),
+        "SEG_ID_TAG_DIGITS": str(ID_TAG_DIGITS),
         "SEG_ID_DIGITS": str(ID_DIGITS),
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),

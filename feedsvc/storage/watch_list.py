@@ -93,7 +93,8 @@ async def scan_page(
         start = f"({last}"
         chunk = min(chunk * 2, 512)
     if new_start is not None and len(found) < query.limit and scanned < scan_limit:
-        scan = PageScan(query, now, scan_limit, found, scanned, alive, alive_at_message)
+        tag = seg.id_tag(keys.prefix)
+        scan = PageScan(tag, query, now, scan_limit, found, scanned, alive, alive_at_message)
         scan.first_alive, scan.next_due, scan.claim_ends, scan.last = (
             first_alive, next_due, claim_ends, last
         )  # fmt: skip

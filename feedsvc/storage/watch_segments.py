@@ -19,9 +19,7 @@ key per body; a record's place is only known under WATCH); the tuned
 driver still indexes a burst of posts to a queue in one transaction.
 
 Read: ``read`` answers what ``read_segments.lua`` answers, from plain
-reads: the counter and the queue hash, then the segments in view (each one
-GET: atomic, so its slots and records agree even while a review rewrites
-it) with the claim states of their seqs. ``segment_pages.py`` filters it.
+reads (``segment_pages.read_by_commands``); ``segment_pages.py`` filters it.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal, require_sealed
-from feedsvc.storage.segment_pages import AHEAD, LEGACY, PageScan, ReadReply, scan_segments
+from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands, scan_segments
 from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_posting import Posting
 
@@ -52,8 +50,6 @@ log = logging.getLogger("feedsvc")
 
 #: What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
-#: the hops over segments gone whole one read makes at most (as read_segments.lua)
-MAX_HOPS = 4
 #: expired older-layout messages a post forgets on the way (as post.lua)
 GC_BATCH = 100
 #: segments a queue's deletion or purge drops a transaction (as drop_queue.lua)
@@ -184,6 +180,7 @@ def post_plan(
     checks a post. None: the queue has no segments and may not start them.
     learned["counter"]: the counter as this attempt read it, or as it left it."""
     keys = postings[0].keys
+    tag = seg.id_tag(keys.prefix)
     tokens = [p.token for p in postings if p.token is not None]
     too_large, full = refusals
 
@@ -257,7 +254,7 @@ def post_plan(
                 )
                 part.latest = max(part.latest, expires)
                 part.earliest = min(part.earliest or expires, expires)
-                message_id = seg.message_id(seq)
+                message_id = seg.message_id(tag, seq)
                 ids.append(message_id)
                 group = message.group if grouping else ""
                 if group:
@@ -433,7 +430,8 @@ class WatchSegments:
         queue (segments.seq_of, from its NEW_START on), with their records
         if asked (to judge their claims). Reads nothing for ids of the
         older layout."""
-        if not any(seg.seq_of(i) is not None for i in ids):
+        tag = seg.id_tag(keys.prefix)
+        if not any(seg.seq_of(tag, i) is not None for i in ids):
             return Forgetting(keys, ids, {}, {})
         if with_records:
             records = await segment_claims.read_records(self._transport, keys, ids)
@@ -442,7 +440,7 @@ class WatchSegments:
         seqs = {
             i: q
             for i in ids
-            if ns is not None and (q := seg.seq_of(i)) is not None and q >= int(ns)
+            if ns is not None and (q := seg.seq_of(tag, i)) is not None and q >= int(ns)
         }
         return Forgetting(keys, ids, seqs, {})
 
@@ -494,70 +492,15 @@ class WatchSegments:
         self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,
         check: int | None,
     ) -> list[Any]:  # fmt: skip
-        """What read_segments.lua answers (segment_pages.SegmentRead), from
-        plain reads: the counter and the queue hash, then the segments in
-        view, each whole (a GET: its slots and records agree), with the
-        claim states of their seqs."""
-        transport = self._transport
-        last, (ns_raw, base), legacy = await transport.call_checked(
-            [
-                ("GET", keys.seq),
-                ("HMGET", keys.meta, seg.NEW_START, r.SEQ_BASE),
-                ("EXISTS", keys.index),
-            ],
-            idempotent=True,
-        )
-        top = None if last is None else int(last)
-        if check is not None and check > (now * 1000 if top is None else top):
-            return [AHEAD]
-        ns = None if ns_raw is None else int(ns_raw)
-        if not legacy_read and (ns is None or ((start is None or start < ns) and legacy)):
-            return [LEGACY]
-        out: list[Any] = [top or 0, base or b"", "" if ns is None else ns, 0, 0]
-        if ns is None or top is None:
-            out[3] = (top or 0) + 1
-            return out
-        at = ns if start is None or start < ns else start
-        hops = 0
-        states: dict[int, bytes] = {}
-        while want > 0 and at <= top and hops < MAX_HOPS:
-            end = min(top, at + want - 1)
-            numbers = list(range(at // seg.SLOTS, end // seg.SLOTS + 1))
-            replies = await transport.call_checked(
-                [
-                    *(("GET", keys.segment(k)) for k in numbers),
-                    ("HMGET", keys.claim_states, *range(at, end + 1)),
-                ],
-                idempotent=True,
-            )
-            states |= {
-                q: v for q, v in zip(range(at, end + 1), replies[-1], strict=True) if v is not None
-            }
-            for k, content in zip(numbers, replies[:-1], strict=True):
-                if not content:
-                    hops += 1
-                    [after] = await transport.call_checked(
-                        [("ZRANGE", keys.directory, f"({k}", "+inf", "BYSCORE", "LIMIT", 0, 1)],
-                        idempotent=True,
-                    )
-                    at = int(after[0]) * seg.SLOTS if after else top + 1
-                    break
-                n = min(want, seg.SLOTS - at % seg.SLOTS, top - at + 1)
-                out += [at, *_slice(content, at % seg.SLOTS, n)]
-                out[4] += 1
-                want -= n
-                at += n
-        out[3] = min(at, top + 1)
-        for q, state in states.items():
-            if q < at:
-                out += [q, state]
-        return out
+        """What read_segments.lua answers (segment_pages.SegmentRead), read
+        with plain commands (segment_pages.read_by_commands)."""
+        return await read_by_commands(self._transport, keys, now, start, want, legacy_read, check)
 
     async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:
         """A page read from the segments; None: the older layout first."""
         read = functools.partial(self.read, keys, now)
         check = query.marker if query.check_marker else None
-        scan = PageScan(query, now, self._settings.scan_limit)
+        scan = PageScan(seg.id_tag(keys.prefix), query, now, self._settings.scan_limit)
         return await scan_segments(read, scan, query.marker, check, False)
 
     async def carry_on(self, keys: QueueKeys, scan: PageScan, query: ListQuery) -> MessagePage:
@@ -566,20 +509,6 @@ class WatchSegments:
         page = await scan_segments(read, scan, query.marker, None, True)
         assert page is not None
         return page
-
-
-def _slice(content: bytes, slot: int, n: int) -> list[bytes]:
-    """n slots of a segment from slot on, and the records they point to
-    (from the first one's offset to where the last one ends), as
-    read_segments.lua reads them."""
-    table = content[slot * seg.SLOT_BYTES : (slot + n) * seg.SLOT_BYTES]
-    offsets = [v & seg.OFFSET_MASK for v in seg.slot_offsets(table)]
-    first = next((o for o in offsets if o), None)
-    if first is None:
-        return [table, b""]
-    after = seg.slot_offsets(content[(slot + n) * seg.SLOT_BYTES : seg.TABLE_BYTES])
-    end = next((v & seg.OFFSET_MASK for v in after if v), len(content))
-    return [table, content[first:end]]
 
 
 @dataclass(slots=True)
@@ -665,6 +594,7 @@ async def walk_segments(
     if ns is None:
         return
     low = max(int(ns), int(head or 0))
+    tag = seg.id_tag(keys.prefix)
     walk = Walk(low, low)
     start = low
     while True:
@@ -673,7 +603,8 @@ async def walk_segments(
         for seq, raw in got.slots:
             if raw is not None:
                 rec = seg.SegmentRecord.decode(seq, raw)
-                row = segment_claims.segment_row(seg.message_id(seq), rec, got.states.get(seq))
+                message_id = seg.message_id(tag, seq)
+                row = segment_claims.segment_row(message_id, rec, got.states.get(seq))
                 walk.records[row.id] = rec
                 walk.dead = walk.dead and row.expires <= now
                 rows.append(row)

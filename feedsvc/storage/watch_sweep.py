@@ -121,7 +121,8 @@ def review_plan(keys: QueueKeys, k: int, now: int) -> Plan[bool]:
             out.append(("HINCRBY", keys.meta, seg.GONE, count - len(s.keep)))
         if s.dead:
             out.append(("HDEL", keys.claim_states, *s.dead))
-            dead_ids = [seg.message_id(q) for q in s.dead]
+            tag = seg.id_tag(keys.prefix)
+            dead_ids = [seg.message_id(tag, q) for q in s.dead]
             out.append(("ZREM", keys.claimed, *dead_ids))
             out.append(("ZREM", keys.claim_index, *dead_ids))
         if not s.keep:
