@@ -43,10 +43,12 @@ local reviewed = ns and review_due(now, 1) > 0
 if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
 local default_ttl = tonumber(q[3] or ARGV[2])
 local default_delay = tonumber(q[4] or ARGV[3])
-local top = tonumber(redis.call('GET', KEYS[K_SEQ]))
-if not top then
-  -- microseconds: a re-created queue starts above every old marker
+-- the counter moves first (nothing is refused from here on): one call
+local top = redis.call('INCRBY', KEYS[K_SEQ], n) - n
+if top == 0 then
+  -- a new counter: microseconds, so a re-created queue starts above every old marker
   top = now * 1000
+  redis.call('SET', KEYS[K_SEQ], int(top + n))
   redis.call('HSET', KEYS[K_META], F_SEQ_BASE, int(top))
 end
 if not ns then redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1)) end
@@ -132,7 +134,6 @@ for i = 1, n do
   if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
 end
 flush()
-redis.call('SET', KEYS[K_SEQ], int(seq))
 notify(seq, first_due)
 if token ~= '' then remember_post(token, now + tonumber(ARGV[6]), ids) end
 if review then

@@ -43,7 +43,10 @@ while want > 0 and from <= top and hops < 4 do
   local k, slot = segment_of(from)
   local key = SEGMENT_PREFIX .. k
   local n = math.min(want, SEG_SLOTS - slot, top - from + 1)
-  local slots = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, SEG_TABLE_BYTES - 1)
+  -- the slots up to the counter's: none after it has a record yet (a
+  -- record whose next slot is past it ends at the string's end)
+  local last = math.min(SEG_SLOTS - 1, slot + (top - from))
+  local slots = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, (last + 1) * SEG_SLOT_BYTES - 1)
   if #slots == 0 then
     -- gone whole: on to the next segment there is
     hops = hops + 1

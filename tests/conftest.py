@@ -146,6 +146,7 @@ CLUSTER_SUITES = {
     "test_delivery",
     "test_queue_gauges",
     "test_quotas",
+    "test_segments",
 }
 
 

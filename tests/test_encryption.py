@@ -17,12 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
 from feedsvc.errors import EncryptionUnavailable
-from feedsvc.storage import record
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
 from tests.conftest import direct_client, make_settings
+from tests.stored import body_span, stored_body
 
 KEY = "correct horse battery staple, twice"
 OTHER_KEY = "another key of at least sixteen characters"
@@ -55,13 +55,9 @@ async def raw_body(redis_url: str, project: str, queue: str, message_id: str) ->
     """The body in a message's record, as Redis holds it."""
     client = direct_client(redis_url)
     try:
-        raw = await client.get(QueueKeys.of(project, queue).record(message_id))
+        return await stored_body(client, QueueKeys.of(project, queue), message_id)
     finally:
         await client.aclose()
-    assert isinstance(raw, bytes)
-    row = record.Row.read(message_id, raw, [None] * len(record.ROW))
-    assert row is not None
-    return row.body
 
 
 def body(value: Any) -> NewMessage:
@@ -103,14 +99,9 @@ async def test_an_encrypted_topic_seals_its_bodies(
         [message_id] = await topics.post_messages(project, "t", WRITER, [body(SECRET)])
         client = direct_client(redis_url)
         try:
-            key = QueueKeys.of(project, "t", "topic").record(message_id)
-            stored = await client.get(key)
+            raw = await stored_body(client, QueueKeys.of(project, "t", "topic"), message_id)
         finally:
             await client.aclose()
-        assert isinstance(stored, bytes)
-        row = record.Row.read(message_id, stored, [None] * len(record.ROW))
-        assert row is not None
-        raw = row.body
         assert raw.startswith(MAGIC)
         assert b"4111" not in raw
         got = await topics.get_messages(project, "t", [message_id])
@@ -209,15 +200,7 @@ async def test_a_body_altered_in_redis_is_refused(
     async with stores(KEY) as store:
         await store.create_queue(project, "q", dict(ENCRYPTED))
         [message_id] = await store.post_messages(project, "q", WRITER, [body(SECRET)])
-        raw = await raw_body(redis_url, project, "q", message_id)
-        flipped = raw[:-1] + bytes([raw[-1] ^ 1])
-        client = direct_client(redis_url)
-        try:
-            # the body ends the record
-            key = QueueKeys.of(project, "q").record(message_id)
-            await client.setrange(key, int(await client.strlen(key)) - 1, flipped[-1:])
-        finally:
-            await client.aclose()
+        await alter(redis_url, project, "q", message_id)
         with pytest.raises(EncryptionUnavailable, match="altered"):
             await store.get_messages(project, "q", [message_id])
 
@@ -338,8 +321,7 @@ async def alter(redis_url: str, project: str, queue: str, message_id: str) -> No
     """Flip the last bit of a stored body (the body ends the record)."""
     client = direct_client(redis_url)
     try:
-        key = QueueKeys.of(project, queue).record(message_id)
-        end = int(await client.strlen(key)) - 1
+        key, _, end = await body_span(client, QueueKeys.of(project, queue), message_id)
         last = await client.getrange(key, end, end)
         assert isinstance(last, bytes)
         await client.setrange(key, end, bytes([last[0] ^ 1]))

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import orjson
+import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -33,6 +34,7 @@ async def message_keys(redis_url: str, project: str) -> list[bytes]:
         await client.aclose()
 
 
+@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)  # looks at its keys
 async def test_retry_returns_the_first_ids_and_writes_nothing(
     store: FeedStore, project: str, redis_url: str
 ) -> None:

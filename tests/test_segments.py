@@ -221,11 +221,20 @@ async def test_a_queue_switches_to_segments_once_and_is_read_legacy_then_segment
             assert [m.body for m in got] == [body(3), body(28), body(40)]
 
 
-async def test_idempotent_posts_are_answered_as_the_first(stores: StoreMaker, project: str) -> None:
+async def test_idempotent_posts_are_answered_as_the_first(
+    stores: StoreMaker, project: str, redis_url: str
+) -> None:
     async with stores() as store:
         batch = [NewMessage(body(0), 300), NewMessage(body(1), 300)]
         first = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
-        again = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
+        client = direct_client(redis_url)
+        try:
+            counter = await client.get(QueueKeys.of(project, "q").seq)
+            again = await store.post_messages(project, "q", WRITER, batch, idempotency_key="k1")
+            # the retry wrote nothing: the counter did not move
+            assert await client.get(QueueKeys.of(project, "q").seq) == counter
+        finally:
+            await client.aclose()
         assert again == first
         assert (await read_all(store, project, "q", 10))[0] == [0, 1]
 
@@ -367,3 +376,34 @@ async def test_an_id_reaches_its_own_queue_only(stores: StoreMaker, project: str
         assert mine[0][11:] == theirs[0][11:] and mine != theirs
         assert await store.get_messages(project, "a", theirs) == []
         assert [m.id for m in await store.get_messages(project, "b", theirs)] == theirs
+
+
+async def test_a_gone_slot_is_passed_and_ends_the_record_before_it(
+    stores: StoreMaker, project: str, redis_url: str
+) -> None:
+    """A deleted message's slot keeps its offset with GONE_BIT set until its
+    segment's review: readers pass it, and the record before still ends there."""
+    async with stores() as store:
+        ids = await store.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 300) for i in range(5)]
+        )
+        page = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+        seqs = [m.seq for m in page.messages]
+        keys = QueueKeys.of(project, "q")
+        client = direct_client(redis_url)
+        try:
+            for seq in seqs[1], seqs[3]:
+                k, slot = segments.segment_of(seq)
+                at = slot * segments.SLOT_BYTES
+                raw = await client.getrange(keys.segment(k), at, at + 3)
+                assert isinstance(raw, bytes)
+                gone = int.from_bytes(raw, "big") | segments.GONE_BIT
+                await client.setrange(keys.segment(k), at, gone.to_bytes(4, "big"))
+        finally:
+            await client.aclose()
+        for limit in (1, 2, 10):
+            assert (await read_all(store, project, "q", limit))[0] == [0, 2, 4]
+        got = await store.get_messages(project, "q", ids)
+        assert [m.body for m in got] == [body(0), body(2), body(4)]
+        after = await store.list_messages(project, "q", ListQuery(READER, marker=seqs[0], limit=1))
+        assert [m.body for m in after.messages] == [body(2)] and after.missed == 1

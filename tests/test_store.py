@@ -81,6 +81,7 @@ async def test_post_then_list_returns_bodies_verbatim(store: FeedStore, project:
     assert page.next_marker == page.messages[-1].seq
 
 
+@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)  # looks at its keys
 async def test_one_large_post_is_indexed_whole_in_order_with_its_own_expiries(
     store: FeedStore, project: str, redis_url: str
 ) -> None:
@@ -253,6 +254,7 @@ async def test_expired_messages_are_never_returned_in_real_time(
         await store.close()
 
 
+@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)  # looks at its keys
 async def test_expired_entries_are_collected(
     store: FeedStore, project: str, redis_url: str, clock: ManualClock
 ) -> None:
@@ -272,6 +274,7 @@ async def test_expired_entries_are_collected(
         await client.aclose()
 
 
+@pytest.mark.parametrize("storage_layout", ["records"], indirect=True)  # looks at its keys
 async def test_message_key_expires_in_redis_too(
     store: FeedStore, project: str, redis_url: str
 ) -> None:

@@ -377,7 +377,9 @@ async def read_by_commands(
         k, slot = s.segment_of(at)
         key = keys.segment(k)
         n = min(want, s.SLOTS - slot, top - at + 1)
-        table_read: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, s.TABLE_BYTES - 1)
+        # the slots up to the counter's, as read_segments.lua reads them
+        last = min(s.SLOTS - 1, slot + top - at)
+        table_read: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, (last + 1) * s.SLOT_BYTES - 1)
         [table] = await transport.call_checked([table_read], idempotent=True)
         if not table:
             hops += 1
