@@ -786,6 +786,26 @@ local function review_time(earliest, latest)
   return earliest + SEG_REVIEW_AFTER_MS
 end
 
+-- A zset or hash of the segments (one entry per segment) that grew past
+-- Redis's listpack size stays a hash table when it shrinks, its table sized
+-- for its peak until rehashed: written anew once small, it is a listpack
+-- again and a drained queue gives that memory back too.
+local function compact_index(key)
+  local encoding = redis.call('OBJECT', 'ENCODING', key)
+  if encoding == 'skiplist' and redis.call('ZCARD', key) <= 64 then
+    local all, again = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES'), {}
+    for i = 1, #all, 2 do
+      again[i], again[i + 1] = all[i + 1], all[i]
+    end
+    redis.call('DEL', key)
+    if #again > 0 then redis.call('ZADD', key, unpack(again)) end
+  elseif encoding == 'hashtable' and redis.call('HLEN', key) <= 64 then
+    local all = redis.call('HGETALL', key)
+    redis.call('DEL', key)
+    if #all > 0 then redis.call('HSET', key, unpack(all)) end
+  end
+end
+
 -- Review segment k (storage/reviews.py): drop its expired and deleted
 -- records (slots kept), count what went, set its expiry and next review.
 local function review_segment(k, now, top)
@@ -807,6 +827,9 @@ local function review_segment(k, now, top)
     redis.call('ZREM', REVIEWS, k)
     redis.call('HDEL', SEGMENT_COUNTS, k)
     if open then redis.call('HDEL', KEYS[K_META], F_REVIEW_FROM) end
+    compact_index(DIRECTORY)
+    compact_index(REVIEWS)
+    compact_index(SEGMENT_COUNTS)
     return
   end
   local passed = math.min(SEG_SLOTS, top - tonumber(k) * SEG_SLOTS + 1)

@@ -11,6 +11,7 @@ played by deleting a segment's key)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from redis import Redis
 
 from feedsvc.clock import ManualClock
-from feedsvc.storage import reviews, segments
+from feedsvc.storage import reviews, segments, sweeper
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
@@ -303,3 +304,53 @@ async def test_the_loop_reclaims_on_a_cluster_too(
         await rc.aclose()
     finally:
         await store.close()
+
+
+async def test_the_running_loop_sweeps_an_idle_queue(
+    redis_url: str, clock: ManualClock, project: str, rc: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweeper, "IDLE_LOOK", 0.05)
+    monkeypatch.setattr(sweeper, "TICK", 0.05)
+    settings = make_settings(redis_url, driver="lua", storage_layout="segments")
+    store = make_store(settings, clock)
+    await store.open()
+    try:
+        keys = QueueKeys.of(project, "q")
+        await post(store, project, [DAYS_14] + [SHORT] * 20)
+        clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+        member = reviews.sweep_member("queue", project, "q")
+
+        def swept() -> bool:
+            # the review ran, and the loop wrote back when the next one is due
+            first: list[Any] = rc.zrange(keys.reviews, 0, 0, withscores=True)
+            [[_, next_due]] = first
+            return gone(rc, keys) == 20 and rc.zscore(SWEEP_KEY, member) == next_due
+
+        for _ in range(400):  # nobody posts, claims or asks for stats: the loop alone
+            if swept():
+                break
+            await asyncio.sleep(0.05)
+        assert swept()
+    finally:
+        await store.close()
+
+
+async def test_a_drained_queue_gives_its_segment_indexes_back(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    """Past 128 segments the directory and the reviews are skip lists (hash
+    tables); once the sweep has emptied most, they are listpacks again (the
+    counts too, a hash table past 512)."""
+    keys = QueueKeys.of(project, "q")
+    await post(store, project, [DAYS_14])
+    for _ in range(140):
+        await post(store, project, [SHORT] * 100)
+    assert rc.object("encoding", keys.directory) == b"skiplist"
+    assert rc.object("encoding", keys.reviews) == b"skiplist"
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+    assert store.sweeper is not None
+    while await store.sweeper.tick():
+        pass
+    assert await total(store, project) == 1
+    for key in (keys.directory, keys.reviews, keys.segment_counts):
+        assert rc.object("encoding", key) == b"listpack"

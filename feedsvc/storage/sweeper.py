@@ -3,8 +3,9 @@ queues nobody posts to or claims from (storage/reviews.py), so an idle
 queue's expired messages give their memory back too.
 
 Started and stopped with the store (the lua driver's ``open`` and
-``close``). Every :data:`TICK` seconds it takes up to :data:`PER_TICK` due
-queues from ``fs:sweep`` (each leased for :data:`LEASE_MS`, so processes
+``close``). Every :data:`TICK` seconds while it finds work, every
+:data:`IDLE_LOOK` seconds while it finds none, it takes up to
+:data:`PER_TICK` due queues from ``fs:sweep`` (each leased for :data:`LEASE_MS`, so processes
 share the work, and one that dies leaves its queues due again), runs at
 most :data:`CALLS_PER_QUEUE` reviews of each, one segment a call (≤ 100
 records: bounded work, Redis never blocks on it), and writes back when
@@ -28,8 +29,11 @@ from feedsvc.storage.reviews import SweepSchedule, parse_member
 
 log = logging.getLogger("feedsvc")
 
-#: Seconds between two looks at fs:sweep.
+#: Seconds between two looks at fs:sweep while reviews come due.
 TICK = 1.0
+#: Seconds between two looks while none was due at the last (an idle service
+#: costs Redis two commands a look a process; a review is that much later).
+IDLE_LOOK = 5.0
 #: Seconds between two looks at most while Redis is in trouble.
 MAX_PAUSE = 30.0
 #: Queues swept per tick, at most.
@@ -62,12 +66,12 @@ class Sweeper:
             self._task = None
 
     async def _run(self) -> None:
-        failures = 0
+        failures, pause = 0, IDLE_LOOK
         while True:
             # waits first: a process stopped as soon as it started leaves Redis alone
-            await asyncio.sleep(0 if self.behind else min(TICK * 2**failures, MAX_PAUSE))
+            await asyncio.sleep(0 if self.behind else min(pause * 2**failures, MAX_PAUSE))
             try:
-                await self.tick()
+                pause = TICK if await self.tick() else IDLE_LOOK
             except FeedError as exc:  # Redis trouble: a later tick tries again
                 self.behind = False
                 if not failures:
