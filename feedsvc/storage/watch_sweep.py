@@ -108,7 +108,8 @@ def review_reads(keys: QueueKeys, k: int) -> list[Command]:
 
 
 def review_plan(keys: QueueKeys, k: int, now: int) -> Plan[bool]:
-    """Review segment k (_lib.lua's review_segment), given review_reads'."""
+    """Review segment k (_lib.lua's review_segment), given review_reads';
+    its result: whether the segment went whole."""
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
         last, data, sn, states = replies
@@ -143,10 +144,13 @@ def review_plan(keys: QueueKeys, k: int, now: int) -> Plan[bool]:
         out.append(("ZADD", keys.reviews, review_time(s.earliest, s.latest), k))
         if is_open:
             out.append(("HSET", keys.meta, reviews.REVIEW_FROM, s.earliest))
-        return out, True
+        return out, False
 
     return plan
 
+
+#: a segment index written anew below this many entries (_lib.lua's compact_index)
+COMPACT_BELOW = 64
 
 #: segments a count reads of those reviewed soon (sweep.lua's SEG_COUNT_SEGMENTS)
 COUNTED = reviews.COUNT_SEGMENTS
@@ -169,9 +173,40 @@ class WatchSweep:
         k = int(due[0])
         watch = [keys.seq, keys.meta, keys.segment(k), keys.claim_states, keys.segment_counts]
         reads = review_reads(keys, k)
-        return await self._transport.transactions.optimistic(
+        went = await self._transport.transactions.optimistic(
             watch, reads, review_plan(keys, k, now)
         )
+        if went:
+            for key in (keys.directory, keys.reviews, keys.segment_counts):
+                await self._compact_index(key)
+        return True
+
+    async def _compact_index(self, key: str) -> None:
+        """A zset or hash of the segments that grew past Redis's listpack
+        size, written anew once small (_lib.lua's compact_index): a listpack
+        again, and a drained queue gives its table back too."""
+        [encoding] = await self._transport.call_checked([("OBJECT", "ENCODING", key)])
+        if encoding not in (b"skiplist", b"hashtable"):
+            return
+        zset = encoding == b"skiplist"
+        [size] = await self._transport.call_checked([("ZCARD" if zset else "HLEN", key)])
+        if int(size) > COMPACT_BELOW:
+            return
+        read: Command = ("ZRANGE", key, 0, -1, "WITHSCORES") if zset else ("HGETALL", key)
+
+        def plan(replies: list[Any]) -> tuple[list[Command] | None, None]:
+            again, got = replies
+            found = list(got.items()) if isinstance(got, dict) else r.pairs(got)  # RESP3 hashes
+            if again != encoding or not found or len(found) > COMPACT_BELOW:
+                return None, None
+            if zset:
+                refill: Command = ("ZADD", key, *(x for m, sc in found for x in (sc, m)))
+            else:
+                refill = ("HSET", key, *(x for pair in found for x in pair))
+            return [("DEL", key), refill], None
+
+        reads: list[Command] = [("OBJECT", "ENCODING", key), read]
+        await self._transport.transactions.optimistic([key], reads, plan)
 
     async def sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
         """Up to most due reviews; (reviews run, the next due ms or None)."""
