@@ -19,6 +19,8 @@ from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.segment_pages import ReadReply, read_by_commands
+from feedsvc.storage.watch_store import WatchStore
 from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
@@ -228,3 +230,30 @@ async def test_posted_by_one_claimed_and_deleted_by_the_other(
             rest = await reader.pop_messages(project, queue, 100)
             assert [m.id for m in rest] == ids[8:100]
             assert (await writer.queue_stats(project, queue)).total == 0
+
+
+async def test_a_read_by_commands_ends_its_last_record_where_the_next_begins(
+    stores: StoreMaker, driver: str, project: str, redis_url: str
+) -> None:
+    """A post lands between the counter's read and the records' (a plain
+    read is no script): the last record read ends where the next slot's
+    starts, not at the string's end, which the post has moved on."""
+    async with stores(driver) as store:
+        keys = QueueKeys.of(project, "q")
+        await store.post_messages(project, "q", WRITER, batch(0, 2))
+        client = direct_client(redis_url)
+        try:
+            counter = await client.get(keys.seq)
+            assert counter is not None
+            await store.post_messages(project, "q", WRITER, batch(2, 1))
+            await client.set(keys.seq, counter)  # as the read saw it
+            assert isinstance(store, WatchStore)
+            transport = store.segments.transport
+            got = await read_by_commands(transport, keys, 0, None, 10, False, None)
+        finally:
+            await client.aclose()
+        bodies = [raw for _, raw in ReadReply.parse(got).slots]
+        assert [segments.SegmentRecord.decode(0, b).body for b in bodies if b] == [
+            body(0),
+            body(1),
+        ]
