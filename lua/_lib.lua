@@ -719,3 +719,169 @@ end
 local function remember_post(token, longestms, ids)
   redis.call('HSET', IDEMPOTENCY, token, int(longestms) .. ' ' .. table.concat(ids, ' '))
 end
+
+-- Reviews of segments (storage/reviews.py): when the sweep looks at each
+-- segment next (zset k -> ms) and its messages not yet counted gone (hash
+-- k -> that count less the seqs of its range given out so far).
+local REVIEWS = PREFIX .. S_REVIEWS
+local SEGMENT_COUNTS = PREFIX .. S_SEGMENT_COUNTS
+
+-- Segment k's messages not yet counted gone (top: the counter).
+local function segment_count(k, top)
+  local sn = redis.call('HGET', SEGMENT_COUNTS, k)
+  if not sn then return 0 end
+  local passed = math.min(SEG_SLOTS, top - tonumber(k) * SEG_SLOTS + 1)
+  return tonumber(sn) + math.max(0, passed)
+end
+
+-- What segment k holds at now: its string (nil: gone whole), its records'
+-- {slot, offset, end} by slot (records at[j], live ones' slots in keep),
+-- the seqs of the records to drop (expired), whether any record is to go
+-- (expired or deleted), the survivors' earliest and latest expiry (a claim
+-- may have extended one: its Q:cl state's last field).
+local function survey_segment(k, now)
+  local key = SEGMENT_PREFIX .. k
+  local s = {data = redis.call('GET', key), at = {}, keep = {}, dead = {}, drop = false,
+    earliest = nil, latest = 0}
+  if not s.data then return s end
+  local base = tonumber(k) * SEG_SLOTS
+  local ends, slots, seqs = #s.data, {}, {}
+  for j = SEG_SLOTS - 1, 0, -1 do
+    local v, gone = slot_at(s.data, j)
+    if v > 0 then
+      s.at[j] = {v, ends}
+      ends = v
+      if gone then s.drop = true else slots[#slots + 1] = j end
+    end
+  end
+  for i = 1, #slots do seqs[i] = int(base + slots[i]) end
+  local states = {}
+  if #seqs > 0 and redis.call('EXISTS', CLAIM_STATES) == 1 then
+    states = redis.call('HMGET', CLAIM_STATES, unpack(seqs))
+  end
+  for i = #slots, 1, -1 do
+    local j, v = slots[i], s.at[slots[i]][1]
+    local expires = tonumber(string.sub(s.data, v + 1, v + SEG_EXPIRES_END))
+    if states[i] then
+      local extended = tonumber(string.match(states[i], '(%d+)$'))
+      if extended > expires then expires = extended end
+    end
+    if expires > now then
+      s.keep[#s.keep + 1] = j
+      if not s.earliest or expires < s.earliest then s.earliest = expires end
+      if expires > s.latest then s.latest = expires end
+    else
+      s.dead[#s.dead + 1] = seqs[i]
+      s.drop = true
+    end
+  end
+  return s
+end
+
+-- The next review of a segment whose live records expire from earliest to
+-- latest: at the latest if they spread over at most SEG_SPREAD_MS (Redis
+-- drops the segment then), else at the earliest + SEG_REVIEW_AFTER_MS.
+local function review_time(earliest, latest)
+  if latest - earliest <= SEG_SPREAD_MS then return latest end
+  return earliest + SEG_REVIEW_AFTER_MS
+end
+
+-- A zset or hash of the segments (one entry per segment) that grew past
+-- Redis's listpack size stays a hash table when it shrinks, its table sized
+-- for its peak until rehashed: written anew once small, it is a listpack
+-- again and a drained queue gives that memory back too.
+local function compact_index(key)
+  local encoding = redis.call('OBJECT', 'ENCODING', key)
+  if encoding == 'skiplist' and redis.call('ZCARD', key) <= 64 then
+    local all, again = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES'), {}
+    for i = 1, #all, 2 do
+      again[i], again[i + 1] = all[i + 1], all[i]
+    end
+    redis.call('DEL', key)
+    if #again > 0 then redis.call('ZADD', key, unpack(again)) end
+  elseif encoding == 'hashtable' and redis.call('HLEN', key) <= 64 then
+    local all = redis.call('HGETALL', key)
+    redis.call('DEL', key)
+    if #all > 0 then redis.call('HSET', key, unpack(all)) end
+  end
+end
+
+-- Review segment k (storage/reviews.py): drop its expired and deleted
+-- records (slots kept), count what went, set its expiry and next review.
+local function review_segment(k, now, top)
+  local key = SEGMENT_PREFIX .. k
+  local count = segment_count(k, top)
+  local s = survey_segment(k, now)
+  local open = segment_of(top) == k
+  if count > #s.keep then redis.call('HINCRBY', KEYS[K_META], F_GONE, count - #s.keep) end
+  if #s.dead > 0 then
+    local ids = {}
+    for i, seq in ipairs(s.dead) do ids[i] = segment_id(tonumber(seq)) end
+    if redis.call('EXISTS', CLAIM_STATES) == 1 then redis.call('HDEL', CLAIM_STATES, unpack(s.dead)) end
+    redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+    if redis.call('EXISTS', CLAIM_INDEX) == 1 then redis.call('ZREM', CLAIM_INDEX, unpack(ids)) end
+  end
+  if #s.keep == 0 then
+    if s.data then redis.call('DEL', key) end
+    redis.call('ZREM', DIRECTORY, k)
+    redis.call('ZREM', REVIEWS, k)
+    redis.call('HDEL', SEGMENT_COUNTS, k)
+    if open then redis.call('HDEL', KEYS[K_META], F_REVIEW_FROM) end
+    compact_index(DIRECTORY)
+    compact_index(REVIEWS)
+    compact_index(SEGMENT_COUNTS)
+    return
+  end
+  local passed = math.min(SEG_SLOTS, top - tonumber(k) * SEG_SLOTS + 1)
+  redis.call('HSET', SEGMENT_COUNTS, k, int(#s.keep - passed))
+  if s.drop and s.latest > now + SEG_REVIEW_AFTER_MS then
+    -- rewritten with the survivors only, each in its own slot
+    local table_, records, at = {}, {}, SEG_TABLE_BYTES
+    local kept = {}
+    for _, j in ipairs(s.keep) do kept[j] = true end
+    for j = 0, SEG_SLOTS - 1 do
+      local r = s.at[j]
+      if kept[j] then
+        table_[j + 1] = struct.pack('>I4', at)
+        records[#records + 1] = string.sub(s.data, r[1] + 1, r[2])
+        at = at + r[2] - r[1]
+      else
+        table_[j + 1] = '\0\0\0\0'
+      end
+    end
+    redis.call('SET', key, table.concat(table_) .. table.concat(records), 'PXAT', int(s.latest))
+  end
+  redis.call('ZADD', REVIEWS, int(review_time(s.earliest, s.latest)), k)
+  if open then redis.call('HSET', KEYS[K_META], F_REVIEW_FROM, int(s.earliest)) end
+end
+
+-- Run up to limit due reviews of the queue (now: ms); how many ran.
+local function review_due(now, limit)
+  local due = redis.call('ZRANGE', REVIEWS, '-inf', int(now), 'BYSCORE', 'LIMIT', 0, limit)
+  if #due == 0 then return 0 end
+  local top = tonumber(redis.call('GET', KEYS[K_SEQ])) or 0
+  for _, k in ipairs(due) do review_segment(k, now, top) end
+  return #due
+end
+
+-- A segment message goes (deleted, popped, dead-lettered; the caller has
+-- checked it is one and settled its claims and groups): its slot marked
+-- gone (its record stays until the segment's review, within
+-- SEG_DELETE_REVIEW_MS), counted gone, its claim state dropped. Returns the
+-- review's time (ms) for the caller's reply, nil if it was gone already:
+-- the process notes it in fs:sweep (reviews.SweepSchedule.note).
+local function segment_gone(seq, now)
+  local k, slot = segment_of(seq)
+  local key = SEGMENT_PREFIX .. k
+  local raw = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, slot * SEG_SLOT_BYTES + 3)
+  if #raw < SEG_SLOT_BYTES then return nil end
+  local v, gone = slot_at(raw, 0)
+  if v == 0 or gone then return nil end
+  redis.call('SETRANGE', key, slot * SEG_SLOT_BYTES, struct.pack('>I4', v + SEG_GONE_BIT))
+  redis.call('HINCRBY', KEYS[K_META], F_GONE, 1)
+  redis.call('HINCRBY', SEGMENT_COUNTS, k, -1)
+  redis.call('HDEL', CLAIM_STATES, int(seq))
+  local when = now + SEG_DELETE_REVIEW_MS
+  redis.call('ZADD', REVIEWS, 'LT', int(when), k)
+  return when
+end

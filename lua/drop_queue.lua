@@ -3,7 +3,10 @@
 -- KEYS: the 6 fixed keys. ARGV: batch size, keep ('1' = purge: delete the
 -- messages and claims but keep the queue, its metadata and its counter).
 -- The claim index and the ordered groups go too (a group's zset is deleted
--- whole: its ids are among the messages), and the segments with their keys.
+-- whole: its ids are among the messages), and the segments (storage/
+-- segments.py), up to SEG_SLOTS of them (as many messages as 100 x that)
+-- a call, with their keys; a purge counts every message given out so far
+-- gone, and claims start past them.
 local batch = tonumber(ARGV[1])
 local ids = redis.call('ZRANGE', KEYS[K_IDX], 0, batch - 1)
 if #ids > 0 then
@@ -16,6 +19,14 @@ if #ids > 0 then
   redis.call('ZREM', KEYS[K_IDX], unpack(ids))
   redis.call('ZREM', KEYS[K_EXP], unpack(ids))
   redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
+  return 1
+end
+local segments = redis.call('ZRANGE', DIRECTORY, 0, SEG_SLOTS - 1)
+if #segments > 0 then
+  local skeys = {}
+  for i, k in ipairs(segments) do skeys[i] = SEGMENT_PREFIX .. k end
+  redis.call('DEL', unpack(skeys))
+  redis.call('ZREM', DIRECTORY, unpack(segments))
   return 1
 end
 -- the claim index and the ordered groups its entries name
@@ -31,15 +42,6 @@ if #entries > 0 then
   redis.call('ZREM', CLAIM_INDEX, unpack(entries))
   return 1
 end
--- the segments (storage/segments.py), up to 100 a call (10,000 messages)
-local segments = redis.call('ZRANGE', DIRECTORY, 0, math.min(batch, 100) - 1)
-if #segments > 0 then
-  local skeys = {}
-  for i, k in ipairs(segments) do skeys[i] = SEGMENT_PREFIX .. k end
-  redis.call('DEL', unpack(skeys))
-  redis.call('ZREM', DIRECTORY, unpack(segments))
-  return 1
-end
 local claims = redis.call('ZRANGE', KEYS[K_CLAIMS], 0, batch - 1)
 if #claims > 0 then
   local ckeys = {}
@@ -48,7 +50,7 @@ if #claims > 0 then
   redis.call('ZREM', KEYS[K_CLAIMS], unpack(claims))
   return 1
 end
-redis.call('DEL', CLAIM_STATES, PREFIX .. S_REVIEWS, PREFIX .. S_SEGMENT_COUNTS)
+redis.call('UNLINK', CLAIM_STATES, REVIEWS, SEGMENT_COUNTS)
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[K_IDX], KEYS[K_EXP], KEYS[K_CLAIMED], KEYS[K_CLAIMS])
   -- a queue in segments stays in them: every seq so far is gone
@@ -58,6 +60,7 @@ if ARGV[2] == '1' then
     redis.call('HSET', KEYS[K_META], F_GONE, int(math.max(0, top - ns + 1)), F_CLAIM_HEAD,
       int(top + 1))
   end
+  redis.call('HDEL', KEYS[K_META], F_REVIEW_FROM)
   -- no message left: the next grouped post starts the claim index again
   redis.call('HDEL', KEYS[K_META], F_GROUPS_SINCE)
 else

@@ -13,7 +13,9 @@
 -- The reservation goes first thing, as in post.lua, unless the answer is
 -- {'records'}: the queue has no segments and may not start them here
 -- (nothing changed; post.lua is the one to call).
--- Returns the ids of the messages; {'seal'}, {'toolarge', limit},
+-- Returns the ids of the messages, after 'review' and its time (ms) when the
+-- post scheduled a segment's review (storage/reviews.py: the process notes
+-- it in fs:sweep); {'seal'}, {'toolarge', limit},
 -- {'full', limit}, {'replay', id...} as post.lua (nothing written).
 -- The first post in segments sets the queue's F_NEW_START to the first seq
 -- it writes (the counter + 1): from there on every message of the queue is
@@ -23,7 +25,7 @@ local now = tonumber(ARGV[1])
 local FIRST = 11
 local n = (#ARGV - 10) / 5
 local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
-  F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED)
+  F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED, F_REVIEW_FROM)
 local ns = q[1]
 if not ns and ARGV[10] ~= '1' then return {'records'} end
 if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7], ARGV[8]) end
@@ -36,6 +38,8 @@ local groups_since = q[7]
 -- the older layout's messages and claims, while it has any
 collect_garbage(ARGV[1], groups_since)
 if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
+-- one due review of the queue's segments first (storage/reviews.py)
+local reviewed = ns and review_due(now, 1) > 0
 if q[6] and live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) + n > tonumber(q[6]) then return {'full', q[6]} end
 local default_ttl = tonumber(q[3] or ARGV[2])
 local default_delay = tonumber(q[4] or ARGV[3])
@@ -49,10 +53,13 @@ if top == 0 then
 end
 if not ns then redis.call('HSET', KEYS[K_META], F_NEW_START, int(top + 1)) end
 local author = ARGV[9]
+-- the open segment's earliest expiry, and the earliest review this post set
+local review_from, review = tonumber(q[9]), nil
+if reviewed then review_from = tonumber(redis.call('HGET', KEYS[K_META], F_REVIEW_FROM)) end
 
 -- A call's records for one segment: one APPEND, one SETRANGE of their
 -- (consecutive) slots, the segment's expiry raised to the latest of them.
-local k, first_slot, records, offsets, pending, latest = nil, 0, {}, {}, 0, 0
+local k, first_slot, records, offsets, pending, latest, earliest = nil, 0, {}, {}, 0, 0, nil
 local function flush()
   if not k then return end
   local key = SEGMENT_PREFIX .. k
@@ -73,9 +80,21 @@ local function flush()
   else
     redis.call('PEXPIREAT', key, int(latest), 'GT')
   end
+  if at == SEG_TABLE_BYTES then
+    -- opened: its count starts at minus the seqs of its range before it
+    redis.call('HSETNX', SEGMENT_COUNTS, k, int(-first_slot))
+  end
+  if at == SEG_TABLE_BYTES or not review_from or earliest < review_from then
+    -- reviewed at its earliest expiry + SEG_REVIEW_AFTER_MS (or earlier)
+    review_from = earliest
+    local when = earliest + SEG_REVIEW_AFTER_MS
+    redis.call('ZADD', REVIEWS, 'LT', int(when), k)
+    redis.call('HSET', KEYS[K_META], F_REVIEW_FROM, int(earliest))
+    if not review or when < review then review = when end
+  end
   for j = 1, #offsets do offsets[j] = struct.pack('>I4', at + offsets[j]) end
   redis.call('SETRANGE', key, first_slot * SEG_SLOT_BYTES, table.concat(offsets))
-  records, offsets, pending, latest = {}, {}, 0, 0
+  records, offsets, pending, latest, earliest = {}, {}, 0, 0, nil
 end
 
 local ids, seq, first_due = {}, top, 0
@@ -99,6 +118,7 @@ for i = 1, n do
   records[#records + 1] = record
   pending = pending + #record
   if expires > latest then latest = expires end
+  if not earliest or expires < earliest then earliest = expires end
   local id = segment_id(seq)
   ids[i] = id
   if group ~= '' then
@@ -116,4 +136,8 @@ end
 flush()
 notify(seq, first_due)
 if token ~= '' then remember_post(token, now + tonumber(ARGV[6]), ids) end
+if review then
+  table.insert(ids, 1, int(review))
+  table.insert(ids, 1, 'review')
+end
 return ids

@@ -243,8 +243,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-#: the drivers that write the segment layout so far (compact-watch adds the others)
-SEGMENT_DRIVERS = ["lua"]
+#: the drivers that write the segment layout
+SEGMENT_DRIVERS = ["lua", "watch", "watch-naive"]
 
 
 def both_layouts(request: pytest.FixtureRequest, driver: str) -> str:

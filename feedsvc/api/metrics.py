@@ -96,6 +96,13 @@ class StoreCollector(Collector):
             ),
         ]:
             yield GaugeMetricFamily(f"feedsvc_{name}", text, value=stats[name])
+        if "sweep_lag_seconds" in stats:
+            yield GaugeMetricFamily(
+                "feedsvc_sweep_lag_seconds",
+                "how late the oldest due review of expired segment messages was at the "
+                "sweep's last look (0: none late): memory comes back that much later",
+                value=stats["sweep_lag_seconds"],
+            )
 
 
 class RefusalCollector(Collector):

@@ -29,7 +29,7 @@ and checks its size (:meth:`Found.upkeep_reads`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +51,11 @@ TIDY_BUDGET = 10
 #: process cannot open)
 Verdict = Literal["take", "park", "leave"]
 Judge = Callable[[r.Row], Verdict]
+#: the rows of ids in either layout (a record, or a segment message), in order
+Reader = Callable[[list[str]], Awaitable[list[r.Row | None]]]
+#: the segment messages not in the claim index, seqs below a bound (None: to
+#: the counter), in order: (slots looked at, the present rows among them) a read
+Walker = Callable[[int | None], AsyncIterator[tuple[int, list[r.Row]]]]
 
 
 @dataclass(slots=True)
@@ -134,8 +139,12 @@ class Scan:
         limit: int,
         budget: int,
         judge: Judge,
+        reader: Reader | None = None,
+        walker: Walker | None = None,
     ) -> None:
         self._transport = transport
+        self._reader = reader
+        self._walker = walker
         self._keys = keys
         self._now = now
         self._limit = limit
@@ -156,6 +165,7 @@ class Scan:
 
     async def run(self, since: int | None) -> Found:
         await self._index(since)
+        await self._segments(since)
         if since is not None:
             await self._claim_index()
         return self.found
@@ -163,6 +173,8 @@ class Scan:
     async def _read(self, ids: list[str]) -> list[r.Row | None]:
         if not ids:
             return []
+        if self._reader is not None:
+            return await self._reader(ids)
         return r.rows(ids, await self._transport.call_checked(r.read_commands(self._keys, ids)))
 
     async def _index(self, since: int | None) -> None:
@@ -181,6 +193,18 @@ class Scan:
                     return
             if len(before) < CHUNK:
                 return
+
+    async def _segments(self, high: int | None) -> None:
+        """The segment messages not in the claim index (below high, where
+        groups began), each on its own (_lib.lua's choose_messages)."""
+        if self._walker is None or not self._more:
+            return
+        async for slots, rows in self._walker(high):
+            self._scanned += max(0, slots - len(rows))
+            for row in rows:
+                self._single(row)
+                if not self._more:
+                    return
 
     def _single(self, row: r.Row | None, indexed: str = "") -> None:
         """An ungrouped message: taken if free (and takeable); indexed: its
@@ -233,16 +257,22 @@ class Scan:
         keys = self._keys
         ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
         groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
-        reads = r.read_commands(keys, ids)
-        reads += [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
-        replies = await self._transport.call_checked(reads)
-        rows = dict(zip(ids, r.rows(ids, replies), strict=True))
-        fronts = {
-            g: [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
-            for g, reply in zip(groups, replies[2 * len(ids) :], strict=True)
-        }
+        fronts: dict[str, list[tuple[str, int]]] = {}
+        if self._reader is None:  # the older layout: ids' records with the fronts
+            reads = r.read_commands(keys, ids)
+            reads += [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
+            replies = await self._transport.call_checked(reads)
+            rows = dict(zip(ids, r.rows(ids, replies), strict=True))
+            raw_fronts = replies[2 * len(ids) :]
+        else:  # either layout: the fronts first, then every message through the reader
+            reads = [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
+            raw_fronts = await self._transport.call_checked(reads) if reads else []
+            rows = {}
+        for g, reply in zip(groups, raw_fronts, strict=True):
+            fronts[g] = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
         front_ids = [i for front in fronts.values() for i, _ in front]
-        rows.update(zip(front_ids, await self._read(front_ids), strict=True))
+        wanted = [i for i in ids if i not in rows] + front_ids
+        rows.update(zip(wanted, await self._read(wanted), strict=True))
         for member, score in entries:
             if not self._more:
                 return

@@ -8,22 +8,27 @@ pages; a page list.lua began in the older layout is carried on here.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
+from feedsvc.errors import FeedError
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
+from feedsvc.storage.reviews import SweepSchedule
 from feedsvc.storage.scripts import LuaScript, load_script
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, scan_segments
 from feedsvc.storage.transport import Transport
+
+log = logging.getLogger("feedsvc")
 
 #: LuaStore._script: (script, keys, args, idempotent) -> its reply
 RunScript = Callable[[LuaScript, list[str], list[Any], bool], Awaitable[Any]]
@@ -58,10 +63,12 @@ class LuaSegments(FeedSpace):
         clock: Clock,
         run: RunScript,
         reply: ScriptReply,
+        sweeps: SweepSchedule | None = None,
     ) -> None:
         super().__init__(kind)
         self._transport, self._settings, self._clock = transport, settings, clock
         self._run, self._reply = run, reply
+        self._sweeps = sweeps
 
     def refused(self, queue: str, reply: list[Any]) -> None:
         """Raise what a post script's refusal says (a replay is no refusal)."""
@@ -119,10 +126,37 @@ class LuaSegments(FeedSpace):
         reply = await self._reply(script, all_keys, args, replies[-1])
         if reply and reply[0] == b"records":
             return None
+        if reply and reply[0] == b"review":
+            await self.note_review(post.project, post.queue, int(reply[1]))
+            reply = reply[2:]
         if reply and reply[0] == b"replay":
             return [r.text(i) for i in reply[1:]]
         self.refused(post.queue, reply)
         return [r.text(i) for i in reply]
+
+    async def note_review(self, project: str, queue: str, when: int) -> None:
+        """A script scheduled a review of the queue's segments (reviews.py):
+        note it in fs:sweep. The write it answers is done: a failure here
+        only delays the review until the queue's next post or claim runs it."""
+        if self._sweeps is None:
+            return
+        try:
+            await self._sweeps.note(self._kind, project, queue, when)
+        except FeedError as exc:
+            log.warning("a segment review of %s/%s waits: %s", project, queue, exc)
+
+    async def sweep(
+        self, keys: QueueKeys, most: int, count: bool
+    ) -> tuple[int, int | None, int | None]:
+        """sweep.lua: run up to ``most`` due reviews of the queue; (reviews
+        run, the next one due in ms or None, the live messages if counted)."""
+        args = [self._clock.now_ms(), most, _flag(count)]
+        ran, due, live = await self._run(load_script("sweep"), keys.fixed(), args, False)
+        return (
+            int(ran),
+            None if due in (b"", "") else int(float(due)),
+            None if live in (b"", "") else int(live),
+        )
 
     async def read(
         self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,

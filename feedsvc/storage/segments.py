@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from feedsvc.storage import reviews
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import (
     CLAIM_STATES_SUFFIX,
@@ -292,4 +293,5 @@ def lua_names() -> dict[str, str]:
         "S_CLAIM_STATES": repr(CLAIM_STATES_SUFFIX),
         "S_REVIEWS": repr(REVIEWS_SUFFIX),
         "S_SEGMENT_COUNTS": repr(SEGMENT_COUNTS_SUFFIX),
+        **reviews.lua_names(),
     }

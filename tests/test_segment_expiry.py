@@ -1,0 +1,356 @@
+"""Expiry in the segment layout (issue 30, storage/reviews.py) on a real
+Redis: a segment's short-lived messages give their memory back at their
+review whatever lives beside them, deleted records go at the next review,
+an idle queue is swept by the process's loop, counts stay exact before
+and after sweeps (a segment Redis dropped whole included), and purge and
+queue delete leave no key behind.
+
+The store's clock is a ManualClock: the sweep judges expiry by it, so a
+review is seen by moving it on (Redis's own expiry, in real time, is
+played by deleting a segment's key)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+from redis import Redis
+
+from feedsvc.clock import ManualClock
+from feedsvc.storage import reviews, segments, sweeper
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
+from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
+from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.record import lua_prelude
+from feedsvc.storage.scripts import LIB, lua_dir, used_library
+from feedsvc.storage.watch_store import WatchStore
+from tests.conftest import direct_client, make_settings
+
+READER = str(uuid.uuid4())
+WRITER = str(uuid.uuid4())
+DAYS_14 = 14 * 86400
+SHORT = 60
+
+
+@pytest.fixture(params=["lua", "watch", "watch-naive"])
+def driver(request: pytest.FixtureRequest) -> str:
+    """Every driver reviews segments (the watch drivers by transactions)."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def store(redis_url: str, driver: str, clock: ManualClock) -> AsyncIterator[Any]:
+    settings = make_settings(redis_url, driver=driver, storage_layout="segments")
+    feed = make_store(settings, clock)
+    assert isinstance(feed, LuaStore | WatchStore)
+    await feed.open()
+    # the tests run the loop's ticks themselves, on the clock they move
+    assert feed.sweeper is not None
+    await feed.sweeper.close()
+    try:
+        yield feed
+    finally:
+        await feed.close()
+
+
+@pytest.fixture
+def rc(redis_url: str) -> Redis:
+    if redis_url.startswith("redis+cluster://"):
+        pytest.skip("looks at one server's keys")
+    return Redis.from_url(redis_url)
+
+
+def body(n: int) -> bytes:
+    return orjson.dumps({"n": n, "pad": "x" * 100})
+
+
+async def post(store: FeedStore, project: str, ttls: list[int], queue: str = "q") -> list[str]:
+    messages = [NewMessage(body(i), ttl) for i, ttl in enumerate(ttls)]
+    return await store.post_messages(project, queue, WRITER, messages)
+
+
+async def listed(store: FeedStore, project: str, queue: str = "q") -> list[str]:
+    ids: list[str] = []
+    marker = None
+    while True:
+        page = await store.list_messages(project, queue, ListQuery(READER, marker=marker, limit=20))
+        if not page.messages:
+            return ids
+        ids += [m.id for m in page.messages]
+        marker = page.next_marker
+
+
+def segment_keys(rc: Redis, keys: QueueKeys) -> list[str]:
+    pattern = keys.prefix.replace("{", "[{]").replace("}", "[}]") + ":p:*"
+    return sorted(k.decode() for k in rc.scan_iter(match=pattern))
+
+
+def gone(rc: Redis, keys: QueueKeys) -> int:
+    return int(rc.hget(keys.meta, segments.GONE) or 0)
+
+
+async def total(store: FeedStore, project: str, queue: str = "q") -> int:
+    return (await store.queue_stats(project, queue)).total
+
+
+async def test_short_messages_behind_a_long_one_give_their_memory_back_at_their_review(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    keys = QueueKeys.of(project, "q")
+    [long_id] = await post(store, project, [DAYS_14])
+    short = await post(store, project, [SHORT] * 40)
+    [segment] = segment_keys(rc, keys)
+    full = rc.strlen(segment)
+    # the review is due 30 s after the short ones expire; fs:sweep knows
+    scheduled: list[Any] = rc.zrange(keys.reviews, 0, -1, withscores=True)
+    [[k, due]] = scheduled
+    assert int(due) <= clock.now_ms() + (SHORT * 1000 + reviews.REVIEW_AFTER_MS)
+    assert rc.zscore(SWEEP_KEY, reviews.sweep_member("queue", project, "q")) == due
+    assert await total(store, project) == 41
+
+    clock.advance(SHORT + 1)
+    # expired, not yet reviewed: counted exactly all the same, not listed
+    assert await total(store, project) == 1
+    assert await listed(store, project) == [long_id]
+    assert rc.strlen(segment) == full
+
+    clock.advance(reviews.REVIEW_AFTER_MS / 1000)
+    assert store.sweeper is not None
+    await store.sweeper.tick()  # the idle queue's review, by the process's loop
+    # the loop's lag (/metrics): how late the oldest due queue was at its look
+    assert store.stats()["sweep_lag_seconds"] == (clock.now_ms() - int(due)) / 1000 > 0
+    assert rc.strlen(segment) < segments.TABLE_BYTES + (full - segments.TABLE_BYTES) / 40
+    assert gone(rc, keys) == len(short)
+    assert await total(store, project) == 1
+    assert await listed(store, project) == [long_id]
+    [got] = await store.get_messages(project, "q", [long_id])
+    assert orjson.loads(got.body)["n"] == 0
+    # the segment lives as long as its last message; reviewed again 30 s after it expires
+    assert rc.pttl(segment) > (DAYS_14 - 60) * 1000
+    assert rc.zscore(keys.reviews, k) == rc.pexpiretime(segment)
+    assert rc.zscore(SWEEP_KEY, reviews.sweep_member("queue", project, "q")) == rc.zscore(
+        keys.reviews, k
+    )
+
+
+async def test_a_post_runs_a_due_review_of_its_queue_first(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    if not isinstance(store, LuaStore):
+        pytest.skip("a watch driver's post leaves its queue's reviews to the sweep loop")
+    keys = QueueKeys.of(project, "q")
+    await post(store, project, [DAYS_14] + [SHORT] * 30)
+    [segment] = segment_keys(rc, keys)
+    full = rc.strlen(segment)
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+    await post(store, project, [DAYS_14])
+    # the 30 short records went; the long one and the new one stay
+    assert rc.strlen(segment) < segments.TABLE_BYTES + 3 * (full - segments.TABLE_BYTES) // 31
+    assert gone(rc, keys) == 30
+    assert await total(store, project) == 2
+
+
+def run_lib(rc: Redis, keys: QueueKeys, call: str, *args: int | None) -> object:
+    """Call a function of _lib.lua as a script would (segment_gone: what
+    delete, pop and dead-lettering call)."""
+    lib = (lua_dir() / f"{LIB}.lua").read_text()
+    body = f"return {call}"
+    source = lua_prelude() + f"{used_library(lib, body)}\n{body}".encode()
+    return rc.eval(source.decode(), 6, *keys.fixed(), *(str(a) for a in args))
+
+
+async def test_deleted_records_go_at_the_next_review(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    keys = QueueKeys.of(project, "q")
+    ids = await post(store, project, [DAYS_14] * 10)
+    [segment] = segment_keys(rc, keys)
+    full = rc.strlen(segment)
+    seq = segments.seq_of(segments.id_tag(keys.prefix), ids[3])
+    delete = "segment_gone(ARGV[1], tonumber(ARGV[2]))"
+    when = run_lib(rc, keys, delete, seq, clock.now_ms())
+    assert when == clock.now_ms() + reviews.DELETE_REVIEW_MS
+    assert run_lib(rc, keys, delete, seq, clock.now_ms()) is None  # gone already
+    await store.segments.note_review(project, "q", int(str(when)))
+    assert gone(rc, keys) == 1
+    assert await total(store, project) == 9
+    assert ids[3] not in await listed(store, project)
+    assert rc.strlen(segment) == full  # the record stays until the review
+
+    clock.advance(reviews.DELETE_REVIEW_MS / 1000)
+    assert store.sweeper is not None
+    await store.sweeper.tick()
+    record = (full - segments.TABLE_BYTES) // 10
+    assert rc.strlen(segment) == full - record
+    assert await listed(store, project) == [i for i in ids if i != ids[3]]
+    assert gone(rc, keys) == 1 and await total(store, project) == 9
+    # every other slot kept its record: each reads back whole
+    got = await store.get_messages(project, "q", ids)
+    assert [orjson.loads(m.body)["n"] for m in got] == [n for n in range(10) if n != 3]
+
+
+async def test_counts_stay_exact_before_and_after_sweeps_and_a_segment_dropped_whole(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    keys = QueueKeys.of(project, "q")
+    posted = 0
+    for _ in range(3):  # 3 x 90 = 270 messages over 3 or 4 segments
+        await post(store, project, [SHORT] * 90)
+        posted += 90
+    assert await total(store, project) == posted
+    segs = segment_keys(rc, keys)
+    assert len(segs) >= 3
+    clock.advance(SHORT + 1)
+    # expired, not yet reviewed: none counts
+    assert await total(store, project) == 0
+    # Redis drops one whole at its expiry (no feedsvc work)
+    rc.delete(segs[0])
+    assert await total(store, project) == 0
+    clock.advance(reviews.REVIEW_AFTER_MS / 1000)
+    assert store.sweeper is not None
+    while await store.sweeper.tick():
+        pass
+    assert gone(rc, keys) == posted
+    assert segment_keys(rc, keys) == []
+    assert rc.exists(keys.reviews, keys.segment_counts, keys.directory) == 0
+    assert await total(store, project) == 0
+    # the open segment, dropped whole and opened again, counts from there
+    await post(store, project, [SHORT] * 7 + [DAYS_14])
+    assert await total(store, project) == 8
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+    assert await total(store, project) == 1
+    await store.sweeper.tick()
+    assert gone(rc, keys) == posted + 7
+    assert await total(store, project) == 1
+
+
+async def test_the_count_holds_when_the_open_segment_is_dropped_before_its_review(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    keys = QueueKeys.of(project, "q")
+    await post(store, project, [SHORT] * 5)
+    [segment] = segment_keys(rc, keys)
+    clock.advance(SHORT + 1)
+    rc.delete(segment)  # Redis's expiry, before any review
+    await post(store, project, [SHORT] * 3)  # the same segment, opened again
+    assert await total(store, project) == 3
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000)
+    assert store.sweeper is not None
+    await store.sweeper.tick()
+    assert gone(rc, keys) == 8
+    assert await total(store, project) == 0
+
+
+@pytest.mark.parametrize("purge", [True, False])
+async def test_purge_and_delete_leave_no_key(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis, purge: bool
+) -> None:
+    keys = QueueKeys.of(project, "q")
+    for _ in range(3):  # segments, reviews, their counts, the review field
+        await post(store, project, [DAYS_14] + [SHORT] * 99)
+    assert len(segment_keys(rc, keys)) >= 3
+    pattern = keys.prefix.replace("{", "[{]").replace("}", "[}]") + "*"
+    if purge:
+        await store.purge_queue(project, "q")
+        left = {k.decode() for k in rc.scan_iter(match=pattern)}
+        assert left <= {keys.meta, keys.seq}
+        assert await total(store, project) == 0
+        assert await listed(store, project) == []
+        await post(store, project, [SHORT] * 4)
+        assert await total(store, project) == 4
+        assert len(await listed(store, project)) == 4
+    else:
+        await store.delete_queue(project, "q")
+        assert list(rc.scan_iter(match=pattern)) == []
+        # the loop finds nothing to review and forgets the queue
+        clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+        assert store.sweeper is not None
+        await store.sweeper.tick()
+        assert rc.zscore(SWEEP_KEY, reviews.sweep_member("queue", project, "q")) is None
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+async def test_the_loop_reclaims_on_a_cluster_too(
+    redis_url: str, clock: ManualClock, project: str
+) -> None:
+    """fs:sweep lives in a slot of its own: the loop's reads and writes of it
+    and the queue's script go to their own nodes."""
+    settings = make_settings(redis_url, driver="lua", storage_layout="segments")
+    store = make_store(settings, clock)
+    assert isinstance(store, LuaStore)
+    await store.open()
+    try:
+        assert store.sweeper is not None
+        await store.sweeper.close()
+        keys = QueueKeys.of(project, "q")
+        await post(store, project, [DAYS_14] + [SHORT] * 20)
+        await post(store.topics(), project, [DAYS_14] + [SHORT] * 20, queue="t")
+        rc = direct_client(redis_url)
+        numbers: list[Any] = await rc.zrange(keys.directory, 0, -1)
+        [segment] = [keys.segment(int(k)) for k in numbers]
+        full = await rc.strlen(segment)
+        clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+        assert await store.sweeper.tick() == 2  # the queue's review and the topic's
+        assert await rc.strlen(segment) < full / 5
+        assert await total(store, project) == 1
+        assert await total(store.topics(), project, "t") == 1
+        topic = QueueKeys.of(project, "t", "topic")
+        assert int(await rc.hget(topic.meta, segments.GONE) or 0) == 20
+        await rc.aclose()
+    finally:
+        await store.close()
+
+
+async def test_the_running_loop_sweeps_an_idle_queue(
+    redis_url: str, clock: ManualClock, project: str, rc: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweeper, "IDLE_LOOK", 0.05)
+    monkeypatch.setattr(sweeper, "TICK", 0.05)
+    settings = make_settings(redis_url, driver="lua", storage_layout="segments")
+    store = make_store(settings, clock)
+    await store.open()
+    try:
+        keys = QueueKeys.of(project, "q")
+        await post(store, project, [DAYS_14] + [SHORT] * 20)
+        clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+        member = reviews.sweep_member("queue", project, "q")
+
+        def swept() -> bool:
+            # the review ran, and the loop wrote back when the next one is due
+            first: list[Any] = rc.zrange(keys.reviews, 0, 0, withscores=True)
+            [[_, next_due]] = first
+            return gone(rc, keys) == 20 and rc.zscore(SWEEP_KEY, member) == next_due
+
+        for _ in range(400):  # nobody posts, claims or asks for stats: the loop alone
+            if swept():
+                break
+            await asyncio.sleep(0.05)
+        assert swept()
+    finally:
+        await store.close()
+
+
+async def test_a_drained_queue_gives_its_segment_indexes_back(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+) -> None:
+    """Past 128 segments the directory and the reviews are skip lists (hash
+    tables); once the sweep has emptied most, they are listpacks again (the
+    counts too, a hash table past 512)."""
+    keys = QueueKeys.of(project, "q")
+    await post(store, project, [DAYS_14])
+    for _ in range(140):
+        await post(store, project, [SHORT] * 100)
+    assert rc.object("encoding", keys.directory) == b"skiplist"
+    assert rc.object("encoding", keys.reviews) == b"skiplist"
+    clock.advance(SHORT + reviews.REVIEW_AFTER_MS / 1000 + 1)
+    assert store.sweeper is not None
+    while await store.sweeper.tick():
+        pass
+    assert await total(store, project) == 1
+    for key in (keys.directory, keys.reviews, keys.segment_counts):
+        assert rc.object("encoding", key) == b"listpack"
