@@ -89,14 +89,23 @@ class Taker:
 
         return read
 
-    def _walker(self, keys: QueueKeys, now: int, limit: int, walks: list[Walk]) -> Walker:
-        """The segments' walk from the claim head (its Walk kept in walks)."""
+    def _walker(
+        self,
+        keys: QueueKeys,
+        now: int,
+        limit: int,
+        walks: list[Walk],
+        records: dict[str, seg.SegmentRecord],
+    ) -> Walker:
+        """The segments' walk from the claim head (its Walk kept in walks,
+        the records it read in records)."""
 
         async def walker(high: int | None) -> AsyncIterator[tuple[int, list[r.Row]]]:
             async for walk, slots, rows in walk_segments(
                 self._segments, keys, now, limit + 1, high
             ):
                 walks[:] = [walk]
+                records.update(walk.records)
                 yield slots, rows
 
         return walker
@@ -124,7 +133,7 @@ class Taker:
                 scan = Scan(
                     transport, keys, now, limit, self._scan_limit,
                     self._judge(max_claims, opened, where),
-                    self._reader(keys, records), self._walker(keys, now, limit, walks),
+                    self._reader(keys, records), self._walker(keys, now, limit, walks, records),
                 )  # fmt: skip
                 found = await scan.run(groups.groups_since(meta[-1]))
                 candidates = found.ids
