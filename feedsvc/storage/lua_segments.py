@@ -22,10 +22,10 @@ from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
-from feedsvc.storage.reviews import SweepSchedule
 from feedsvc.storage.scripts import LuaScript, load_script
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, scan_segments
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")

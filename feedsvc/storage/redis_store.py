@@ -57,10 +57,10 @@ from feedsvc.storage.keys import KINDS, FeedSpace, Kind, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas, Reservation
 from feedsvc.storage.rate_limits import RedisRateLimits
 from feedsvc.storage.redrive import RedisRedrives
-from feedsvc.storage.reviews import SweepSchedule
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.segment_pages import segment_end, segment_messages
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")

@@ -35,7 +35,7 @@ review sets it to its survivors less those seqs).
 
 Queues with a review due are found through :data:`~feedsvc.storage.keys.SWEEP_KEY`
 (``fs:sweep``: "<kind> <project> <queue>" -> when its first review is due),
-one key written only outside the queue scripts (:class:`SweepSchedule`):
+one key written only outside the queue scripts (``sweep_schedule.py``):
 a script that schedules a review says when in its reply, and the process
 notes it there; the sweep loop of every process (``sweeper.py``) runs the
 due ones, so an idle queue's memory comes back without traffic.
@@ -43,13 +43,9 @@ due ones, so an idle queue's memory comes back without traffic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from feedsvc.storage.keys import SWEEP_KEY, Kind
-
-if TYPE_CHECKING:  # the transport imports the record, which imports this
-    from feedsvc.clock import Clock
-    from feedsvc.storage.transport import Transport
+from feedsvc.storage.keys import Kind
 
 REVIEW_AFTER_MS: Final = 30_000
 SPREAD_MS: Final = 60_000
@@ -61,27 +57,6 @@ REVIEW_FROM: Final = "tmin"
 #: record not yet swept counts as live until its review: docs/api.md)
 STATS_REVIEWS: Final = 8
 COUNT_SEGMENTS: Final = 32
-
-#: take: up to ARGV[2] members due by ARGV[1], each leased until ARGV[3]
-#: (another process passes over them meanwhile; a crashed one's come due
-#: again then). settle ARGV[1] member, ARGV[2] its lease, ARGV[3] its next
-#: due ('' = none): set unless a post noted an earlier one meanwhile.
-_TAKE = """
-local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
-for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[3], m) end
-return due
-"""
-_SETTLE = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) ~= tonumber(ARGV[2]) then
-  if ARGV[3] ~= '' then redis.call('ZADD', KEYS[1], 'LT', ARGV[3], ARGV[1]) end
-elseif ARGV[3] ~= '' then
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-else
-  redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 1
-"""
 
 
 def lua_names() -> dict[str, str]:
@@ -105,41 +80,3 @@ def parse_member(member: bytes | str) -> tuple[Kind, str, str]:
     kind, rest = text.split(" ", 1)
     project, queue = rest.rsplit(" ", 1)
     return ("topic" if kind == "topic" else "queue"), project, queue
-
-
-class SweepSchedule:
-    """fs:sweep: the queues with a review due, and when (one per process)."""
-
-    def __init__(self, transport: Transport, clock: Clock) -> None:
-        self._transport, self._clock = transport, clock
-        #: the oldest due entry's lateness at the last look (ms; 0 = none late)
-        self.lag_ms = 0
-
-    async def note(self, kind: Kind, project: str, queue: str, when: int) -> None:
-        """A script scheduled a review of the queue at ``when`` (ms)."""
-        member = sweep_member(kind, project, queue)
-        await self._transport.call_checked([("ZADD", SWEEP_KEY, "LT", when, member)])
-
-    async def take(self, limit: int, lease_ms: int) -> tuple[list[str], int]:
-        """Up to ``limit`` members due now, and the lease (ms) they are held
-        until (settle names it); the lag (the oldest due entry's) is
-        measured on the way."""
-        now = self._clock.now_ms()
-        lease = now + lease_ms
-        oldest, due = await self._transport.call_checked(
-            [
-                ("ZRANGE", SWEEP_KEY, 0, 0, "WITHSCORES"),
-                ("EVAL", _TAKE, 1, SWEEP_KEY, now, limit, lease),
-            ]
-        )
-        if oldest:  # [member, score], or [[member, score]] (RESP3)
-            first = oldest[0] if isinstance(oldest[0], list | tuple) else oldest
-            self.lag_ms = max(0, now - int(float(first[1])))
-        else:
-            self.lag_ms = 0
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in due], lease
-
-    async def settle(self, member: str, lease: int, next_due: int | None) -> None:
-        """After the member's reviews: its next due, or none."""
-        args = [member, lease, "" if next_due is None else next_due]
-        await self._transport.call_checked([("EVAL", _SETTLE, 1, SWEEP_KEY, *args)])

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable
 from feedsvc.clock import Clock
 from feedsvc.errors import FeedError
 from feedsvc.storage.keys import Kind
-from feedsvc.storage.reviews import SweepSchedule, parse_member
+from feedsvc.storage.reviews import parse_member
+from feedsvc.storage.sweep_schedule import SweepSchedule
 
 log = logging.getLogger("feedsvc")
 

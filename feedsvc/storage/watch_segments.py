@@ -43,6 +43,7 @@ from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands, scan_segments
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_posting import Posting
 
@@ -366,7 +367,7 @@ class WatchSegments:
         settings: StoreSettings,
         clock: Clock,
         refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
-        sweeps: reviews.SweepSchedule,
+        sweeps: SweepSchedule,
         kind: Kind,
     ) -> None:
         self._sweeps, self._kind = sweeps, kind
