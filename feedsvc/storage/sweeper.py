@@ -2,9 +2,10 @@
 queues nobody posts to or claims from (storage/reviews.py), so an idle
 queue's expired messages give their memory back too.
 
-Started and stopped with the store (the lua driver's ``open`` and
-``close``). Every :data:`TICK` seconds while it finds work, every
-:data:`IDLE_LOOK` seconds while it finds none, it takes up to
+Started and stopped with the store (:func:`start_sweeper`, from each
+driver's ``open`` and ``close``), unless its ``sweep_interval`` is 0. Every
+:data:`TICK` seconds while it finds work, every ``sweep_interval`` seconds
+(:data:`IDLE_LOOK` by default) while it finds none, it takes up to
 :data:`PER_TICK` due queues from ``fs:sweep`` (each leased for :data:`LEASE_MS`, so processes
 share the work, and one that dies leaves its queues due again), runs at
 most :data:`CALLS_PER_QUEUE` reviews of each, one segment a call (≤ 100
@@ -48,9 +49,24 @@ LEASE_MS = 60_000
 SweepQueue = Callable[[Kind, str, str, int], Awaitable[tuple[int, int | None]]]
 
 
+def start_sweeper(
+    kind: Kind, interval: float, schedule: SweepSchedule, clock: Clock, sweep: SweepQueue
+) -> Sweeper | None:
+    """The process's sweep loop, started by its queue store (the topic view
+    shares it: one a process); None for a topic view, or with interval 0."""
+    if kind != "queue" or interval <= 0:
+        return None
+    sweeper = Sweeper(schedule, clock, sweep, interval)
+    sweeper.start()
+    return sweeper
+
+
 class Sweeper:
-    def __init__(self, schedule: SweepSchedule, clock: Clock, sweep: SweepQueue) -> None:
+    def __init__(
+        self, schedule: SweepSchedule, clock: Clock, sweep: SweepQueue, idle: float = IDLE_LOOK
+    ) -> None:
         self._schedule, self._clock, self._sweep = schedule, clock, sweep
+        self._idle = idle
         self._task: asyncio.Task[None] | None = None
         #: the last tick left reviews due (a queue's bound, or PER_TICK queues)
         self.behind = False
@@ -67,12 +83,12 @@ class Sweeper:
             self._task = None
 
     async def _run(self) -> None:
-        failures, pause = 0, IDLE_LOOK
+        failures, pause = 0, self._idle
         while True:
             # waits first: a process stopped as soon as it started leaves Redis alone
             await asyncio.sleep(0 if self.behind else min(pause * 2**failures, MAX_PAUSE))
             try:
-                pause = TICK if await self.tick() else IDLE_LOOK
+                pause = TICK if await self.tick() else self._idle
             except FeedError as exc:  # Redis trouble: a later tick tries again
                 self.behind = False
                 if not failures:

@@ -68,7 +68,7 @@ from feedsvc.storage.base import (
 from feedsvc.storage.claim_scan import tidy_groups
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
+from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
@@ -79,7 +79,6 @@ from feedsvc.storage.redis_store import (
 )
 from feedsvc.storage.sealing import MustSeal, require_sealed
 from feedsvc.storage.segment_pages import MarkerAhead, PageScan
-from feedsvc.storage.sweeper import Sweeper
 from feedsvc.storage.watch_forget import delete_by_ids
 from feedsvc.storage.watch_list import scan_page
 from feedsvc.storage.watch_posting import Posting
@@ -272,28 +271,14 @@ class WatchStore(RedisStore):
             self._transport, self._clock, self._opener, self.segments, self._noun,
             self._claim_scan_limit(),
         )  # fmt: skip
-        self.sweeper: Sweeper | None = None
 
-    async def open(self) -> None:
-        await super().open()
-        if self._kind == "queue":
-            # one sweep loop a process (queues and topics): storage/sweeper.py
-            self.sweeper = Sweeper(self.parts.sweeps, self._clock, self._sweep_queue)
-            self.sweeper.start()
-
-    async def _sweep_queue(
-        self, kind: Kind, project: str, queue: str, most: int
-    ) -> tuple[int, int | None]:
-        """Up to ``most`` due reviews of a queue's segments (watch_sweep.py)."""
-        store = self if kind == self._kind else self.topics()
-        return await store.reviews.sweep(store._keys(project, queue), most)
+    async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
+        return await self.reviews.sweep(keys, most)  # watch_sweep.py
 
     async def _live_swept(self, keys: QueueKeys) -> int | None:
         return await self.reviews.live(keys)
 
     async def close(self) -> None:
-        if self.sweeper is not None:
-            await self.sweeper.close()
         await self._combiner.close()
         await super().close()
 
