@@ -24,7 +24,9 @@ higher seq), by ids whose messages are gone or expired for good, so what
 the scan read as "the head is the earliest live message" stays true while
 the head's record is unchanged. Only removing a group's entry from
 ``Q:ci`` depends on its zset being empty: that transaction WATCHes the zset
-and checks its size (:meth:`Found.upkeep_reads`).
+and checks that it holds exactly the ids the scan saw (:meth:`Found.upkeep_reads`;
+its size alone is not enough: another claim may drop a stale id and a post
+add one between the scan and the transaction).
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ class Found:
     gone: list[str] = field(default_factory=list)
     #: group -> the seq of its head, where Q:ci's entry holds another
     heads: dict[str, int] = field(default_factory=dict)
-    #: group -> how many ids its zset held, all stale or parked: its entry goes
-    emptied: dict[str, int] = field(default_factory=dict)
+    #: group -> the ids its zset held, all stale or parked: its entry goes
+    emptied: dict[str, list[str]] = field(default_factory=dict)
 
     def note(self, at: int | None) -> None:
         if at is not None and (self.next_free is None or at < self.next_free):
@@ -102,13 +104,15 @@ class Found:
         return [keys.group(g) for g in self.emptied]
 
     def upkeep_reads(self, keys: QueueKeys) -> list[Command]:
-        """Read last in that transaction; the replies go to upkeep_writes."""
-        return [("ZCARD", keys.group(g)) for g in self.emptied]
+        """Read last in that transaction (a group to drop: its ids, one more
+        than the scan saw); the replies go to upkeep_writes."""
+        return [("ZRANGE", keys.group(g), 0, len(ids)) for g, ids in self.emptied.items()]
 
-    def upkeep_writes(self, keys: QueueKeys, sizes: list[Any]) -> list[Command]:
+    def upkeep_writes(self, keys: QueueKeys, fronts: list[Any]) -> list[Command]:
         """The claim index's upkeep; Conflicted if a group to drop is not
-        (any more) exactly what the scan saw of it."""
-        if [int(n) for n in sizes] != list(self.emptied.values()):
+        (any more) exactly what the scan saw of it: the same ids, not merely
+        as many (one dropped by another claim and one posted meanwhile)."""
+        if [[r.text(i) for i in ids] for ids in fronts] != list(self.emptied.values()):
             raise Conflicted
         writes: list[Command] = []
         for group, ids in self.stale.items():
@@ -295,10 +299,12 @@ class Scan:
         found, now = self.found, self._now
         stale: list[str] = []
         head: int | None = None
-        seen, asked, last = 0, self._front, 0
+        seen: list[str] = []
+        asked, last = self._front, 0
         while True:
             for message_id, seq in front:
-                seen, last = seen + 1, seq
+                seen.append(message_id)
+                last = seq
                 self._scanned += 1
                 row = rows.get(message_id)
                 if row is None or not row.alive(now):
