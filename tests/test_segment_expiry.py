@@ -43,6 +43,19 @@ def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(autouse=True)
+async def fresh_sweep_schedule(redis_url: str) -> None:
+    """fs:sweep to this test alone: the tests of a worker share its Redis, and
+    the others' posts note their queues' reviews there (due on their clocks),
+    which a tick on this test's clock, moved on, would take too. A worker runs
+    one test at a time, with no sweep loop besides its own (conftest)."""
+    client: Any = direct_client(redis_url)
+    try:
+        await client.delete(SWEEP_KEY)
+    finally:
+        await client.aclose()
+
+
 @pytest.fixture
 async def store(redis_url: str, driver: str, clock: ManualClock) -> AsyncIterator[Any]:
     settings = make_settings(redis_url, driver=driver, storage_layout="segments", sweep_interval=5)
