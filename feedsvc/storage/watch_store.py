@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -92,15 +92,11 @@ from feedsvc.storage.watch_sweep import WatchSweep
 from feedsvc.storage.watch_take import Taker
 
 GC_BATCH = 100
-# What a delete by ids reads of each record's author line for its group:
-# a client id (a UUID), " g=" and a group of up to 128 characters, with room.
-AUTHOR_LINE = 255
 DROP_BATCH = 500
 # Posts indexed by one transaction at most (a burst beyond waits for the next).
 MAX_COMBINED_POSTS = 64
 # A claim transaction's result: the claim (None: nothing claimed), the
 # messages parked for the dead-letter queue, and that queue.
-T = TypeVar("T")
 Taken = tuple[Claim | None, list[r.Parked], str | None]
 # What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
