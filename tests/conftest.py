@@ -219,12 +219,16 @@ STORAGE_LAYOUT = ["records"]
 
 
 def make_settings(redis_url: str, **changes: object) -> Settings:
-    """Settings for tests: ttl down to 1 s so expiry can be seen quickly."""
+    """Settings for tests: ttl down to 1 s so expiry can be seen quickly; no
+    segment sweep loop (tests share a Redis and its fs:sweep, each on a clock
+    of its own: a loop on a clock ahead would review another test's queue
+    early). The tests of the loop turn it on (``sweep_interval``)."""
     base = Settings(
         redis_url=redis_url,
         min_message_ttl=1,
         log_level="DEBUG",
         storage_layout=STORAGE_LAYOUT[0],
+        sweep_interval=0,
     )
     return base.replace(**changes)
 
@@ -243,8 +247,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-#: the drivers that write the segment layout so far (compact-watch adds the others)
-SEGMENT_DRIVERS = ["lua"]
+#: the drivers that write the segment layout
+SEGMENT_DRIVERS = ["lua", "watch", "watch-naive"]
 
 
 def both_layouts(request: pytest.FixtureRequest, driver: str) -> str:

@@ -31,7 +31,7 @@ KEY = "correct horse battery staple, twice"
 StoreMaker = Callable[..., AbstractAsyncContextManager[FeedStore]]
 
 
-@pytest.fixture(params=["lua"])
+@pytest.fixture(params=["lua", "watch", "watch-naive"])
 def driver(request: pytest.FixtureRequest) -> str:
     """The drivers that write segments so far."""
     return str(request.param)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import PostTooLarge
 from feedsvc.storage import record as r
+from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.drivers import make_store
@@ -28,8 +30,8 @@ from tests.conftest import direct_client, make_settings
 POSTS = 40
 
 
-async def open_store(url: str, driver: str) -> FeedStore:
-    store = make_store(make_settings(url, driver=driver))
+async def open_store(url: str, driver: str, **changes: object) -> FeedStore:
+    store = make_store(make_settings(url, driver=driver, **changes))
     await store.open()
     return store
 
@@ -39,6 +41,29 @@ async def watch(redis_server: RedisServer) -> AsyncIterator[FeedStore]:
     store = await open_store(redis_server.url, "watch")
     yield store
     await store.close()
+
+
+@pytest.fixture
+async def records_watch(redis_server: RedisServer) -> AsyncIterator[FeedStore]:
+    """The tuned driver writing the older layout (a key per message), whose
+    bodies it writes ahead of the transaction."""
+    store = await open_store(redis_server.url, "watch", storage_layout="records")
+    yield store
+    await store.close()
+
+
+async def stored(url: str, project: str, queue: str) -> int:
+    """How many messages' bytes a queue holds, in either layout: its record
+    keys, and the slots of its segments that point to a record."""
+    keys = QueueKeys.of(project, queue)
+    client = direct_client(url)
+    async with client:
+        count = len([k async for k in client.scan_iter(match=keys.record("*"))])
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        for k in numbers:
+            table: Any = await client.getrange(keys.segment(int(k)), 0, segments.TABLE_BYTES - 1)
+            count += sum(1 for v in segments.slot_offsets(table) if v)
+    return count
 
 
 def body(n: int) -> NewMessage:
@@ -115,10 +140,11 @@ async def test_two_processes_posting_to_one_queue_lose_and_repeat_nothing(
 
 
 async def test_a_body_not_indexed_is_never_visible_and_expires(
-    watch: FeedStore, redis_server: RedisServer, project: str
+    records_watch: FeedStore, redis_server: RedisServer, project: str
 ) -> None:
     """What a crash between the body write and the transaction leaves behind
     (written the way the driver writes bodies ahead): no read path shows it."""
+    watch = records_watch
     [kept] = await watch.post_messages(project, "q", "c", [body(1)])
     orphan = uuid.uuid4().hex[:24]
     keys = QueueKeys.of(project, "q")
@@ -154,10 +180,7 @@ async def test_a_refused_post_leaves_no_body_and_does_not_stop_its_batch(
     assert isinstance(outcomes[1], list)
     assert watch.counters.posts_combined == 1  # the two went in one transaction
     assert await everything(watch, project, "small") == [2]
-    client = direct_client(redis_server.url)
-    async with client:
-        pattern = QueueKeys.of(project, "small").record("*")
-        assert len([k async for k in client.scan_iter(match=pattern)]) == 1
+    assert await stored(redis_server.url, project, "small") == 1
 
 
 async def test_one_idempotency_key_twice_in_one_batch_posts_once(
@@ -168,10 +191,7 @@ async def test_one_idempotency_key_twice_in_one_batch_posts_once(
     )
     assert first == again
     assert len(await everything(watch, project, "q")) == 1
-    client = direct_client(redis_server.url)
-    async with client:
-        pattern = QueueKeys.of(project, "q").record("*")
-        assert len([k async for k in client.scan_iter(match=pattern)]) == 1
+    assert await stored(redis_server.url, project, "q") == 1
 
 
 # -- the combiner on its own -------------------------------------------------------

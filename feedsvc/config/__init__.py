@@ -171,6 +171,13 @@ class RedisSettings:
         "them whatever this says",
         choices=STORAGE_LAYOUTS,
     )
+    sweep_interval: float = _opt(
+        5.0,
+        "seconds between two looks of this process's sweep loop at the due segment "
+        "reviews while none was due (once a second while some are); 0 = no sweep loop in "
+        "this process (others sweep; posts and claims review their own queue's anyway)",
+        minimum=0.0,
+    )
     pool_size: int = _opt(
         32,
         "Redis connections per process (with --coalesce, one of them carries the coalesced calls)",

@@ -24,12 +24,14 @@ higher seq), by ids whose messages are gone or expired for good, so what
 the scan read as "the head is the earliest live message" stays true while
 the head's record is unchanged. Only removing a group's entry from
 ``Q:ci`` depends on its zset being empty: that transaction WATCHes the zset
-and checks its size (:meth:`Found.upkeep_reads`).
+and checks that it holds exactly the ids the scan saw (:meth:`Found.upkeep_reads`;
+its size alone is not enough: another claim may drop a stale id and a post
+add one between the scan and the transaction).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +53,11 @@ TIDY_BUDGET = 10
 #: process cannot open)
 Verdict = Literal["take", "park", "leave"]
 Judge = Callable[[r.Row], Verdict]
+#: the rows of ids in either layout (a record, or a segment message), in order
+Reader = Callable[[list[str]], Awaitable[list[r.Row | None]]]
+#: the segment messages not in the claim index, seqs below a bound (None: to
+#: the counter), in order: (slots looked at, the present rows among them) a read
+Walker = Callable[[int | None], AsyncIterator[tuple[int, list[r.Row]]]]
 
 
 @dataclass(slots=True)
@@ -72,8 +79,8 @@ class Found:
     gone: list[str] = field(default_factory=list)
     #: group -> the seq of its head, where Q:ci's entry holds another
     heads: dict[str, int] = field(default_factory=dict)
-    #: group -> how many ids its zset held, all stale or parked: its entry goes
-    emptied: dict[str, int] = field(default_factory=dict)
+    #: group -> the ids its zset held, all stale or parked: its entry goes
+    emptied: dict[str, list[str]] = field(default_factory=dict)
 
     def note(self, at: int | None) -> None:
         if at is not None and (self.next_free is None or at < self.next_free):
@@ -97,13 +104,15 @@ class Found:
         return [keys.group(g) for g in self.emptied]
 
     def upkeep_reads(self, keys: QueueKeys) -> list[Command]:
-        """Read last in that transaction; the replies go to upkeep_writes."""
-        return [("ZCARD", keys.group(g)) for g in self.emptied]
+        """Read last in that transaction (a group to drop: its ids, one more
+        than the scan saw); the replies go to upkeep_writes."""
+        return [("ZRANGE", keys.group(g), 0, len(ids)) for g, ids in self.emptied.items()]
 
-    def upkeep_writes(self, keys: QueueKeys, sizes: list[Any]) -> list[Command]:
+    def upkeep_writes(self, keys: QueueKeys, fronts: list[Any]) -> list[Command]:
         """The claim index's upkeep; Conflicted if a group to drop is not
-        (any more) exactly what the scan saw of it."""
-        if [int(n) for n in sizes] != list(self.emptied.values()):
+        (any more) exactly what the scan saw of it: the same ids, not merely
+        as many (one dropped by another claim and one posted meanwhile)."""
+        if [[r.text(i) for i in ids] for ids in fronts] != list(self.emptied.values()):
             raise Conflicted
         writes: list[Command] = []
         for group, ids in self.stale.items():
@@ -134,8 +143,12 @@ class Scan:
         limit: int,
         budget: int,
         judge: Judge,
+        reader: Reader | None = None,
+        walker: Walker | None = None,
     ) -> None:
         self._transport = transport
+        self._reader = reader
+        self._walker = walker
         self._keys = keys
         self._now = now
         self._limit = limit
@@ -156,6 +169,7 @@ class Scan:
 
     async def run(self, since: int | None) -> Found:
         await self._index(since)
+        await self._segments(since)
         if since is not None:
             await self._claim_index()
         return self.found
@@ -163,6 +177,8 @@ class Scan:
     async def _read(self, ids: list[str]) -> list[r.Row | None]:
         if not ids:
             return []
+        if self._reader is not None:
+            return await self._reader(ids)
         return r.rows(ids, await self._transport.call_checked(r.read_commands(self._keys, ids)))
 
     async def _index(self, since: int | None) -> None:
@@ -181,6 +197,18 @@ class Scan:
                     return
             if len(before) < CHUNK:
                 return
+
+    async def _segments(self, high: int | None) -> None:
+        """The segment messages not in the claim index (below high, where
+        groups began), each on its own (_lib.lua's choose_messages)."""
+        if self._walker is None or not self._more:
+            return
+        async for slots, rows in self._walker(high):
+            self._scanned += max(0, slots - len(rows))
+            for row in rows:
+                self._single(row)
+                if not self._more:
+                    return
 
     def _single(self, row: r.Row | None, indexed: str = "") -> None:
         """An ungrouped message: taken if free (and takeable); indexed: its
@@ -233,16 +261,22 @@ class Scan:
         keys = self._keys
         ids = [m for m, _ in entries if not m.startswith(GROUP_ENTRY)]
         groups = [m[len(GROUP_ENTRY) :] for m, _ in entries if m.startswith(GROUP_ENTRY)]
-        reads = r.read_commands(keys, ids)
-        reads += [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
-        replies = await self._transport.call_checked(reads)
-        rows = dict(zip(ids, r.rows(ids, replies), strict=True))
-        fronts = {
-            g: [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
-            for g, reply in zip(groups, replies[2 * len(ids) :], strict=True)
-        }
+        fronts: dict[str, list[tuple[str, int]]] = {}
+        if self._reader is None:  # the older layout: ids' records with the fronts
+            reads = r.read_commands(keys, ids)
+            reads += [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
+            replies = await self._transport.call_checked(reads)
+            rows = dict(zip(ids, r.rows(ids, replies), strict=True))
+            raw_fronts = replies[2 * len(ids) :]
+        else:  # either layout: the fronts first, then every message through the reader
+            reads = [("ZRANGE", keys.group(g), 0, self._front - 1, "WITHSCORES") for g in groups]
+            raw_fronts = await self._transport.call_checked(reads) if reads else []
+            rows = {}
+        for g, reply in zip(groups, raw_fronts, strict=True):
+            fronts[g] = [(r.text(m), r.parse_seq(s)) for m, s in r.pairs(reply)]
         front_ids = [i for front in fronts.values() for i, _ in front]
-        rows.update(zip(front_ids, await self._read(front_ids), strict=True))
+        wanted = [i for i in ids if i not in rows] + front_ids
+        rows.update(zip(wanted, await self._read(wanted), strict=True))
         for member, score in entries:
             if not self._more:
                 return
@@ -265,10 +299,12 @@ class Scan:
         found, now = self.found, self._now
         stale: list[str] = []
         head: int | None = None
-        seen, asked, last = 0, self._front, 0
+        seen: list[str] = []
+        asked, last = self._front, 0
         while True:
             for message_id, seq in front:
-                seen, last = seen + 1, seq
+                seen.append(message_id)
+                last = seq
                 self._scanned += 1
                 row = rows.get(message_id)
                 if row is None or not row.alive(now):

@@ -25,7 +25,7 @@ from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue
 from feedsvc.storage.scripts import LuaScript, load_script
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, scan_segments
-from feedsvc.storage.sweeper import SweepSchedule
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")

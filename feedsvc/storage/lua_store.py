@@ -34,7 +34,7 @@ from feedsvc.storage.base import (
     reserved_fields,
 )
 from feedsvc.storage.coalescer import Command
-from feedsvc.storage.keys import Kind, QueueKeys
+from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.lua_segments import LuaSegments, SegmentPost
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
@@ -47,7 +47,6 @@ from feedsvc.storage.reviews import STATS_REVIEWS
 from feedsvc.storage.scripts import LuaScript, load_script, script_names
 from feedsvc.storage.sealing import MAGIC
 from feedsvc.storage.segment_pages import MORE, MarkerAhead
-from feedsvc.storage.sweeper import Sweeper
 
 log = logging.getLogger("feedsvc")
 
@@ -74,14 +73,9 @@ class LuaStore(RedisStore):
             self._kind, self._transport, self._settings, self._clock, self._script,
             self._script_reply, self.parts.sweeps,
         )  # fmt: skip
-        self.sweeper: Sweeper | None = None
 
     async def open(self) -> None:
         await super().open()
-        if self._kind == "queue":
-            # one sweep loop a process (queues and topics): storage/sweeper.py
-            self.sweeper = Sweeper(self.parts.sweeps, self._clock, self._sweep_queue)
-            self.sweeper.start()
         try:
             await self.load_scripts()
         except Unavailable as exc:
@@ -89,21 +83,11 @@ class LuaStore(RedisStore):
             # scripts are loaded on first use (NOSCRIPT).
             log.warning("Redis not reachable at startup: %s", exc)
 
-    async def close(self) -> None:
-        if self.sweeper is not None:
-            await self.sweeper.close()
-        await self.parts.sweeps.noted()
-        await super().close()
-
-    async def _sweep_queue(
-        self, kind: Kind, project: str, queue: str, most: int
-    ) -> tuple[int, int | None]:
-        """Up to ``most`` due reviews of a queue's segments, one a call;
-        (reviews run, the next due in ms or None)."""
-        store = self if kind == self._kind else self.topics()
-        keys, ran = store._keys(project, queue), 0
+    async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
+        """One review a call (lua/sweep.lua), up to most while due."""
+        ran = 0
         while True:
-            one, due, _ = await store.segments.sweep(keys, 1, False)
+            one, due, _ = await self.segments.sweep(keys, 1, False)
             ran += one
             if not one or ran >= most or due is None or due > self._clock.now_ms():
                 return ran, due

@@ -16,7 +16,7 @@ import functools
 import hashlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Self
 
@@ -60,7 +60,8 @@ from feedsvc.storage.redrive import RedisRedrives
 from feedsvc.storage.sealing import BodyOpener, BodySealer, MustSeal
 from feedsvc.storage.segment_pages import segment_end, segment_messages
 from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
-from feedsvc.storage.sweeper import SweepSchedule
+from feedsvc.storage.sweep_schedule import SweepSchedule
+from feedsvc.storage.sweeper import Sweeper, start_sweeper
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -223,6 +224,7 @@ class RedisStore(FeedSpace, ABC):
         super().__init__(kind)
         self._transport, self._settings, self._clock = transport, settings, clock
         self._topic_view: Self | None = None
+        self.sweeper: Sweeper | None = None
         parts = ProcessParts.make(transport, settings, clock) if queues is None else queues.parts
         self.parts: ProcessParts = parts
         self._opener, self._sealing = parts.opener, parts.sealing
@@ -266,6 +268,11 @@ class RedisStore(FeedSpace, ABC):
 
     async def open(self) -> None:
         self._transport.open()
+        # one sweep loop a process (the topic view shares it): storage/sweeper.py
+        self.sweeper = start_sweeper(
+            self._kind, self._settings.sweep_interval, self.parts.sweeps, self._clock,
+            self._sweep_queue,
+        )  # fmt: skip
 
     def follow(self, project: str, queue: str) -> AbstractAsyncContextManager[Follow]:
         return self._transport.notifier.follow(self._keys(project, queue).feed)
@@ -281,7 +288,22 @@ class RedisStore(FeedSpace, ABC):
         return self._transport.memory_policy.report()
 
     async def close(self) -> None:
+        if self.sweeper is not None:
+            await self.sweeper.close()
+        await self.parts.sweeps.noted()  # reviews noted in the background are written
         await self._transport.close()
+
+    async def _sweep_queue(
+        self, kind: Kind, project: str, queue: str, most: int
+    ) -> tuple[int, int | None]:
+        """Up to ``most`` due reviews of a queue's segments: (reviews run,
+        the next due in ms or None)."""
+        store = self if kind == self._kind else self.topics()
+        return await store._sweep(store._keys(project, queue), most)
+
+    @abstractmethod
+    async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
+        """The driver's reviews for _sweep_queue."""
 
     async def claim_messages(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -319,32 +341,9 @@ class RedisStore(FeedSpace, ABC):
     async def list_queues(
         self, project: str, marker: str | None, limit: int, detailed: bool
     ) -> list[QueueInfo]:
-        """A page of the project's queues by name, skipping registry entries
-        whose queue is gone (deleted meanwhile), so a page is short only at the end."""
-        out: list[QueueInfo] = []
-        start = "-" if marker is None else f"({marker}"
-        while len(out) < limit:
-            want = limit - len(out)
-            [names] = await self._transport.call_checked(
-                [("ZRANGEBYLEX", self._registry(project), start, "+", "LIMIT", 0, want)]
-            )
-            if not names:
-                break
-            rows = await self._transport.call_checked(
-                [
-                    ("HMGET", self._keys(project, r.text(raw)).meta, r.CREATED, r.METADATA)
-                    for raw in names
-                ]
-            )
-            for raw, (created, meta) in zip(names, rows, strict=True):
-                if created is None:
-                    continue
-                metadata = (orjson.loads(meta) if meta else {}) if detailed else None
-                out.append(QueueInfo(r.text(raw), metadata))
-            if len(names) < want:
-                break
-            start = f"({r.text(names[-1])}"
-        return out
+        keys = functools.partial(self._keys, project)
+        registry = self._registry(project)
+        return await registry_page(self._transport, registry, keys, marker, limit, detailed)
 
     async def count_queues(self, project: str) -> int:
         [count] = await self._transport.call_checked([("ZCARD", self._registry(project))])
@@ -352,28 +351,7 @@ class RedisStore(FeedSpace, ABC):
 
     async def queue_stats(self, project: str, queue: str) -> QueueStats:
         keys = self._keys(project, queue)
-        now = self._clock.now_ms()
-        *counts, claimed = await self._transport.call_checked(
-            [*seg.live_count_commands(keys, now), ("ZCOUNT", keys.claimed, f"({now}", "+inf")]
-        )
-        total, legacy, segmented = seg.live_count(counts), int(counts[0]), counts[1][0] is not None
-        swept = await self._live_swept(keys) if segmented else None
-        total = total if swept is None else swept
-        oldest = newest = None
-        if legacy:
-            oldest = await live_end(self._transport, keys, now, reverse=False)
-        if segmented and total > legacy:
-            oldest = oldest or await segment_end(self._transport, keys, now, reverse=False)
-            newest = await segment_end(self._transport, keys, now, reverse=True)
-        if legacy:
-            newest = newest or await live_end(self._transport, keys, now, reverse=True)
-        return QueueStats(
-            claimed=int(claimed),
-            free=max(0, int(total) - int(claimed)),
-            total=int(total),
-            oldest=oldest,
-            newest=newest,
-        )
+        return await queue_stats(self._transport, keys, self._clock.now_ms(), self._live_swept)
 
     async def _live_swept(self, keys: QueueKeys) -> int | None:
         """A queue in segments: its live messages counted exactly, after its
@@ -513,3 +491,67 @@ class RedisStore(FeedSpace, ABC):
             raise QueueNotFound(queue, self._noun)
         self._sealing.learn(keys, result.get(ENCRYPT_MESSAGES) is True)
         return result
+
+
+async def registry_page(
+    transport: Transport,
+    registry: str,
+    keys_of: Callable[[str], QueueKeys],
+    marker: str | None,
+    limit: int,
+    detailed: bool,
+) -> list[QueueInfo]:
+    """A page of a project's queues by name (its registry), skipping entries
+    whose queue is gone (deleted meanwhile), so a page is short only at the end."""
+    out: list[QueueInfo] = []
+    start = "-" if marker is None else f"({marker}"
+    while len(out) < limit:
+        want = limit - len(out)
+        [names] = await transport.call_checked(
+            [("ZRANGEBYLEX", registry, start, "+", "LIMIT", 0, want)]
+        )
+        if not names:
+            break
+        rows = await transport.call_checked(
+            [("HMGET", keys_of(r.text(raw)).meta, r.CREATED, r.METADATA) for raw in names]
+        )
+        for raw, (created, meta) in zip(names, rows, strict=True):
+            if created is None:
+                continue
+            metadata = (orjson.loads(meta) if meta else {}) if detailed else None
+            out.append(QueueInfo(r.text(raw), metadata))
+        if len(names) < want:
+            break
+        start = f"({r.text(names[-1])}"
+    return out
+
+
+async def queue_stats(
+    transport: Transport,
+    keys: QueueKeys,
+    now: int,
+    live_swept: Callable[[QueueKeys], Awaitable[int | None]],
+) -> QueueStats:
+    """A queue's counts and its oldest and newest live messages, in either
+    layout (live_swept: the driver's exact count of a queue in segments)."""
+    *counts, claimed = await transport.call_checked(
+        [*seg.live_count_commands(keys, now), ("ZCOUNT", keys.claimed, f"({now}", "+inf")]
+    )
+    total, legacy, segmented = seg.live_count(counts), int(counts[0]), counts[1][0] is not None
+    swept = await live_swept(keys) if segmented else None
+    total = total if swept is None else swept
+    oldest = newest = None
+    if legacy:
+        oldest = await live_end(transport, keys, now, reverse=False)
+    if segmented and total > legacy:
+        oldest = oldest or await segment_end(transport, keys, now, reverse=False)
+        newest = await segment_end(transport, keys, now, reverse=True)
+    if legacy:
+        newest = newest or await live_end(transport, keys, now, reverse=True)
+    return QueueStats(
+        claimed=int(claimed),
+        free=max(0, int(total) - int(claimed)),
+        total=int(total),
+        oldest=oldest,
+        newest=newest,
+    )

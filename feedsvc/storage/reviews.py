@@ -35,7 +35,7 @@ review sets it to its survivors less those seqs).
 
 Queues with a review due are found through :data:`~feedsvc.storage.keys.SWEEP_KEY`
 (``fs:sweep``: "<kind> <project> <queue>" -> when its first review is due),
-one key written only outside the queue scripts (``sweeper.SweepSchedule``):
+one key written only outside the queue scripts (``sweep_schedule.py``):
 a script that schedules a review says when in its reply, and the process
 notes it there; the sweep loop of every process (``sweeper.py``) runs the
 due ones, so an idle queue's memory comes back without traffic.

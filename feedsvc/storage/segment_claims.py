@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedsvc.errors import TooMuchContention
 from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
@@ -32,42 +33,65 @@ from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.segment_pages import segment_messages
 from feedsvc.storage.transport import Transport
 
+#: reads of records a read_records makes at most while their segments move
+RECORD_READS = 8
+
 
 async def read_records(
     transport: Transport, keys: QueueKeys, ids: Sequence[str]
 ) -> dict[str, s.SegmentRecord]:
     """The records of the ids that name messages of the queue's segments
-    (present, not gone); reads only, two round trips at most."""
+    (present, not gone); reads only. The records are read in a MULTI with
+    their slot tables, and kept only if those tables are the ones their
+    offsets came from: a review rewriting a segment (its records move) or
+    a post appending to it (the last record's end) between the two reads
+    would cut a record wrong; then again, with the tables read last."""
     tag = s.id_tag(keys.prefix)
     seqs = {i: q for i in ids if (q := s.seq_of(tag, i)) is not None}
     if not seqs:
         return {}
     numbers = sorted({q // s.SLOTS for q in seqs.values()})
-    reads: list[Command] = [("HGET", keys.meta, s.NEW_START)]
-    reads += [("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers]
-    new_start, *tables = await transport.call_checked(reads, idempotent=True)
+    table_reads: list[Command] = [
+        ("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers
+    ]
+    new_start, *tables = await transport.call_checked(
+        [("HGET", keys.meta, s.NEW_START), *table_reads], idempotent=True
+    )
     if new_start is None:
         return {}
-    values = {k: s.slot_offsets(t) for k, t in zip(numbers, tables, strict=True)}
+    for _ in range(RECORD_READS):
+        wanted = _record_reads(keys, seqs, int(new_start), dict(zip(numbers, tables, strict=True)))
+        if not wanted:
+            return {}
+        again = await transport.transaction([*table_reads, *(c for _, _, c in wanted)])
+        if again[: len(numbers)] == tables:
+            raws = again[len(numbers) :]
+            return {
+                message_id: s.SegmentRecord.decode(seq, raw)
+                for (message_id, seq, _), raw in zip(wanted, raws, strict=True)
+                if raw
+            }
+        tables = again[: len(numbers)]
+    raise TooMuchContention(f"Gave up after {RECORD_READS} reads of moving segments; retry.")
+
+
+def _record_reads(
+    keys: QueueKeys, seqs: dict[str, int], new_start: int, tables: dict[int, bytes]
+) -> list[tuple[str, int, Command]]:
+    """(id, seq, the GETRANGE of its record) per present id, given the slot tables."""
+    values = {k: s.slot_offsets(t) for k, t in tables.items()}
     wanted: list[tuple[str, int, Command]] = []
     for message_id, seq in seqs.items():
         k, slot = s.segment_of(seq)
         table = values[k]
-        if seq < int(new_start) or slot >= len(table):
+        if seq < new_start or slot >= len(table):
             continue
         value = table[slot]
         if not value or value & s.GONE_BIT:
             continue
         end = next((v & s.OFFSET_MASK for v in table[slot + 1 :] if v), 0)
         wanted.append((message_id, seq, ("GETRANGE", keys.segment(k), value, end - 1)))
-    if not wanted:
-        return {}
-    raws = await transport.call_checked([c for _, _, c in wanted], idempotent=True)
-    return {
-        message_id: s.SegmentRecord.decode(seq, raw)
-        for (message_id, seq, _), raw in zip(wanted, raws, strict=True)
-        if raw
-    }
+    return wanted
 
 
 async def in_segments(transport: Transport, keys: QueueKeys) -> bool:

@@ -395,12 +395,18 @@ async def read_by_commands(
         records = b""
         if first is not None:
             upto = next((v & s.OFFSET_MASK for v in values[n:] if v), 0) - 1
-            again, records = await transport.transaction(
-                [table_read, ("GETRANGE", key, first, upto)]
-            )
-            if again != table:
+            # the table again to its end: a post may have appended records
+            # since (past the counter read), and the last one here ends
+            # where the next slot's record starts, not at the string's end
+            whole: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, s.TABLE_BYTES - 1)
+            again, records = await transport.transaction([whole, ("GETRANGE", key, first, upto)])
+            if again[: len(table)] != table:
                 rereads += 1
                 continue
+            if upto < 0:
+                after = s.slot_offsets(again[n * s.SLOT_BYTES :])
+                end = next((v & s.OFFSET_MASK for v in after if v), None)
+                records = records if end is None else records[: end - first]
         out += [at, table[: n * s.SLOT_BYTES], records]
         out[4] += 1
         seqs += [at + j for j, v in enumerate(values[:n]) if v and not v & s.GONE_BIT]

@@ -1,22 +1,29 @@
 """The watch drivers' list: a page of a queue read without WATCH (a list
-only reads), as lua/list.lua answers it."""
+only reads), as lua/list.lua answers it; in a queue that switched to
+segments, the part in the older layout (watch_segments.py reads the rest)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, Message, MessagePage
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.redis_store import marker_ceiling, marker_not_given_out
+from feedsvc.storage.segment_pages import PageScan
 from feedsvc.storage.transport import Transport
 
 
 async def scan_page(
     transport: Transport, keys: QueueKeys, queue: str, query: ListQuery, now: int, scan_limit: int
-) -> MessagePage:
+) -> MessagePage | PageScan:
     """One page of the queue for query, read without WATCH (a list reads
     only): the index in growing chunks, then the records of each chunk;
-    bodies as stored."""
+    bodies as stored. A queue in segments (segments.NEW_START) has its
+    older messages here: a page that reaches their end with room left is
+    answered as its scan so far, to be carried on in the segments."""
     found: list[Message] = []
     scanned = 0
     alive = alive_at_message = 0  # live entries met, and up to the last message found
@@ -31,6 +38,7 @@ async def scan_page(
     # every seq up to it not found in the index is gone (see passed below)
     read_counter = check or query.passing
     top: int | None = None
+    new_start: Any = None
     while len(found) < query.limit and scanned < scan_limit:
         want = min(chunk, scan_limit - scanned)
         commands: list[Command] = [
@@ -38,7 +46,11 @@ async def scan_page(
         ]
         if read_counter:
             commands.insert(0, ("GET", keys.seq))
+        if scanned == 0:
+            commands.append(("HGET", keys.meta, seg.NEW_START))
         [*counter, raw] = await transport.call_checked(commands)
+        if scanned == 0:
+            counter, raw, new_start = counter[:-1], counter[-1], raw
         if read_counter:
             top = None if counter[0] is None else r.parse_seq(counter[0])
             read_counter = False
@@ -80,6 +92,13 @@ async def scan_page(
             break
         start = f"({last}"
         chunk = min(chunk * 2, 512)
+    if new_start is not None and len(found) < query.limit and scanned < scan_limit:
+        tag = seg.id_tag(keys.prefix)
+        scan = PageScan(tag, query, now, scan_limit, found, scanned, alive, alive_at_message)
+        scan.first_alive, scan.next_due, scan.claim_ends, scan.last = (
+            first_alive, next_due, claim_ends, last
+        )  # fmt: skip
+        return scan
     page = _page(found, last, scanned >= scan_limit, next_due, claim_ends)
     if page.next_marker is not None and query.marker is not None:
         met = alive_at_message if page.next_due is not None else alive

@@ -38,8 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -55,6 +54,7 @@ from feedsvc.errors import (
 )
 from feedsvc.storage import groups
 from feedsvc.storage import record as r
+from feedsvc.storage import segments as seg
 from feedsvc.storage.base import (
     Claim,
     ListQuery,
@@ -65,84 +65,43 @@ from feedsvc.storage.base import (
     new_id,
     reserved_fields,
 )
-from feedsvc.storage.claim_scan import Found, Scan, Verdict, tidy_groups
+from feedsvc.storage.claim_scan import tidy_groups
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
-from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
+from feedsvc.storage.keys import GROUP_ENTRY, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import (
     RedisStore,
-    idempotency_token,
+    marker_not_given_out,
     queue_full,
     read_tail_marker,
 )
-from feedsvc.storage.sealing import MustSeal, is_sealed, require_sealed
-from feedsvc.storage.transport import Transport
+from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.segment_pages import MarkerAhead, PageScan
+from feedsvc.storage.watch_forget import delete_by_ids
 from feedsvc.storage.watch_list import scan_page
+from feedsvc.storage.watch_posting import Posting
+from feedsvc.storage.watch_segments import (
+    Taking,
+    WatchSegments,
+    replayed,
+    segment_keys,
+)
+from feedsvc.storage.watch_sweep import WatchSweep
+from feedsvc.storage.watch_take import Taker
 
 GC_BATCH = 100
-# What a delete by ids reads of each record's author line for its group:
-# a client id (a UUID), " g=" and a group of up to 128 characters, with room.
-AUTHOR_LINE = 255
 DROP_BATCH = 500
 # Posts indexed by one transaction at most (a burst beyond waits for the next).
 MAX_COMBINED_POSTS = 64
 # A claim transaction's result: the claim (None: nothing claimed), the
 # messages parked for the dead-letter queue, and that queue.
-T = TypeVar("T")
 Taken = tuple[Claim | None, list[r.Parked], str | None]
 # What a post comes to: its message ids, or the exception its request gets.
 Outcome = list[str] | Exception
-
-
-@dataclass(slots=True)
-class Posting:
-    """One POST on its way to the index."""
-
-    project: str
-    queue: str
-    keys: QueueKeys
-    client_id: str
-    messages: list[NewMessage]
-    ids: list[str]
-    request_size: int
-    token: str | None  # idempotency token
-    sealed: bool
-    #: the room it holds under its project's quota, let go of in the
-    #: indexing transaction when ``held.in_script``
-    held: Reservation | None = None
-    #: what the feed is: the combiner that indexes it is the queue store's,
-    #: shared by the topic view, so the posting says where to list the feed
-    kind: Kind = "queue"
-
-    @classmethod
-    def make(
-        cls,
-        keys: QueueKeys,
-        project: str,
-        queue: str,
-        client_id: str,
-        messages: list[NewMessage],
-        request_size: int,
-        idempotency_key: str | None,
-        sealed: bool,
-        held: Reservation | None = None,
-        kind: Kind = "queue",
-    ) -> Posting:
-        token = None if idempotency_key is None else idempotency_token(client_id, idempotency_key)
-        ids = [new_id() for _ in messages]
-        return cls(
-            project, queue, keys, client_id, messages, ids, request_size, token, sealed, held, kind
-        )
-
-
-def _replayed(seen: Any, now: int) -> list[str] | None:
-    """The first post's ids if an idempotency record (as read) is still in its window."""
-    if seen is None:
-        return None
-    until, *first_ids = r.text(seen).split()
-    return first_ids if int(until) > now else None
+#: _post_plan's answer when the queue is in segments (segments.NEW_START): nothing done
+IN_SEGMENTS: list[Outcome] = []
 
 
 def _body_commands(posting: Posting, settings: StoreSettings) -> list[Command]:
@@ -181,7 +140,9 @@ def _post_plan(
     keys = postings[0].keys
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome]]:
-        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live, since = replies[:7]
+        _, last, exists, (dttl, ddelay, mps, encrypted, most), dead, live, (since, ns) = replies[:7]
+        if ns is not None:
+            return None, IN_SEGMENTS  # every post to the queue goes there (ns wins)
         seen = dict(zip(tokens, replies[7 : 7 + len(tokens)], strict=True))
         forget: list[Any] = []
         if tokens:
@@ -213,7 +174,7 @@ def _post_plan(
             try:
                 require_sealed(encrypted, posting.sealed)
                 if token is not None:
-                    replay = this_batch.get(token) or _replayed(seen[token], now)
+                    replay = this_batch.get(token) or replayed(seen[token], now)
                     if replay is not None:
                         outcomes.append(replay)
                         unused += posting.ids
@@ -297,6 +258,21 @@ class WatchStore(RedisStore):
             if isinstance(queues, WatchStore)
             else Combiner(self._index_combined, MAX_COMBINED_POSTS)
         )
+        refusals = (self._too_large, functools.partial(queue_full, self._noun))
+        self.segments = WatchSegments(
+            self._transport, self._settings, self._clock, refusals, self.parts.sweeps, self._kind
+        )
+        self.reviews = WatchSweep(self._transport, self._clock)
+        self._taker = Taker(
+            self._transport, self._clock, self._opener, self.segments, self._noun,
+            self._claim_scan_limit(),
+        )  # fmt: skip
+
+    async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
+        return await self.reviews.sweep(keys, most)  # watch_sweep.py
+
+    async def _live_swept(self, keys: QueueKeys) -> int | None:
+        return await self.reviews.live(keys)
 
     async def close(self) -> None:
         await self._combiner.close()
@@ -343,6 +319,7 @@ class WatchStore(RedisStore):
             groups = [keys.group(n[len(GROUP_ENTRY) :]) for n in names if n.startswith(GROUP_ENTRY)]
             dropped: list[Command] = [("DEL", *groups)] if groups else []
             await transport.transaction([*dropped, ("ZREM", keys.claim_index, *entries)])
+        await self.segments.drop(keys)
         while True:
             [claims] = await transport.call_checked([("ZRANGE", keys.claims, 0, DROP_BATCH - 1)])
             if not claims:
@@ -353,12 +330,15 @@ class WatchStore(RedisStore):
         kept = {keys.meta, keys.seq, keys.idempotency, keys.redrive} if keep_queue else set()
         # with a dead-letter queue's redrive and origins (storage/redrive.py)
         everything = [*keys.fixed(), keys.idempotency, keys.redrive, keys.origins]
+        everything += segment_keys(keys)
         deleted: list[Command] = [("DEL", *(k for k in everything if k not in kept))]
         if keep_queue:  # a purged queue claims as one that never had a group
             deleted.append(("HDEL", keys.meta, r.GROUPS_SINCE))
         if not keep_queue:
             deleted.append(("SPUBLISH", keys.feed, r.ENDED))
         await transport.call_checked(deleted)
+        if keep_queue:
+            await self.segments.purged(keys)
 
     async def _post(
         self,
@@ -389,6 +369,23 @@ class WatchStore(RedisStore):
         PostTooLarge). Bodies go in the transaction when
         ``bodies_in_transaction``, else ahead of it (see _body_commands)."""
         first = postings[0]
+        registry = await self._registry_add(first.project, first.queue, first.kind)
+        # a topic stores a message's group but has no claims to order by it
+        grouping = first.kind == "queue"
+        if self._settings.storage_layout == "segments":
+            outcomes = await self.segments.post(postings, registry, True, grouping)
+            if outcomes is not None:
+                return outcomes
+        outcomes = await self._index_records(postings, registry)
+        if outcomes is IN_SEGMENTS:
+            outcomes = await self.segments.post(postings, registry, False, grouping)
+            if outcomes is None:  # the queue went meanwhile: made again in records
+                outcomes = await self._index_records(postings, registry)
+        return outcomes or []
+
+    async def _index_records(self, postings: list[Posting], registry: Command) -> list[Outcome]:
+        """_index in the older layout (IN_SEGMENTS: the queue is in segments)."""
+        first = postings[0]
         keys = first.keys
         settings = self._settings
         now = self._clock.now_ms()
@@ -401,7 +398,7 @@ class WatchStore(RedisStore):
         plan = _post_plan(postings, tokens, now, settings, inside, self._too_large, full, tidy)
 
         reads: list[Command] = [
-            await self._registry_add(first.project, first.queue, first.kind),
+            registry,
             ("GET", keys.seq),
             ("EXISTS", keys.meta),
             ("HMGET", keys.meta, *r.POST_SETTINGS),
@@ -410,7 +407,7 @@ class WatchStore(RedisStore):
             # keys.seq, which is watched, so the count cannot change unseen but
             # downwards (a delete, a pop: then a refusal is merely cautious)
             ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
-            ("HGET", keys.meta, r.GROUPS_SINCE),
+            ("HMGET", keys.meta, r.GROUPS_SINCE, seg.NEW_START),
         ]
         watch = [keys.seq, keys.meta]
         if tokens:
@@ -421,15 +418,19 @@ class WatchStore(RedisStore):
             reads.append(("EXISTS", *(keys.record(i) for p in postings for i in p.ids)))
         try:
             outcomes = await self._transport.transactions.optimistic(watch, reads, plan, before)
-            if tidy == [True]:
+            if tidy == [True] and outcomes is not IN_SEGMENTS:
                 await tidy_groups(self._transport, keys, self._clock.now_ms())
-            return outcomes
         except TooMuchContention:
             if before:  # a courtesy: they would expire anyway, unseen
                 with contextlib.suppress(Unavailable):
                     dropped = [keys.record(i) for p in postings for i in p.ids]
                     await self._transport.call([("DEL", *dropped)])
             raise
+        if outcomes is IN_SEGMENTS and before:
+            await self._transport.call_checked(
+                [("DEL", *(keys.record(i) for p in postings for i in p.ids))]
+            )
+        return outcomes
 
     async def tail_marker(self, project: str, queue: str) -> int:
         return await read_tail_marker(self._transport, self._keys(project, queue))
@@ -437,7 +438,18 @@ class WatchStore(RedisStore):
     async def list_messages(self, project: str, queue: str, query: ListQuery) -> MessagePage:
         keys = self._keys(project, queue)
         now, scan_limit = self._clock.now_ms(), self._settings.scan_limit
-        page = await scan_page(self._transport, keys, queue, query, now, scan_limit)
+        try:
+            page = None
+            if self._settings.storage_layout == "segments":
+                page = await self.segments.page(keys, query, now)
+            if page is None:
+                scanned = await scan_page(self._transport, keys, queue, query, now, scan_limit)
+                if isinstance(scanned, PageScan):  # on in the segments
+                    scanned = await self.segments.carry_on(keys, scanned, query)
+                page = scanned
+        except MarkerAhead:
+            assert query.marker is not None
+            raise marker_not_given_out(queue, query.marker) from None
         return self._opener.page(page, self._noun, project, queue)
 
     async def delete_message(
@@ -448,22 +460,25 @@ class WatchStore(RedisStore):
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, str]:
             [row] = r.rows([message_id], replies)
+            if row is None:  # in the segments, if anywhere (segments.py's id rule)
+                row = forgetting.row(message_id, replies[2:])
             if row is not None and row.seq is not None:
                 claimed = row.claimed(now)
                 if claim_id is None and claimed:
                     return None, "claimed"
                 if claim_id is not None and (not claimed or row.claim != claim_id):
                     return None, "badclaim"
-            if row is None:
-                return r.forget_commands(keys, [message_id]), "ok"
-            writes = _forget(keys, [row])
-            # a group's head claimed or not due blocked its group: the next may be free now
-            if row.group and not row.free(now):
-                writes.append(("SPUBLISH", keys.feed, r.FREED))
+            writes = forgetting.writes(replies[2:], now)
+            if row is not None:  # out of the claim index and its group too
+                writes += groups.forget_commands(keys, [(row.id, row.group)])
+                # a group's head claimed or not due blocked its group: the next may be free now
+                if row.group and not row.free(now):
+                    writes.append(("SPUBLISH", keys.feed, r.FREED))
             return writes, "ok"
 
-        reads = r.read_commands(keys, [message_id])
-        watch = r.message_keys(keys, message_id)
+        forgetting = await self.segments.forgetting(keys, [message_id], with_records=True)
+        reads = [*r.read_commands(keys, [message_id]), *forgetting.reads()]
+        watch = [*r.message_keys(keys, message_id), *forgetting.watch()]
         outcome = await self._transport.transactions.optimistic(watch, reads, plan)
         if outcome == "claimed":
             raise MessageIsClaimed(
@@ -475,65 +490,9 @@ class WatchStore(RedisStore):
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        await _delete_by_ids(self._transport, self._keys(project, queue), list(dict.fromkeys(ids)))
-
-    def _judge(
-        self, max_claims: int | None, opened: dict[str, bytes], where: tuple[str, str, str]
-    ) -> Callable[[r.Row], Verdict]:
-        """What a claim does with a free message (claim_scan.Verdict). With
-        max_claims, one claimed that often is parked for the dead-letter
-        queue. A sealed body is taken only if this process can open it (else
-        it is left, logged and counted), and noted in opened as it was read."""
-
-        def judge(row: r.Row) -> Verdict:
-            if max_claims is not None and row.count >= max_claims:
-                return "park"  # parked ones move as stored
-            if is_sealed(row.body):
-                op, project, queue = where
-                if not self._opener.verdict(row.id, row.body, op, self._noun, project, queue):
-                    return "leave"
-                opened[row.id] = row.body
-            return "take"
-
-        return judge
-
-    async def _take(
-        self, keys: QueueKeys, limit: int, plan_for: Any, where: tuple[str, str, str]
-    ) -> Any:
-        """Find candidates (claim_scan.Scan, read without WATCH), then run
-        plan_for(now, meta)'s plan over them in a transaction, with the claim
-        index's upkeep the scan found; again after a backoff on conflict (a
-        sealed body changed since it was opened is one). Unclaimable when
-        nothing is free; where is (what, project, queue) for the log."""
-        transport = self._transport
-        attempt = 0
-        settings: Command = ("HMGET", keys.meta, *r.DEAD_LETTER_SETTINGS, r.GROUPS_SINCE)
-        async with transport.transactions.write_slot():
-            while True:
-                now = self._clock.now_ms()
-                [meta] = await transport.call_checked([settings])
-                plan, max_claims = plan_for(now, meta)
-                opened: dict[str, bytes] = {}
-                judge = self._judge(max_claims, opened, where)
-                scan = Scan(transport, keys, now, limit, self._claim_scan_limit(), judge)
-                found = await scan.run(groups.groups_since(meta[-1]))
-                candidates = found.ids
-                watch = [keys.meta, *(k for i in candidates for k in r.message_keys(keys, i))]
-                watch += found.upkeep_watch(keys)
-                reads: list[Command] = [settings, *r.read_commands(keys, candidates)]
-                reads += found.upkeep_reads(keys)
-                if not candidates:
-                    if found.upkeep:  # once, as a courtesy: the next scan does it otherwise
-                        await transport.transactions.attempt(
-                            watch, reads, _upkeep_only(keys, found, meta)
-                        )
-                    return Unclaimable(found.next_free)
-                run = _as_opened(candidates, opened, _with_upkeep(keys, found, plan(candidates)))
-                done, result = await transport.transactions.attempt(watch, reads, run)
-                if done and result is not None:
-                    return result
-                await transport.transactions.backoff(attempt)
-                attempt += 1
+        keys = self._keys(project, queue)
+        forgetting = await self.segments.forgetting(keys, list(dict.fromkeys(ids)), True)
+        await delete_by_ids(self._transport, forgetting, self._clock)
 
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -546,12 +505,12 @@ class WatchStore(RedisStore):
             dlq = r.text(meta[1]) if meta[0] and meta[1] and r.text(meta[1]) != queue else None
             max_claims = int(meta[0]) if dlq is not None else None
 
-            def plan(candidates: list[str]) -> Plan[Taken]:
-                return _claim_plan(keys, claim_id, now, ttl, grace, candidates, meta, dlq)
+            def plan(taking: Taking) -> Plan[Taken]:
+                return _claim_plan(claim_id, now, ttl, grace, taking, meta, dlq)
 
             return plan, max_claims
 
-        taken = await self._take(keys, limit, plan_for, ("a claim", project, queue))
+        taken = await self._taker.take(keys, limit, plan_for, ("a claim", project, queue))
         if isinstance(taken, Unclaimable):
             return taken
         claim, parked, dlq = taken
@@ -563,109 +522,38 @@ class WatchStore(RedisStore):
         keys = self._keys(project, queue)
 
         def plan_for(now: int, meta: list[Any]) -> tuple[Any, None]:
-            def plan(candidates: list[str]) -> Plan[list[Message]]:
+            def plan(taking: Taking) -> Plan[list[Message]]:
                 def run(replies: list[Any]) -> tuple[list[Command] | None, list[Message]]:
-                    rows = [row for row in r.rows(candidates, replies[1:]) if row is not None]
-                    if len(rows) < len(candidates) or not all(row.free(now) for row in rows):
+                    rows = [row for row in taking.rows(replies[1:]) if row is not None]
+                    if len(rows) < len(taking.candidates) or not all(row.free(now) for row in rows):
                         raise Conflicted
                     if replies[0] != meta:  # its gs came meanwhile: scan again, by group
                         raise Conflicted
                     popped = [row.message(now) for row in rows]
-                    return _forget(keys, rows), popped
+                    gone = groups.forget_commands(keys, [(row.id, row.group) for row in rows])
+                    return [*taking.forget(replies[1:], now), *gone], popped
 
                 return run
 
             return plan, None
 
-        popped = await self._take(keys, limit, plan_for, ("a pop", project, queue))
+        popped = await self._taker.take(keys, limit, plan_for, ("a pop", project, queue))
         return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
 
 
-async def _delete_by_ids(transport: Transport, keys: QueueKeys, ids: list[str]) -> None:
-    """Delete messages by id in one transaction that reads each author line
-    as it goes; in a queue with groups, a second one takes them out of the
-    claim index and their groups (a scan meanwhile meets them gone and skips
-    them) and wakes claim waits: a group's next message may be free now."""
-    lines: list[Command] = [
-        ("GETRANGE", keys.record(i), r.FIXED, r.FIXED + AUTHOR_LINE) for i in ids
-    ]
-    has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
-    replies = await transport.transaction([has_groups, *lines, *r.forget_commands(keys, ids)])
-    if not replies[0]:
-        return
-    gone = [(i, _group_of(line)) for i, line in zip(ids, replies[1:], strict=False)]
-    writes = groups.forget_commands(keys, gone)
-    if any(group for _, group in gone):
-        writes.append(("SPUBLISH", keys.feed, r.FREED))
-    await transport.transaction(writes)
-
-
-def _forget(keys: QueueKeys, rows: list[r.Row]) -> list[Command]:
-    """Forget messages as read: out of the claim index and their groups too."""
-    forgotten = r.forget_commands(keys, [row.id for row in rows])
-    return forgotten + groups.forget_commands(keys, [(row.id, row.group) for row in rows])
-
-
-def _group_of(line: bytes) -> str:
-    """The group on the start of an author line (GETRANGE of a record from
-    record.FIXED, AUTHOR_LINE long; "": none, or no record)."""
-    return r.split_author(line.partition(r.NEWLINE)[0])[1]
-
-
-def _as_opened(candidates: list[str], opened: dict[str, bytes], plan: Plan[T]) -> Plan[T]:
-    """plan, once the sealed bodies read in the transaction are the ones
-    opened before it (Conflicted otherwise: the next attempt opens again)."""
-    if not opened:
-        return plan
-
-    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
-        for row in r.rows(candidates, replies[1:]):
-            if row is not None and row.id in opened and row.body != opened[row.id]:
-                raise Conflicted
-        return plan(replies)
-
-    return run
-
-
-def _with_upkeep(keys: QueueKeys, found: Found, plan: Plan[T]) -> Plan[T]:
-    """plan, and the claim index's upkeep the scan found (its reads are the
-    last replies)."""
-    if not found.upkeep and not found.parked:
-        return plan
-    sizes = len(found.emptied)
-
-    def run(replies: list[Any]) -> tuple[list[Command] | None, T]:
-        upkeep = found.upkeep_writes(keys, replies[len(replies) - sizes :])
-        writes, result = plan(replies)
-        return ([*(writes or []), *upkeep] if writes or upkeep else None), result
-
-    return run
-
-
-def _upkeep_only(keys: QueueKeys, found: Found, meta: list[Any]) -> Plan[None]:
-    """The claim index's upkeep by itself (a scan that found nothing to take)."""
-
-    def run(replies: list[Any]) -> tuple[list[Command] | None, None]:
-        if replies[0] != meta:
-            raise Conflicted
-        return found.upkeep_writes(keys, replies[1:]), None
-
-    return run
-
-
 def _claim_plan(
-    keys: QueueKeys,
     claim_id: str,
     now: int,
     ttl: int,
     grace: int,
-    candidates: list[str],
+    taking: Taking,
     meta: list[Any],
     dlq: str | None,
 ) -> Plan[Taken]:
     """The claim transaction; its result is (the claim, the messages parked
     for the dead-letter queue, that queue: see ClaimUpkeep.dead_letter)."""
     claim_expires = now + ttl * 1000
+    keys, candidates = taking.keys, taking.candidates
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, Taken]:
         if replies[0] != meta:
@@ -673,7 +561,7 @@ def _claim_plan(
         writes: list[Command] = []
         claimed: list[Message] = []
         parked: list[r.Parked] = []
-        for message_id, row in zip(candidates, r.rows(candidates, replies[1:]), strict=True):
+        for message_id, row in zip(candidates, taking.rows(replies[1:]), strict=True):
             if row is None or not row.free(now):
                 raise Conflicted
             if dlq is not None and row.count >= int(meta[0]):
@@ -685,12 +573,10 @@ def _claim_plan(
                         message_id, row.body, row.author, dttl, row.count, row.headers, row.group
                     )
                 )
-                writes += r.hold_commands(keys, row, claim_id, claim_expires)
+                writes += taking.hold(row, claim_id, claim_expires)
                 continue
             keep, new_ttl = r.claim_extension(row.expires, row.created, claim_expires, grace)
-            writes += r.extend_commands(
-                keys, row, claim_id, claim_expires, keep, new_ttl, row.count + 1
-            )
+            writes += taking.extend(row, claim_id, claim_expires, keep, new_ttl, row.count + 1)
             assert row.seq is not None
             claimed.append(
                 Message(
