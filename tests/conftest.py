@@ -331,7 +331,6 @@ def build_wheel(source: Path, dest: Path) -> Path:
 #: What the watch drivers do not do in the segment layout yet (issue 30):
 #: tests of it are strict xfails there, so an entry goes once it is built.
 WATCH_SEGMENTS_LACK = {
-    "legacy-gone": "the watch post does not mark the older layout empty (segments.LEGACY_GONE)",
     "unswept": "the watch post's _max_messages does not count out expired, unswept messages",
 }
 

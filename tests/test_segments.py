@@ -22,7 +22,7 @@ from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
 from feedsvc.storage.segment_pages import PageScan, read_by_commands, scan_segments
 from feedsvc.storage.transport import Transport
-from tests.conftest import direct_client, make_settings, watch_segments_lack
+from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -226,13 +226,10 @@ async def test_a_segment_post_collects_the_older_layout_until_it_is_empty(
     project: str,
     redis_url: str,
     clock: ManualClock,
-    driver: str,
-    request: pytest.FixtureRequest,
 ) -> None:
     """The post looks at the older layout's index while it has messages,
     and stops looking (LEGACY_GONE) only once it is empty; a new queue in
     segments never looks."""
-    watch_segments_lack(request, driver, "legacy-gone")
     client = direct_client(redis_url)
     keys = QueueKeys.of(project, "q")
     try:

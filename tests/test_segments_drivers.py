@@ -21,7 +21,7 @@ from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.segment_pages import ReadReply, read_by_commands
 from feedsvc.storage.watch_store import WatchStore
-from tests.conftest import direct_client, make_settings, watch_segments_lack
+from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -114,11 +114,9 @@ async def test_both_drivers_write_the_same_bytes(
     project: str,
     redis_url: str,
     sizes: list[int],
-    request: pytest.FixtureRequest,
 ) -> None:
     """The same posts at the same clock: every key of the layout alike,
     byte for byte (the counter starts at the clock, so the seqs agree)."""
-    watch_segments_lack(request, driver, "legacy-gone")
     async with stores("lua") as lua, stores(driver) as other:
         n = 0
         for j, size in enumerate(sizes):

@@ -67,6 +67,7 @@ POST_FIELDS = (
     r.CREATED,
     seg.GONE,
     reviews.REVIEW_FROM,
+    seg.LEGACY_GONE,
 )
 
 
@@ -187,7 +188,7 @@ def post_plan(
 
     def plan(replies: list[Any]) -> tuple[list[Command] | None, list[Outcome] | None]:
         _, last, q, legacy_live, dead = replies[:5]
-        ns, encrypted, dttl, ddelay, mps, most, groups_since, created, gone, tmin = q
+        ns, encrypted, dttl, ddelay, mps, most, groups_since, created, gone, tmin, lg = q
         if ns is None and not may_switch:
             return None, None
         counter = learned["counter"] = None if last is None else int(last)
@@ -207,16 +208,23 @@ def post_plan(
         default_ttl = int(dttl or settings.default_message_ttl)
         default_delay = int(ddelay or 0)
         writes: list[Command] = []
-        if dead:
-            writes += r.forget_commands(keys, dead)
-        writes.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
-        writes.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
+        # the older layout's messages and claims, while it may have any
+        legacy_gone = lg is not None
+        if not legacy_gone:
+            writes += r.forget_commands(keys, dead[:GC_BATCH]) if dead else []
+            writes.append(("ZREMRANGEBYSCORE", keys.claimed, "-inf", now))
+            writes.append(("ZREMRANGEBYSCORE", keys.claims, "-inf", now))
+            # Q:exp is empty once this batch goes (read one past it to know)
+            legacy_gone = not int(legacy_live) and len(dead) <= GC_BATCH
         if counter is None:  # where the counter starts (see list.lua's missed)
             writes.append(("HSET", keys.meta, r.SEQ_BASE, top))
         if created is None:
             writes.append(("HSET", keys.meta, r.CREATED, now))
+        gone_mark = (seg.LEGACY_GONE, "1") if legacy_gone and lg is None else ()
         if ns is None:  # from here on, the queue's messages are in segments
-            writes.append(("HSET", keys.meta, seg.NEW_START, top + 1))
+            writes.append(("HSET", keys.meta, seg.NEW_START, top + 1, *gone_mark))
+        elif gone_mark:  # Q:exp never gains a member again: the post stops looking
+            writes.append(("HSET", keys.meta, *gone_mark))
         author_of: dict[str, bytes] = {}
         outcomes: list[Outcome] = []
         this_batch: dict[str, list[str]] = {}
@@ -405,7 +413,7 @@ class WatchSegments:
                     ("GET", keys.seq),
                     ("HMGET", keys.meta, *POST_FIELDS),
                     ("ZCOUNT", keys.expiry, f"({now}", "+inf"),
-                    ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH),
+                    ("ZRANGEBYSCORE", keys.expiry, "-inf", now, "LIMIT", 0, GC_BATCH + 1),
                 ]
                 watch = [keys.seq, keys.meta]
                 if tokens:
