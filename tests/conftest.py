@@ -326,16 +326,3 @@ def build_wheel(source: Path, dest: Path) -> Path:
     )  # fmt: skip
     [wheel] = list(dest.glob("feedsvc-*.whl"))
     return wheel
-
-
-#: What the watch drivers do not do in the segment layout yet (issue 30):
-#: tests of it are strict xfails there, so an entry goes once it is built.
-WATCH_SEGMENTS_LACK = {
-    "unswept": "the watch post's _max_messages does not count out expired, unswept messages",
-}
-
-
-def watch_segments_lack(request: pytest.FixtureRequest, driver: str, what: str) -> None:
-    """Mark the test a strict xfail on the watch drivers for what they lack."""
-    if driver != "lua":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=WATCH_SEGMENTS_LACK[what]))

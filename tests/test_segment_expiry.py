@@ -30,7 +30,7 @@ from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.record import lua_prelude
 from feedsvc.storage.scripts import LIB, lua_dir, used_library
 from feedsvc.storage.watch_store import WatchStore
-from tests.conftest import direct_client, make_settings, watch_segments_lack
+from tests.conftest import direct_client, make_settings
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -391,9 +391,8 @@ async def test_a_drained_queue_gives_its_segment_indexes_back(
 
 
 async def test_max_messages_counts_expired_messages_out_before_any_sweep(
-    store: LuaStore, project: str, clock: ManualClock, driver: str, request: pytest.FixtureRequest
+    store: LuaStore, project: str, clock: ManualClock
 ) -> None:
-    watch_segments_lack(request, driver, "unswept")
     await store.create_queue(project, "q", {"_max_messages": 3})
     await post(store, project, [SHORT, SHORT, DAYS_14])
     with pytest.raises(QueueFull):

@@ -46,6 +46,7 @@ from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands,
 from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_posting import Posting
+from feedsvc.storage.watch_sweep import expired_unswept, soon_read, unswept_reads
 
 log = logging.getLogger("feedsvc")
 
@@ -119,6 +120,41 @@ class Expected:
 
 
 @dataclass(slots=True)
+class Unswept:
+    """The survey of a post near its queue's _max_messages: the segments
+    reviewed within reviews.SPREAD_MS (watch_sweep.soon_read), read under
+    the transaction's WATCH with what watch_sweep.expired_unswept counts
+    (post_segments.lua's expired_unswept). soon: those segments as last
+    read (None: not yet; wanted: a plan needs them)."""
+
+    soon: list[int] | None = None
+    wanted: bool = False
+
+    def watch(self, keys: QueueKeys) -> list[str]:
+        if self.soon is None:
+            return []
+        numbers = (keys.segment(k) for k in self.soon)
+        return [keys.reviews, keys.claim_states, keys.segment_counts, *numbers]
+
+    def reads(self, keys: QueueKeys, now: int) -> list[Command]:
+        if self.soon is None:
+            return []
+        return [soon_read(keys, now), *unswept_reads(keys, self.soon)]
+
+    def count(self, replies: Sequence[Any], now: int) -> int:
+        """The expired messages not yet swept, from reads()' replies;
+        Conflicted if they are not read, or the segments read moved."""
+        if self.soon is None:
+            self.wanted = True
+            raise Conflicted
+        soon = [int(k) for k in replies[0]]
+        if soon != self.soon:
+            self.soon = soon
+            raise Conflicted
+        return expired_unswept(soon, replies[1:], now)
+
+
+@dataclass(slots=True)
 class _Segment:
     """One segment's share of a post: its records, their slots, the latest expiry."""
 
@@ -176,11 +212,14 @@ def post_plan(
     grouping: bool,
     refusals: tuple[Callable[[str, bytes], PostTooLarge], Callable[[str, bytes], QueueFull]],
     learned: dict[str, int | None],
+    unswept: Unswept,
 ) -> Plan[list[Outcome] | None]:
     """The transaction of postings to one queue in segments (replies to
     WatchSegments.post_reads), each checked on its own as post_segments.lua
     checks a post. None: the queue has no segments and may not start them.
-    learned["counter"]: the counter as this attempt read it, or as it left it."""
+    learned["counter"]: the counter as this attempt read it, or as it left it.
+    Near the queue's _max_messages the expired messages not yet swept are
+    counted out (unswept: their survey, read last)."""
     keys = postings[0].keys
     tag = seg.id_tag(keys.prefix)
     tokens = [p.token for p in postings if p.token is not None]
@@ -202,7 +241,9 @@ def post_plan(
             ]
         at = 5 + len(tokens) + (1 if tokens else 0)
         numbers = [k for k, _ in expected.reads(keys)]
-        segment_reads = dict(zip(numbers, replies[at:], strict=True))
+        segment_reads = dict(zip(numbers, replies[at : at + len(numbers)], strict=True))
+        surveyed = replies[at + len(numbers) :]
+        counted_out = ns is None  # the first post in segments has none to count out
         top = expected.top
         live = seg.live_count([legacy_live, [ns, gone], last])
         default_ttl = int(dttl or settings.default_message_ttl)
@@ -243,7 +284,11 @@ def post_plan(
                 if mps is not None and posting.request_size > int(mps):
                     raise too_large(posting.queue, mps)
                 if most is not None and live + len(posting.messages) > int(most):
-                    raise full(posting.queue, most)
+                    if not counted_out:  # near the limit: less the expired, unswept
+                        live -= unswept.count(surveyed, now)
+                        counted_out = True
+                    if live + len(posting.messages) > int(most):
+                        raise full(posting.queue, most)
             except (MustSeal, PostTooLarge, QueueFull) as refused:
                 outcomes.append(refused)
                 continue
@@ -398,7 +443,7 @@ class WatchSegments:
         if keys.prefix not in self._counters:
             [counter] = await transport.call_checked([("GET", keys.seq)])
             self._remember(keys, None if counter is None else int(counter))
-        attempt = 0
+        attempt, unswept = 0, Unswept()
         async with transport.transactions.write_slot():
             while True:
                 now = self._clock.now_ms()
@@ -406,7 +451,7 @@ class WatchSegments:
                 learned: dict[str, int | None] = {"counter": expected.counter}
                 plan = post_plan(
                     postings, expected, now, self._settings, may_switch, grouping,
-                    self._refusals, learned,
+                    self._refusals, learned, unswept,
                 )  # fmt: skip
                 reads: list[Command] = [
                     registry,
@@ -423,12 +468,19 @@ class WatchSegments:
                 for k, read in expected.reads(keys):
                     reads.append(read)
                     watch.append(keys.segment(k))
+                reads += unswept.reads(keys, now)
+                watch += unswept.watch(keys)
                 done, outcomes = await transport.transactions.attempt(watch, reads, plan)
                 self._remember(keys, learned["counter"])
                 if done:
                     if (when := learned.get("review")) is not None:
                         await self.note_review(postings[0].project, postings[0].queue, when)
                     return outcomes
+                if unswept.wanted:  # near the limit: where the survey looks, then again
+                    unswept.wanted = False
+                    [soon] = await transport.call_checked([soon_read(keys, now)])
+                    unswept.soon = [int(k) for k in soon]
+                    continue
                 await transport.transactions.backoff(attempt)
                 attempt += 1
 

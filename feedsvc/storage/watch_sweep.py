@@ -156,6 +156,28 @@ COMPACT_BELOW = 64
 COUNTED = reviews.COUNT_SEGMENTS
 
 
+def soon_read(keys: QueueKeys, now: int) -> Command:
+    """The segments reviewed within reviews.SPREAD_MS (up to COUNTED): every
+    expired record not yet counted gone is in one of them (reviews.py)."""
+    return ("ZRANGE", keys.reviews, "-inf", now + reviews.SPREAD_MS, "BYSCORE", "LIMIT", 0, COUNTED)
+
+
+def unswept_reads(keys: QueueKeys, soon: Sequence[int]) -> list[Command]:
+    """What expired_unswept surveys of the segments soon (soon_read's)."""
+    return [c for k in soon for c in review_reads(keys, k)]
+
+
+def expired_unswept(soon: Sequence[int], replies: Sequence[Any], now: int) -> int:
+    """The expired records not yet counted gone in the segments soon, from
+    unswept_reads' replies (_lib.lua's expired_unswept)."""
+    expired = 0
+    for n, k in enumerate(soon):
+        last, data, sn, states = replies[4 * n : 4 * n + 4]
+        count = segment_count(k, sn, 0 if last is None else int(last))
+        expired += max(0, count - len(Survey.of(k, data, states, now).keep))
+    return expired
+
+
 class WatchSweep:
     """The reviews of one store's queues, and their exact live count."""
 
@@ -224,19 +246,11 @@ class WatchSweep:
         now = self._clock.now_ms()
         live, soon = await self._live_and_soon(keys, now)
         if soon:
-            replies = await self._transport.call_checked(
-                [c for k in soon for c in review_reads(keys, k)], idempotent=True
-            )
-            for n, k in enumerate(soon):
-                last, data, sn, states = replies[4 * n : 4 * n + 4]
-                top = 0 if last is None else int(last)
-                count = segment_count(k, sn, top)
-                live -= max(0, count - len(Survey.of(k, data, states, now).keep))
+            replies = await self._transport.call_checked(unswept_reads(keys, soon), idempotent=True)
+            live -= expired_unswept(soon, replies, now)
         return max(0, live)
 
     async def _live_and_soon(self, keys: QueueKeys, now: int) -> tuple[int, list[int]]:
-        soon = now + reviews.SPREAD_MS
-        reads: list[Command] = [*seg.live_count_commands(keys, now)]
-        reads.append(("ZRANGE", keys.reviews, "-inf", soon, "BYSCORE", "LIMIT", 0, COUNTED))
+        reads: list[Command] = [*seg.live_count_commands(keys, now), soon_read(keys, now)]
         *counts, due = await self._transport.call_checked(reads, idempotent=True)
         return seg.live_count(counts), [int(k) for k in due]
