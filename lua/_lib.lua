@@ -418,6 +418,29 @@ local function settle_group(group)
   return first[1]
 end
 
+-- Index a posted message for claims (docs/consumers.md): a grouped one in
+-- its group's zset (and its group's entry in the claim index, if the group
+-- had none), an ungrouped one in the claim index itself once the queue has
+-- had a grouped message (groups_since: its F_GROUPS_SINCE, nil = none; the
+-- first grouped message sets it to its seq). id: the message's id, or nil
+-- in segments: made from tag (segments.id_tag) only when it is needed.
+-- Returns groups_since as it is now.
+local function index_for_claims(seq, group, groups_since, id, tag)
+  if group == '' and not groups_since then return nil end
+  id = id or tag .. string.format(SEG_SEQ_FORMAT, seq)
+  if group == '' then
+    redis.call('ZADD', CLAIM_INDEX, int(seq), id)
+    return groups_since
+  end
+  if not groups_since then
+    groups_since = int(seq)
+    redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
+  end
+  redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
+  redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
+  return groups_since
+end
+
 -- Whether a message (a read_message table) is live: indexed and not expired.
 local function is_live(m, now)
   return m and m.seq > 0 and m.expires > now

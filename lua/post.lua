@@ -93,16 +93,7 @@ for i = 1, n do
     redis.call('PEXPIREAT', key, int(expires))
     redis.call('ZADD', KEYS[K_IDX], int(seq), id)
     redis.call('ZADD', KEYS[K_EXP], int(expires), id)
-    if group ~= '' then
-      if not groups_since then
-        groups_since = int(seq)
-        redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
-      end
-      redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
-      redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
-    elseif groups_since then
-      redis.call('ZADD', CLAIM_INDEX, int(seq), id)
-    end
+    groups_since = index_for_claims(seq, group, groups_since, id)
     indexed = seq
     if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
   end

@@ -151,17 +151,7 @@ for i = 1, n do
   pending = pending + #written
   if expires > latest then latest = expires end
   if not earliest or expires < earliest then earliest = expires end
-  if group ~= '' then
-    local id = tag .. format(SEG_SEQ_FORMAT, seq)
-    if not groups_since then
-      groups_since = int(seq)
-      redis.call('HSET', KEYS[K_META], F_GROUPS_SINCE, groups_since)
-    end
-    redis.call('ZADD', GROUP_PREFIX .. group, int(seq), id)
-    redis.call('ZADD', CLAIM_INDEX, 'NX', int(seq), GROUP_ENTRY .. group)
-  elseif groups_since then
-    redis.call('ZADD', CLAIM_INDEX, int(seq), tag .. format(SEG_SEQ_FORMAT, seq))
-  end
+  groups_since = index_for_claims(seq, group, groups_since, nil, tag)
   if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
 end
 flush()
