@@ -252,6 +252,27 @@ async def test_a_segment_post_collects_the_older_layout_until_it_is_empty(
         await client.aclose()
 
 
+async def test_the_older_layout_is_marked_empty_by_the_post_that_collects_its_last_batch(
+    stores: StoreMaker, project: str, redis_url: str, clock: ManualClock
+) -> None:
+    """Exactly one collection batch (100) of expired legacy messages: the
+    post that forgets them knows the index is empty after it, and marks it."""
+    client = direct_client(redis_url)
+    keys = QueueKeys.of(project, "q")
+    try:
+        async with stores("records", max_messages_per_post=100) as old:
+            await old.post_messages(
+                project, "q", WRITER, [NewMessage(body(i), 60) for i in range(100)]
+            )
+        clock.advance(61)
+        async with stores("segments") as new:
+            await new.post_messages(project, "q", WRITER, [NewMessage(body(100), 300)])
+        assert not await client.exists(keys.expiry)
+        assert await client.hget(keys.meta, segments.LEGACY_GONE) == b"1"
+    finally:
+        await client.aclose()
+
+
 async def test_idempotent_posts_are_answered_as_the_first(
     stores: StoreMaker, project: str, redis_url: str
 ) -> None:
