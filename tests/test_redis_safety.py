@@ -475,12 +475,20 @@ async def test_keys_an_allowed_evicting_redis_evicts_are_reported(
         settings = make_settings(server.url, allow_evicting_redis=True)
         headers = new_headers()
         async with TestClient(TestServer(create_app(settings))) as http:
+            stored = 0
             for n in range(300):
                 batch = [{"body": {"n": n, "pad": "x" * 1000}} for _ in range(10)]
                 resp = await http.post(
                     "/v2/queues/q/messages", json={"messages": batch}, headers=headers
                 )
-                assert resp.status == 201, await resp.text()
+                # allkeys-lru may evict a body the post has just written, before
+                # its index: that post is refused, not acknowledged and lost
+                if resp.status == 503:
+                    assert "lost a message body" in (await resp.json())["description"]
+                else:
+                    assert resp.status == 201, await resp.text()
+                    stored += 1
+            assert stored > 0
             for _ in range(100):
                 health = await (await http.get("/v2/health")).json()
                 [evicted] = health["redis_eviction"]["evicted_keys"].values()
