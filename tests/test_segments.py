@@ -476,3 +476,23 @@ async def test_missed_counts_from_the_seq_base_over_a_page_of_several_reads(
         page = await store.list_messages(project, "q", ListQuery(READER, marker=marker, limit=10))
         assert [orjson.loads(m.body)["n"] for m in page.messages] == list(range(10, 20))
         assert page.missed == 10
+
+
+async def test_a_follower_passes_expired_messages_up_to_the_counter(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """An empty page from a marker before only expired messages passes them
+    all, up to the counter: a read that stands a written seq in for the
+    counter never ends the page."""
+    async with stores() as store:
+        ids = await store.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 5) for i in range(35)]
+        )
+        tag = segments.id_tag(QueueKeys.of(project, "q").prefix)
+        first, last = segments.seq_of(tag, ids[0]), segments.seq_of(tag, ids[-1])
+        assert first is not None and last is not None
+        clock.advance(10)
+        query = ListQuery(READER, marker=first - 1, limit=10, passing=True)
+        page = await store.list_messages(project, "q", query)
+        assert page.messages == [] and page.next_marker is None
+        assert (page.passed, page.missed) == (last, 35)

@@ -184,8 +184,8 @@ def message(
 class ReadReply:
     """read_segments.lua's reply, split: every slot read, in seq order."""
 
-    top: int
-    base: int | None
+    top: int  # the counter; or, not read, a seq at or below it (never below reached)
+    base: int | None  # None: not read (the read started at a written seq)
     reached: int  # the first seq not read
     slots: list[tuple[int, bytes | None]]  # (seq, record; None: gone)
     states: dict[int, s.ClaimState]
