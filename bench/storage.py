@@ -62,6 +62,7 @@ import orjson
 import redis
 
 from bench.service import PRODUCER, Service, SuiteLike
+from feedsvc.services.redriver import IDLE_LOOK as REDRIVE_LOOK
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.reviews import REVIEW_AFTER_MS
 from feedsvc.storage.segments import NEW_START
@@ -85,8 +86,11 @@ RECLAIM_WAIT_S = 60.0
 #: review comes REVIEW_AFTER_MS after its earliest expiry, the sweep loop
 #: looks every IDLE_LOOK s at most)
 PLATEAU_S = REVIEW_AFTER_MS / 1000 + IDLE_LOOK
-#: the warm-up's wait after its messages expired: their reviews ran
-WARM_WAIT_S = 1 + REVIEW_AFTER_MS / 1000 + IDLE_LOOK + 1
+#: the warm-up's wait after its batch was posted: the service's loops
+#: (sweep, redrives) have each looked once, and in segments the batch's
+#: reviews ran
+WARM_LOOKS_S = max(IDLE_LOOK, REDRIVE_LOOK) + 2
+WARM_WAIT_S = 1 + REVIEW_AFTER_MS / 1000 + WARM_LOOKS_S
 POLL_S = 0.5
 RECLAIM_POSTS = 2000  # at least this bound (and 2 per 100 messages), after the idle wait
 PLATEAU_POSTS = 300  # posts with no new low of used_memory: it will not come back
@@ -537,8 +541,9 @@ def warm_up(svc: Service, client: redis.Redis, queue: str, wait: float) -> None:
     use has run, so its latency histogram (Redis 7: ≈ 34 KiB each, made at a
     command's first call and kept; ``measure``) exists before the start is
     read, and is not counted as memory the messages held. wait: seconds
-    after the batch was posted (the records layout cleans up at the next
-    post; segments wait for their reviews, ``WARM_WAIT_S``)."""
+    after the batch was posted: the service's loops have looked once (the
+    records layout cleans up at the next post), in segments the batch's
+    reviews ran too (``WARM_WAIT_S``)."""
     post_all(svc, queue, [{"messages": [{"ttl": LONG_TTL, "body": body(0, BODY_BYTES)}]}])
     batch = {"messages": [{"ttl": 1, "body": body(i, BODY_BYTES)} for i in range(BATCH)]}
     post_all(svc, queue, [batch])
@@ -555,7 +560,7 @@ def expiry_reclaim(
     queue = f"bstore-reclaim-{layout}"
     with Service(suite.redis.url, log, *flags) as svc:
         began = time.monotonic()
-        wait = WARM_WAIT_S if layout == "segments" else min(WARM_WAIT_S, 2.0)
+        wait = WARM_WAIT_S if layout == "segments" else min(WARM_WAIT_S, WARM_LOOKS_S)
         warm_up(svc, client, f"{queue}-warm", wait)
         # the queue's own keys exist before the start is read
         post_all(svc, queue, [_one_ttl_1s()])

@@ -256,7 +256,7 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
     memory. Nothing about speed is asserted."""
     short = {"SHORT_TTLS": (1, 2), "PLATEAU_S": 2.0, "RECLAIM_WAIT_S": 6.0,
              "RECLAIM_POSTS": 20, "PLATEAU_POSTS": 20, "POLL_S": 0.2,
-             "WARM_WAIT_S": 1.5}  # fmt: skip
+             "WARM_WAIT_S": storage.WARM_LOOKS_S}  # fmt: skip
     for name, value in short.items():
         monkeypatch.setattr(storage, name, value)
     server = RedisServer(tmp_path / "redis", appendonly=False)
@@ -319,7 +319,7 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
         float(reclaim["end_held_pct"]), float(reclaim["idle_held_pct"])
         # the warm-up ran every command the run did before the start was read
         assert reclaim["unwarmed_commands"] == "none", reclaim
-        assert float(reclaim["warm_up_s"]) >= 1.5
+        assert float(reclaim["warm_up_s"]) >= storage.WARM_LOOKS_S
 
 
 def test_the_reclaims_idle_wait_goes_on_while_memory_still_falls() -> None:
