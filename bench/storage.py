@@ -26,9 +26,14 @@ configuration: no listpack tuning), ``FLUSHALL`` first:
 * the expiry reclaim, per layout: M messages (``--storage-reclaim`` or
   ``--reclaim``, default 20,000; the issue's figure is 1,000,000) behind one
   14-day message, with ttls of ``SHORT_TTLS`` seconds (the service runs
-  with ``--min-message-ttl 1``), posted 100 a POST; once all are past their
-  ttl, ``used_memory`` is watched with no traffic until it is back within
-  ``WITHIN`` of where it started, stops falling for ``PLATEAU_S``, or
+  with ``--min-message-ttl 1``), posted 100 a POST. The start is read
+  after a warm-up (the run in small on a queue of its own, ``warm_up``)
+  has run every command the run will, so that no command's latency
+  histogram is made during the run and counted as the messages' memory
+  (the commands first run after the start are reported all the same).
+  Once all are past their ttl, ``used_memory`` is watched with no traffic
+  until it is back within ``WITHIN`` of where it started, makes no new low
+  for ``PLATEAU_S`` (longer than a review takes to come due), or
   ``RECLAIM_WAIT_S`` pass; then (if still not back) one-message posts of
   ttl 1 s, as a queue in use sees them, until it is back, stops falling for
   ``PLATEAU_POSTS`` posts, or ``RECLAIM_POSTS`` (or M / 50) posts were
@@ -57,8 +62,11 @@ import orjson
 import redis
 
 from bench.service import PRODUCER, Service, SuiteLike
+from feedsvc.services.redriver import IDLE_LOOK as REDRIVE_LOOK
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.reviews import REVIEW_AFTER_MS
 from feedsvc.storage.segments import NEW_START
+from feedsvc.storage.sweeper import IDLE_LOOK
 
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 CONCURRENCY = 16  # posts in flight against one service
@@ -74,7 +82,15 @@ LONG_TTL = 1209600  # the 14-day message in front of the reclaim queue
 SHORT_TTLS = (10, 20)  # s: none expires before the M are posted
 WITHIN = 0.05  # "back": used_memory within 5 % of where it started
 RECLAIM_WAIT_S = 60.0
-PLATEAU_S = 10.0
+#: no new low of used_memory for this long: the idle wait stops (a segment's
+#: review comes REVIEW_AFTER_MS after its earliest expiry, the sweep loop
+#: looks every IDLE_LOOK s at most)
+PLATEAU_S = REVIEW_AFTER_MS / 1000 + IDLE_LOOK
+#: the warm-up's wait after its batch was posted: the service's loops
+#: (sweep, redrives) have each looked once, and in segments the batch's
+#: reviews ran
+WARM_LOOKS_S = max(IDLE_LOOK, REDRIVE_LOOK) + 2
+WARM_WAIT_S = 1 + REVIEW_AFTER_MS / 1000 + WARM_LOOKS_S
 POLL_S = 0.5
 RECLAIM_POSTS = 2000  # at least this bound (and 2 per 100 messages), after the idle wait
 PLATEAU_POSTS = 300  # posts with no new low of used_memory: it will not come back
@@ -499,6 +515,43 @@ async def _trickle(
     return posts, False
 
 
+class Plateau:
+    """Whether used_memory stopped falling: no reading below the lowest so
+    far for ``span`` seconds. Any new low, however small, starts the span
+    again, so the wait never ends while memory is still coming back."""
+
+    def __init__(self, first: int, at: float, span: float) -> None:
+        self.best, self.best_at, self.span = first, at, span
+
+    def reached(self, memory: int, at: float) -> bool:
+        if memory < self.best:
+            self.best, self.best_at = memory, at
+            return False
+        return at - self.best_at >= self.span
+
+
+def _one_ttl_1s() -> dict[str, Any]:
+    return {"messages": [{"ttl": 1, "body": body(0, BODY_BYTES)}]}
+
+
+def warm_up(svc: Service, client: redis.Redis, queue: str, wait: float) -> None:
+    """The reclaim in small on a queue of its own: posts (a 14-day message,
+    a batch of ttl 1 s), their expiry, the reviews and clean-ups that follow,
+    one-message posts after, and the readings. Every command the run will
+    use has run, so its latency histogram (Redis 7: ≈ 34 KiB each, made at a
+    command's first call and kept; ``measure``) exists before the start is
+    read, and is not counted as memory the messages held. wait: seconds
+    after the batch was posted: the service's loops have looked once (the
+    records layout cleans up at the next post), in segments the batch's
+    reviews ran too (``WARM_WAIT_S``)."""
+    post_all(svc, queue, [{"messages": [{"ttl": LONG_TTL, "body": body(0, BODY_BYTES)}]}])
+    batch = {"messages": [{"ttl": 1, "body": body(i, BODY_BYTES)} for i in range(BATCH)]}
+    post_all(svc, queue, [batch])
+    time.sleep(wait)
+    post_all(svc, queue, [_one_ttl_1s() for _ in range(3)])
+    used_memory(client)
+
+
 def expiry_reclaim(
     suite: StorageSuite, client: redis.Redis, m: int, layout: str
 ) -> dict[str, object]:
@@ -506,8 +559,13 @@ def expiry_reclaim(
     flags = ("--min-message-ttl", "1", "--max-messages-per-post", str(BATCH), *layout_flags(layout))
     queue = f"bstore-reclaim-{layout}"
     with Service(suite.redis.url, log, *flags) as svc:
+        began = time.monotonic()
+        wait = WARM_WAIT_S if layout == "segments" else min(WARM_WAIT_S, WARM_LOOKS_S)
+        warm_up(svc, client, f"{queue}-warm", wait)
         # the queue's own keys exist before the start is read
-        post_all(svc, queue, [{"messages": [{"ttl": 1, "body": body(0, BODY_BYTES)}]}])
+        post_all(svc, queue, [_one_ttl_1s()])
+        warm_s = time.monotonic() - began
+        known = set(_commandstats(client))
         start = used_memory(client)
         post_all(svc, queue, [{"messages": [{"ttl": LONG_TTL, "body": body(0, BODY_BYTES)}]}])
         payloads = [
@@ -530,17 +588,16 @@ def expiry_reclaim(
         def back(memory: int) -> bool:
             return memory <= start * (1 + WITHIN)
 
-        # no traffic: what Redis gives back by itself
-        memory, best, best_at = used_memory(client), peak, time.monotonic()
+        # no traffic: what Redis gives back by itself, RECLAIM_WAIT_S at most
+        memory = used_memory(client)
+        plateau = Plateau(peak, time.monotonic(), PLATEAU_S)
         idle_s = math.nan
         while time.monotonic() - expired_at < RECLAIM_WAIT_S:
             memory = used_memory(client)
             if back(memory):
                 idle_s = time.monotonic() - expired_at
                 break
-            if memory < best - added // 100:
-                best, best_at = memory, time.monotonic()
-            elif time.monotonic() - best_at > PLATEAU_S:
+            if plateau.reached(memory, time.monotonic()):
                 break
             time.sleep(POLL_S)
         idle_memory, idle_waited = memory, time.monotonic() - expired_at
@@ -551,6 +608,9 @@ def expiry_reclaim(
             posts, done = asyncio.run(_trickle(svc.url, queue, client, m, back))
             traffic_s = time.monotonic() - t0 if done else math.nan
             memory = used_memory(client)
+        # commands first run after the start: their histograms are in the
+        # readings (none, if the warm-up did its work)
+        unwarmed = sorted(set(_commandstats(client)) - known)
     return {
         "messages": m,
         "ttls_s": "/".join(str(t) for t in SHORT_TTLS) + f" behind {LONG_TTL}",
@@ -565,4 +625,6 @@ def expiry_reclaim(
         "end_held_pct": 100 * (memory - start) / added,
         "end_over_start_pct": 100 * (memory - start) / start,
         "errors": errors,
+        "warm_up_s": warm_s,
+        "unwarmed_commands": ",".join(unwarmed) or "none",
     }

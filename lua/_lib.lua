@@ -5,8 +5,13 @@
 -- QueueKeys.fixed(): meta, seq, idx, exp, claimed, claims. Per-message and
 -- per-claim keys live under the same hash tag: prefix .. S_MESSAGE .. id.
 local K_META, K_SEQ, K_IDX, K_EXP, K_CLAIMED, K_CLAIMS = 1, 2, 3, 4, 5, 6
+
+-- (a block each: a script gets those it names, and a string built costs
+-- every call, scripts.py)
 local PREFIX = string.sub(KEYS[K_META], 1, -1 - #S_META)
+
 local GC_BATCH = 100
+
 local IDEMPOTENCY = PREFIX .. S_IDEMPOTENCY
 
 -- Numbers handed to redis.call must be formatted by hand: Lua's own

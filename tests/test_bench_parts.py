@@ -255,7 +255,8 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
     once, and the reclaim reports what became of the expired messages'
     memory. Nothing about speed is asserted."""
     short = {"SHORT_TTLS": (1, 2), "PLATEAU_S": 2.0, "RECLAIM_WAIT_S": 6.0,
-             "RECLAIM_POSTS": 20, "PLATEAU_POSTS": 20, "POLL_S": 0.2}  # fmt: skip
+             "RECLAIM_POSTS": 20, "PLATEAU_POSTS": 20, "POLL_S": 0.2,
+             "WARM_WAIT_S": storage.WARM_LOOKS_S}  # fmt: skip
     for name, value in short.items():
         monkeypatch.setattr(storage, name, value)
     server = RedisServer(tmp_path / "redis", appendonly=False)
@@ -316,6 +317,22 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
         # not judged here
         assert {"end_held_pct", "idle_held_pct"} <= reclaim.keys()
         float(reclaim["end_held_pct"]), float(reclaim["idle_held_pct"])
+        # the warm-up ran every command the run did before the start was read
+        assert reclaim["unwarmed_commands"] == "none", reclaim
+        assert float(reclaim["warm_up_s"]) >= storage.WARM_LOOKS_S
+
+
+def test_the_reclaims_idle_wait_goes_on_while_memory_still_falls() -> None:
+    """Any new low starts the plateau's span again: memory falling by a few
+    bytes a reading never ends the wait; only a span with no new low does."""
+    plateau = storage.Plateau(1_000_000, 0.0, 10.0)
+    at, memory = 0.0, 1_000_000
+    while at < 60:
+        at, memory = at + 0.5, memory - 8
+        assert not plateau.reached(memory, at)
+    assert not plateau.reached(memory + 100, at + 9.5)  # noise above the low
+    assert plateau.reached(memory, at + 10)
+    assert not plateau.reached(memory - 1, at + 10.5)  # a new low: the span again
 
 
 class StorageFakeSuite(FakeSuite):

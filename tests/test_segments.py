@@ -459,3 +459,40 @@ async def test_a_gone_slot_is_passed_and_ends_the_record_before_it(
         assert [m.body for m in got] == [body(0), body(2), body(4)]
         after = await store.list_messages(project, "q", ListQuery(READER, marker=seqs[0], limit=1))
         assert [m.body for m in after.messages] == [body(2)] and after.missed == 1
+
+
+async def test_missed_counts_from_the_seq_base_over_a_page_of_several_reads(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """A marker older than the queue (below its seq base) counts missed from
+    the base, also when the page took several reads: the reads after the
+    first one start at a message's seq and may leave the base out."""
+    async with stores() as store:
+        posted = [NewMessage(body(i), 5 if i < 10 else 300) for i in range(30)]
+        await store.post_messages(project, "q", WRITER, posted)
+        clock.advance(10)  # the first 10 expired: the first read shows nothing
+        first = (await store.list_messages(project, "q", ListQuery(READER, limit=1))).messages[0]
+        marker = first.seq - 10 - 50  # 50 below the base (the seq before the first message)
+        page = await store.list_messages(project, "q", ListQuery(READER, marker=marker, limit=10))
+        assert [orjson.loads(m.body)["n"] for m in page.messages] == list(range(10, 20))
+        assert page.missed == 10
+
+
+async def test_a_follower_passes_expired_messages_up_to_the_counter(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """An empty page from a marker before only expired messages passes them
+    all, up to the counter: a read that stands a written seq in for the
+    counter never ends the page."""
+    async with stores() as store:
+        ids = await store.post_messages(
+            project, "q", WRITER, [NewMessage(body(i), 5) for i in range(35)]
+        )
+        tag = segments.id_tag(QueueKeys.of(project, "q").prefix)
+        first, last = segments.seq_of(tag, ids[0]), segments.seq_of(tag, ids[-1])
+        assert first is not None and last is not None
+        clock.advance(10)
+        query = ListQuery(READER, marker=first - 1, limit=10, passing=True)
+        page = await store.list_messages(project, "q", query)
+        assert page.messages == [] and page.next_marker is None
+        assert (page.passed, page.missed) == (last, 35)

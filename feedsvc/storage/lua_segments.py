@@ -168,7 +168,10 @@ class LuaSegments(FeedSpace):
         """read_segments.lua (segment_pages.SegmentRead); reads only: may be sent again."""
         args = ["" if start is None else start, want, _flag(legacy_read), now]
         args.append("" if check is None else check)
-        reply: list[Any] = await self._run(load_script("read_segments"), keys.fixed(), args, True)
+        # the keys a common page reads, named here: the script builds no key name
+        segment = keys.meta if start is None else keys.segment(seg.segment_of(start)[0])
+        all_keys = [*keys.fixed(), keys.claim_states, segment]
+        reply: list[Any] = await self._run(load_script("read_segments"), all_keys, args, True)
         return reply
 
     async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:

@@ -184,8 +184,8 @@ def message(
 class ReadReply:
     """read_segments.lua's reply, split: every slot read, in seq order."""
 
-    top: int
-    base: int | None
+    top: int  # the counter; or, not read, a seq at or below it (never below reached)
+    base: int | None  # None: not read (the read started at a written seq)
     reached: int  # the first seq not read
     slots: list[tuple[int, bytes | None]]  # (seq, record; None: gone)
     states: dict[int, s.ClaimState]
@@ -244,7 +244,10 @@ async def scan_segments(
         if reply[0] == AHEAD:
             raise MarkerAhead
         got = ReadReply.parse(reply)
-        base, top = got.base, got.top
+        # a read from the marker's next seq, which is a segment message's,
+        # may leave the seq base out: the marker is past it, so it changes
+        # no count; a read that has it tells it for the rest of the page
+        base, top = got.base if got.base is not None else base, got.top
         for seq, raw in got.slots:
             if scan.full:
                 break
