@@ -715,10 +715,9 @@ local function live_count(now_text, exp_key, meta_key, seq_key)
   return live
 end
 
--- An idempotent post's first answer, if its token (the post's ARGV[5]; ''
--- = none) was used within its window: {'replay', id...}; nil: post it.
--- Forgets a few expired tokens on the way, so the hash stays bounded.
-local function replayed(token, now)
+-- An idempotent post's first answer, if its token ('' = none) was used
+-- within its window: {'replay', id...}; nil: post it.
+local function first_answer(token, now)
   if token == '' then return nil end
   local seen = redis.call('HGET', IDEMPOTENCY, token)
   if seen then
@@ -729,13 +728,26 @@ local function replayed(token, now)
       return out
     end
   end
+  return nil
+end
+
+-- Forget a few expired idempotency tokens, so the hash stays bounded.
+local function forget_tokens(now)
   local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
   for j = 1, #sample, 2 do
     if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then
       redis.call('HDEL', IDEMPOTENCY, sample[j])
     end
   end
-  return nil
+end
+
+-- first_answer, forgetting a few expired tokens on the way when it is nil
+-- (a post with a token that goes on to write).
+local function replayed(token, now)
+  if token == '' then return nil end
+  local out = first_answer(token, now)
+  if not out then forget_tokens(now) end
+  return out
 end
 
 -- Remember an idempotent post's ids under its token until (ms).
