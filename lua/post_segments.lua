@@ -231,4 +231,5 @@ for _, post in ipairs(accepted) do
   end
 end
 for _, replay in ipairs(replays) do answers[replay[1]] = replay[2][6] end
-return {int(review or 0), unpack(answers)}
+-- a number, not int()'s text: 0 (none) must read as 0
+return {review or 0, unpack(answers)}

@@ -25,10 +25,10 @@ from redis.asyncio import Redis
 from feedsvc.clock import ManualClock
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import PostTooLarge, ProjectMessagesFull, QueueFull
-from feedsvc.storage import segments
+from feedsvc.storage import reviews, segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
-from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_segments import SegmentPost
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.sealing import MustSeal
@@ -297,5 +297,25 @@ async def test_a_failed_call_fails_every_post_of_it(
         [k] = await client.zrange(keys.directory, 0, -1)
         table: Any = await client.getrange(keys.segment(int(k)), 0, segments.TABLE_BYTES - 1)
         assert sum(1 for v in segments.slot_offsets(table) if v) == 1  # the first post's only
+    finally:
+        await client.aclose()
+
+
+async def test_a_call_that_schedules_no_review_notes_none(
+    lua: LuaStore, redis_server: RedisServer, project: str, clock: ManualClock
+) -> None:
+    """The first post opens a segment and notes its review in fs:sweep; a
+    later one in the same segment, expiring no earlier, leaves it as it is."""
+    await lua.post_messages(project, "q", WRITER, messages(0))
+    await lua.parts.sweeps.noted()
+    client = Redis.from_url(redis_server.url)
+    member = reviews.sweep_member("queue", project, "q")
+    try:
+        due = await client.zscore(SWEEP_KEY, member)
+        assert due is not None and due > clock.now_ms()
+        await burst(lua, project, "q", [(messages(n), 0, None) for n in range(1, 4)])
+        await lua.post_messages(project, "q", WRITER, messages(4))
+        await lua.parts.sweeps.noted()
+        assert await client.zscore(SWEEP_KEY, member) == due
     finally:
         await client.aclose()

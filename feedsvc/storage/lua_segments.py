@@ -184,8 +184,9 @@ class LuaSegments(FeedSpace):
         reply = await self._reply(script, all_keys, args, replies[-1])
         if reply and reply[0] == b"records":
             return None
-        if reply[0] and self._sweeps is not None:
-            self._sweeps.note_soon(self._kind, first.project, first.queue, int(reply[0]))
+        review = int(reply[0])  # the review the call scheduled (ms), 0: none
+        if review and self._sweeps is not None:
+            self._sweeps.note_soon(self._kind, first.project, first.queue, review)
         return [
             self._outcome(tag, post, answer)
             for (post, _), answer in zip(batch, reply[1:], strict=True)
