@@ -108,7 +108,7 @@ async def test_a_burst_is_stored_once_each_in_seq_order(stores: StoreMaker, proj
         outcomes = await burst(store, project, "q", posts)
         assert store.counters.posts_combined >= 39  # one call (the watch driver: one EXEC)
         sent = {n for m, _, _ in posts for n in (orjson.loads(x.body)["n"] for x in m)}
-        acknowledged = {}
+        acknowledged: dict[str, int] = {}
         for (posted, _, _), ids in zip(posts, outcomes, strict=True):
             assert isinstance(ids, list) and len(ids) == len(posted)
             acknowledged.update(zip(ids, (orjson.loads(m.body)["n"] for m in posted), strict=True))
@@ -259,7 +259,8 @@ async def test_an_unsealed_post_to_an_encrypted_queue_refuses_only_itself(
     assert [n for _, _, n in await read_all(lua, project, "vault")] == [0, 2]
     client = Redis.from_url(redis_server.url)
     try:
-        [k] = await client.zrange(keys.directory, 0, -1)
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        [k] = numbers
         raw = await client.get(keys.segment(int(k)))
         assert isinstance(raw, bytes) and b'{"n":1}' not in raw
     finally:
@@ -294,8 +295,10 @@ async def test_a_failed_call_fails_every_post_of_it(
         assert lua.counters.posts_combined == 4
         assert all(isinstance(o, Exception) for o in outcomes)
         assert len({type(o) for o in outcomes}) == 1
-        [k] = await client.zrange(keys.directory, 0, -1)
-        table: Any = await client.getrange(keys.segment(int(k)), 0, segments.TABLE_BYTES - 1)
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        [k] = numbers
+        segment = keys.segment(int(k))
+        table: Any = await client.getrange(segment, 0, segments.TABLE_BYTES - 1)
         assert sum(1 for v in segments.slot_offsets(table) if v) == 1  # the first post's only
     finally:
         await client.aclose()

@@ -228,7 +228,7 @@ async def test_combiner_cut_bounds_a_batch_and_keeps_the_order() -> None:
     async def flush(key: str, items: list[int]) -> list[int | Exception]:
         batches.append(items)
         await asyncio.sleep(0)
-        return items
+        return list(items)
 
     def cut(items: list[int]) -> int:
         """As many as sum to at most 10 (an item over it alone)."""
