@@ -56,8 +56,9 @@ local max_size, max_messages = tonumber(q[5]), tonumber(q[6])
 local prepared, reviewed, reviews_ran, tidied = false, false, false, false
 local live, unswept = nil, false
 -- the accepted posts: {answer index, first message's ARGV, messages, token,
--- seq offset}; the posts that replay one of them: {answer index, that post}
-local answers, accepted, added, known, replays = {}, {}, 0, {}, {}
+-- seq offset}; by token (made when a post has one), the posts that replay
+-- one of them: {answer index, that post}
+local answers, accepted, added, known, replays = {}, {}, 0, nil, nil
 local a = FIXED + posts * PER_POST + 1
 for p = 1, posts do
   local b = FIXED + (p - 1) * PER_POST
@@ -69,7 +70,8 @@ for p = 1, posts do
   if ARGV[b + 3] ~= '1' and q[2] == '1' then
     answer = {'seal'}
   elseif token ~= '' then
-    if known[token] then
+    if known and known[token] then
+      replays = replays or {}
       replays[#replays + 1] = {p, known[token]}
       answer = true
     else
@@ -118,6 +120,7 @@ for p = 1, posts do
     added = added + n
     -- a later post of the call with the same token replays this one
     if token ~= '' then
+      known = known or {}
       known[token] = post
     end
   end
@@ -230,6 +233,6 @@ for _, post in ipairs(accepted) do
     post[6] = ids
   end
 end
-for _, replay in ipairs(replays) do answers[replay[1]] = replay[2][6] end
+for _, replay in ipairs(replays or {}) do answers[replay[1]] = replay[2][6] end
 -- a number, not int()'s text: 0 (none) must read as 0
 return {review or 0, unpack(answers)}
