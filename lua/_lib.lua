@@ -716,8 +716,10 @@ local function live_count(now_text, exp_key, meta_key, seq_key)
 end
 
 -- An idempotent post's first answer, if its token ('' = none) was used
--- within its window: {'replay', id...}; nil: post it.
-local function first_answer(token, now)
+-- within its window: {'replay', id...}; nil: post it. With tidy, forgets a
+-- few expired tokens on the way (when nil), so the hash stays bounded: a
+-- call of several posts does it once.
+local function replayed(token, now, tidy)
   if token == '' then return nil end
   local seen = redis.call('HGET', IDEMPOTENCY, token)
   if seen then
@@ -728,26 +730,14 @@ local function first_answer(token, now)
       return out
     end
   end
-  return nil
-end
-
--- Forget a few expired idempotency tokens, so the hash stays bounded.
-local function forget_tokens(now)
+  if not tidy then return nil end
   local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
   for j = 1, #sample, 2 do
     if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then
       redis.call('HDEL', IDEMPOTENCY, sample[j])
     end
   end
-end
-
--- first_answer, forgetting a few expired tokens on the way when it is nil
--- (a post with a token that goes on to write).
-local function replayed(token, now)
-  if token == '' then return nil end
-  local out = first_answer(token, now)
-  if not out then forget_tokens(now) end
-  return out
+  return nil
 end
 
 -- Remember an idempotent post's ids under its token until (ms).

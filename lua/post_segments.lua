@@ -22,9 +22,10 @@
 -- here (nothing changed, no reservation gone: post.lua is the one to call).
 -- Else {review, answer...}: review is the time (ms) of a segment's review
 -- the call scheduled (storage/reviews.py: the process notes it in
--- fs:sweep), 0 if none; then one answer per post, in order:
--- {'posted', its first message's seq} (the others follow it: the caller
--- makes their ids, segments.message_id); or, nothing of it written,
+-- fs:sweep), 0 if none; then one answer per post, in order: its first
+-- message's seq, a number (the others follow it: the caller makes their
+-- ids, segments.message_id; a seq is exact in a Lua number, below 2^53);
+-- or, nothing of it written,
 -- {'seal'}, {'toolarge', limit}, {'full', limit}, {'replay', id...} as
 -- post.lua (a token used by an earlier post of the same call replays that
 -- post). A post's reservation goes first thing, whatever its answer.
@@ -55,10 +56,11 @@ local max_size, max_messages = tonumber(q[5]), tonumber(q[6])
 -- what the first post to get this far does for the call, once
 local prepared, reviewed, reviews_ran, tidied = false, false, false, false
 local live, unswept = nil, false
--- the accepted posts: {answer index, first message's ARGV, messages, token,
--- seq offset}; by token (made when a post has one), the posts that replay
--- one of them: {answer index, that post}
-local answers, accepted, added, known, replays = {}, {}, 0, nil, nil
+-- the reply (its first element: the review, set last); the accepted posts,
+-- five entries each: answer index, first message's ARGV, messages, token,
+-- seq offset; by token (made when a post has one) the accepted post's
+-- entry, and the posts that replay one: answer index, that entry
+local answers, accepted, added, known, replays = {0, false}, {}, 0, nil, nil
 local a = FIXED + posts * PER_POST + 1
 for p = 1, posts do
   local b = FIXED + (p - 1) * PER_POST
@@ -72,14 +74,12 @@ for p = 1, posts do
   elseif token ~= '' then
     if known and known[token] then
       replays = replays or {}
-      replays[#replays + 1] = {p, known[token]}
+      replays[#replays + 1] = p + 1
+      replays[#replays + 1] = known[token]
       answer = true
     else
-      answer = first_answer(token, now)
-      if not answer and not tidied then
-        tidied = true
-        forget_tokens(now)
-      end
+      answer = replayed(token, now, not tidied)
+      tidied = tidied or not answer
     end
   end
   if not answer then
@@ -112,20 +112,26 @@ for p = 1, posts do
     end
   end
   if answer then
-    answers[p] = answer
+    answers[p + 1] = answer
   else
-    answers[p] = true
-    local post = {p, first_arg, n, token, added}
-    accepted[#accepted + 1] = post
+    answers[p + 1] = true
+    local at = #accepted + 1
+    if at == 1 then
+      -- made whole (a lone post's only entry: no table grown step by step)
+      accepted = {p + 1, first_arg, n, token, added}
+    else
+      accepted[at], accepted[at + 1], accepted[at + 2] = p + 1, first_arg, n
+      accepted[at + 3], accepted[at + 4] = token, added
+    end
     added = added + n
     -- a later post of the call with the same token replays this one
     if token ~= '' then
       known = known or {}
-      known[token] = post
+      known[token] = at
     end
   end
 end
-if added == 0 then return {0, unpack(answers)} end
+if added == 0 then return answers end
 local n = added
 
 local default_ttl = tonumber(q[3] or ARGV[2])
@@ -196,8 +202,8 @@ local seq, first_due = top, 0
 local slot
 k, slot = segment_of(top + 1)
 first_slot = slot
-for _, post in ipairs(accepted) do
-  for m = post[2], post[2] + (post[3] - 1) * PER, PER do
+for j = 1, #accepted, 5 do
+  for m = accepted[j + 1], accepted[j + 1] + (accepted[j + 2] - 1) * PER, PER do
     local ttl = tonumber(ARGV[m]) or default_ttl
     local delay = tonumber(ARGV[m + 1]) or default_delay
     local group = ARGV[m + 2]
@@ -223,16 +229,20 @@ for _, post in ipairs(accepted) do
 end
 flush()
 notify(seq, first_due)
-for _, post in ipairs(accepted) do
-  local first = top + post[5] + 1
-  answers[post[1]] = {'posted', int(first)}
-  if post[4] ~= '' then
-    local ids = {'replay'}
-    for i = 0, post[3] - 1 do ids[i + 2] = tag .. format(SEG_SEQ_FORMAT, first + i) end
-    remember_post(post[4], now + tonumber(ARGV[4]), {unpack(ids, 2)})
-    post[6] = ids
+for j = 1, #accepted, 5 do
+  local first, token = top + accepted[j + 4] + 1, accepted[j + 3]
+  answers[accepted[j]] = first
+  if token ~= '' then
+    local ids = {}
+    for i = 1, accepted[j + 2] do ids[i] = tag .. format(SEG_SEQ_FORMAT, first + i - 1) end
+    remember_post(token, now + tonumber(ARGV[4]), ids)
+    -- the answer of a post that replays this one
+    accepted[j + 3] = {'replay', unpack(ids)}
   end
 end
-for _, replay in ipairs(replays or {}) do answers[replay[1]] = replay[2][6] end
+if replays then
+  for j = 1, #replays, 2 do answers[replays[j]] = accepted[replays[j + 1] + 3] end
+end
 -- a number, not int()'s text: 0 (none) must read as 0
-return {review or 0, unpack(answers)}
+answers[1] = review or 0
+return answers

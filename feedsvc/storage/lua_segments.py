@@ -17,7 +17,7 @@ from typing import Any
 
 from feedsvc.clock import Clock
 from feedsvc.config import StoreSettings
-from feedsvc.errors import FeedError
+from feedsvc.errors import FeedError, StorageUnavailable
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
@@ -192,17 +192,18 @@ class LuaSegments(FeedSpace):
             for (post, _), answer in zip(batch, reply[1:], strict=True)
         ]
 
-    def _outcome(self, tag: str, post: SegmentPost, answer: list[Any]) -> Outcome:
+    def _outcome(self, tag: str, post: SegmentPost, answer: int | list[Any]) -> Outcome:
         """One post's answer from the script: its ids, or its refusal."""
+        if isinstance(answer, int):
+            # posted: the script answers with the first seq only, the ids are made here
+            return [seg.message_id(tag, answer + i) for i in range(len(post.messages))]
         if answer[0] == b"replay":
             return [r.text(i) for i in answer[1:]]
         try:
             self.refused(post.queue, answer)
         except (FeedError, MustSeal) as exc:
             return exc
-        # the script answers with the first seq only: the ids are made here
-        first = int(answer[1])
-        return [seg.message_id(tag, first + i) for i in range(len(post.messages))]
+        raise StorageUnavailable(f"post_segments.lua answered {answer!r}")
 
     def _cut(self, batch: list[Pending]) -> int:
         """How many of batch's first posts one call takes (see MAX_CALL_POSTS)."""
