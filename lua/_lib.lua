@@ -720,10 +720,11 @@ local function live_count(now_text, exp_key, meta_key, seq_key)
   return live
 end
 
--- An idempotent post's first answer, if its token (the post's ARGV[5]; ''
--- = none) was used within its window: {'replay', id...}; nil: post it.
--- Forgets a few expired tokens on the way, so the hash stays bounded.
-local function replayed(token, now)
+-- An idempotent post's first answer, if its token ('' = none) was used
+-- within its window: {'replay', id...}; nil: post it. With tidy, forgets a
+-- few expired tokens on the way (when nil), so the hash stays bounded: a
+-- call of several posts does it once.
+local function replayed(token, now, tidy)
   if token == '' then return nil end
   local seen = redis.call('HGET', IDEMPOTENCY, token)
   if seen then
@@ -734,6 +735,7 @@ local function replayed(token, now)
       return out
     end
   end
+  if not tidy then return nil end
   local sample = redis.call('HRANDFIELD', IDEMPOTENCY, 5, 'WITHVALUES')
   for j = 1, #sample, 2 do
     if tonumber(string.match(sample[j + 1], '^(%d+)')) <= now then

@@ -47,7 +47,7 @@ if ARGV[7] ~= '1' and redis.call('HGET', KEYS[K_META], F_ENCRYPTED) == '1' then
   redis.call('DEL', unpack(KEYS, 7, 6 + n))
   return {'seal'}
 end
-local replay = replayed(token, now)
+local replay = replayed(token, now, true)
 if replay then
   redis.call('DEL', unpack(KEYS, 7, 6 + n))
   return replay

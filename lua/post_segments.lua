@@ -1,67 +1,139 @@
--- Post messages in the segment layout (storage/segments.py): one call gives
--- them their seqs and writes their records and slots, all or nothing.
--- KEYS: the 6 fixed keys, then (when the post holds room under its
+-- Post messages in the segment layout (storage/segments.py): one call
+-- takes one post or several to the queue (lua_segments.py's combiner: the
+-- posts that arrived while the queue's previous call was in flight), checks
+-- each as if it came alone, in order, and gives the messages of those it
+-- accepts consecutive seqs, writing their records and slots together; all
+-- or nothing.
+-- KEYS: the 6 fixed keys, then (when a post holds room under its
 --       project's quota, see quotas.py) the project's reservations.
--- ARGV: now_ms, default_ttl, default_delay, request size in bytes,
---       idempotency token ('' = none), idempotency window in ms, '1' if the
---       bodies are sealed (encrypted) else '0', the post's reservation
---       ('' = none), the feed's id tag (segments.id_tag), '1' if the queue
---       may start segments here (the process writes segments) else '0',
---       then per message: ttl, delay ('' = the queue's default, else the
---       service's), ordered group ('' = none, or not indexed: a topic's),
---       the record's tail as Python builds it (segments.record_tail: the
---       author, the extras with their length in front, the body): the
---       script puts the fixed-width times in front and appends it.
--- The reservation goes first thing, as in post.lua, unless the answer is
--- {'records'}: the queue has no segments and may not start them here
--- (nothing changed; post.lua is the one to call).
--- Returns {'posted', the first message's seq} (the others follow it: the
--- caller makes their ids, segments.message_id), after 'review' and its time
--- (ms) when the post scheduled a segment's review (storage/reviews.py: the
--- process notes it in fs:sweep); {'seal'}, {'toolarge', limit},
--- {'full', limit}, {'replay', id...} as post.lua (nothing written).
+-- ARGV: now_ms, default_ttl, default_delay, idempotency window in ms, the
+--       feed's id tag (segments.id_tag), '1' if the queue may start
+--       segments here (the process writes segments) else '0', the number
+--       of posts; then per post: its request size in bytes, idempotency
+--       token ('' = none), '1' if its bodies are sealed (encrypted) else
+--       '0', its reservation ('' = none), its number of messages; then per
+--       message, the posts' in order: ttl, delay ('' = the queue's
+--       default, else the service's), ordered group ('' = none, or not
+--       indexed: a topic's), the record's tail as Python builds it
+--       (segments.record_tail: the author, the extras with their length in
+--       front, the body): the script puts the fixed-width times in front
+--       and appends it.
+-- Returns {'records'} if the queue has no segments and may not start them
+-- here (nothing changed, no reservation gone: post.lua is the one to call).
+-- Else {review, answer...}: review is the time (ms) of a segment's review
+-- the call scheduled (storage/reviews.py: the process notes it in
+-- fs:sweep), 0 if none; then one answer per post, in order: its first
+-- message's seq, a number (the others follow it: the caller makes their
+-- ids, segments.message_id; a seq is exact in a Lua number, below 2^53);
+-- or, nothing of it written,
+-- {'seal'}, {'toolarge', limit}, {'full', limit}, {'replay', id...} as
+-- post.lua (a token used by an earlier post of the same call replays that
+-- post). A post's reservation goes first thing, whatever its answer.
+-- A post is full if the queue's live messages with those of the posts
+-- accepted before it in the call and its own exceed _max_messages.
 -- The first post in segments sets the queue's F_NEW_START to the first seq
 -- it writes (the counter + 1): from there on every message of the queue is
 -- in segments, every one before in the older layout.
--- Ordered groups and notifications as post.lua.
--- Redis runs all of this on every post (docs/design-compact-storage.md,
--- "What a post costs"): one HMGET of the queue hash, the counter, then per
--- segment touched one APPEND, one PEXPIREAT, one SETRANGE; the older
--- layout's clean-up only while it may still hold messages (F_LEGACY_GONE
--- unset: Q:exp never gains a member once the queue writes segments, so
--- once it is empty it stays so; expired claims are trimmed by the claim
--- and pop scripts, which run collect_garbage on every call).
+-- Ordered groups and notifications as post.lua (one notification a call).
+-- Redis runs all of this once a call (docs/design-compact-storage.md,
+-- "What a post and a page cost, as built"): one HMGET of the queue hash,
+-- the counter, then per segment touched one APPEND, one PEXPIREAT, one
+-- SETRANGE; the older layout's clean-up only while it may still hold
+-- messages (F_LEGACY_GONE unset: Q:exp never gains a member once the queue
+-- writes segments, so once it is empty it stays so; expired claims are
+-- trimmed by the claim and pop scripts, which run collect_garbage on every
+-- call).
 local now = tonumber(ARGV[1])
-local FIRST = 11
-local PER = 4
-local n = (#ARGV - 10) / PER
+local FIXED, PER_POST, PER = 7, 5, 4
+local posts = tonumber(ARGV[7])
 local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
   F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED, F_REVIEW_FROM,
   F_LEGACY_GONE)
 local ns = q[1]
-if not ns and ARGV[10] ~= '1' then return {'records'} end
-if ARGV[8] ~= '' then redis.call('ZREM', KEYS[7], ARGV[8]) end
-if ARGV[7] ~= '1' and q[2] == '1' then return {'seal'} end
-local token = ARGV[5]
-local replay = replayed(token, now)
-if replay then return replay end
-if not q[8] then redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1]) end
-local groups_since = q[7]
--- the older layout's messages and claims, while it may have any
-local legacy_gone = q[10]
-if not legacy_gone then
-  collect_garbage(ARGV[1], groups_since)
-  if redis.call('EXISTS', KEYS[K_EXP]) == 0 then legacy_gone = '1' end
+if not ns and ARGV[6] ~= '1' then return {'records'} end
+local groups_since, legacy_gone = q[7], q[10]
+local max_size, max_messages = tonumber(q[5]), tonumber(q[6])
+-- what the first post to get this far does for the call, once
+local prepared, reviewed, reviews_ran, tidied = false, false, false, false
+local live, unswept = nil, false
+-- the reply (its first element: the review, set last); the accepted posts,
+-- five entries each: answer index, first message's ARGV, messages, token,
+-- seq offset; by token (made when a post has one) the accepted post's
+-- entry, and the posts that replay one: answer index, that entry
+local answers, accepted, added, known, replays = {0, false}, {}, 0, nil, nil
+local a = FIXED + posts * PER_POST + 1
+for p = 1, posts do
+  local b = FIXED + (p - 1) * PER_POST
+  local token, n = ARGV[b + 2], tonumber(ARGV[b + 5])
+  local first_arg = a
+  a = a + n * PER
+  if ARGV[b + 4] ~= '' then redis.call('ZREM', KEYS[7], ARGV[b + 4]) end
+  local answer = nil
+  if ARGV[b + 3] ~= '1' and q[2] == '1' then
+    answer = {'seal'}
+  elseif token ~= '' then
+    if known and known[token] then
+      replays = replays or {}
+      replays[#replays + 1] = p + 1
+      replays[#replays + 1] = known[token]
+      answer = true
+    else
+      answer = replayed(token, now, not tidied)
+      tidied = tidied or not answer
+    end
+  end
+  if not answer then
+    if not prepared then
+      prepared = true
+      if not q[8] then redis.call('HSET', KEYS[K_META], F_CREATED, ARGV[1]) end
+      -- the older layout's messages and claims, while it may have any
+      if not legacy_gone then
+        collect_garbage(ARGV[1], groups_since)
+        if redis.call('EXISTS', KEYS[K_EXP]) == 0 then legacy_gone = '1' end
+      end
+    end
+    if max_size and tonumber(ARGV[b + 1]) > max_size then
+      answer = {'toolarge', q[5]}
+    else
+      if not reviewed then
+        -- one due review of the queue's segments first (storage/reviews.py)
+        reviewed = true
+        reviews_ran = ns and review_due(now, 1) > 0
+      end
+      if max_messages then
+        -- counted as posted less gone; near the limit, less the expired not yet swept too
+        if not live then live = live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ]) end
+        if ns and not unswept and live + added + n > max_messages then
+          unswept = true
+          live = live - expired_unswept(now)
+        end
+        if live + added + n > max_messages then answer = {'full', q[6]} end
+      end
+    end
+  end
+  if answer then
+    answers[p + 1] = answer
+  else
+    answers[p + 1] = true
+    local at = #accepted + 1
+    if at == 1 then
+      -- made whole (a lone post's only entry: no table grown step by step)
+      accepted = {p + 1, first_arg, n, token, added}
+    else
+      accepted[at], accepted[at + 1], accepted[at + 2] = p + 1, first_arg, n
+      accepted[at + 3], accepted[at + 4] = token, added
+    end
+    added = added + n
+    -- a later post of the call with the same token replays this one
+    if token ~= '' then
+      known = known or {}
+      known[token] = at
+    end
+  end
 end
-if q[5] and tonumber(ARGV[4]) > tonumber(q[5]) then return {'toolarge', q[5]} end
--- one due review of the queue's segments first (storage/reviews.py)
-local reviewed = ns and review_due(now, 1) > 0
-if q[6] then
-  -- counted as posted less gone; near the limit, less the expired not yet swept too
-  local live = live_count(ARGV[1], KEYS[K_EXP], KEYS[K_META], KEYS[K_SEQ])
-  if ns and live + n > tonumber(q[6]) then live = live - expired_unswept(now) end
-  if live + n > tonumber(q[6]) then return {'full', q[6]} end
-end
+if added == 0 then return answers end
+local n = added
+
 local default_ttl = tonumber(q[3] or ARGV[2])
 local default_delay = tonumber(q[4] or ARGV[3])
 -- the counter moves first (nothing is refused from here on): one call
@@ -81,9 +153,9 @@ if not ns then
 elseif legacy_gone and not q[10] then
   redis.call('HSET', KEYS[K_META], F_LEGACY_GONE, '1')
 end
--- the open segment's earliest expiry, and the earliest review this post set
+-- the open segment's earliest expiry, and the earliest review this call set
 local review_from, review = tonumber(q[9]), nil
-if reviewed then review_from = tonumber(redis.call('HGET', KEYS[K_META], F_REVIEW_FROM)) end
+if reviews_ran then review_from = tonumber(redis.call('HGET', KEYS[K_META], F_REVIEW_FROM)) end
 
 -- A call's records for one segment: one APPEND, one SETRANGE of their
 -- (consecutive) slots, the segment's expiry raised to the latest of them.
@@ -124,42 +196,53 @@ local function flush()
   records, offsets, pending, latest, earliest = {}, {}, 0, 0, nil
 end
 
-local tag, format = ARGV[9], string.format
+local tag, format = ARGV[5], string.format
 local seq, first_due = top, 0
 -- seqs are consecutive: the segment and slot are split once, then counted
 local slot
 k, slot = segment_of(top + 1)
 first_slot = slot
-for i = 1, n do
-  local a = FIRST + (i - 1) * PER
-  local ttl = tonumber(ARGV[a]) or default_ttl
-  local delay = tonumber(ARGV[a + 1]) or default_delay
-  local group = ARGV[a + 2]
-  seq = seq + 1
-  if slot == SEG_SLOTS then
-    flush()
-    k, slot = int(tonumber(k) + 1), 0
-    first_slot = 0
+for j = 1, #accepted, 5 do
+  for m = accepted[j + 1], accepted[j + 1] + (accepted[j + 2] - 1) * PER, PER do
+    local ttl = tonumber(ARGV[m]) or default_ttl
+    local delay = tonumber(ARGV[m + 1]) or default_delay
+    local group = ARGV[m + 2]
+    seq = seq + 1
+    if slot == SEG_SLOTS then
+      flush()
+      k, slot = int(tonumber(k) + 1), 0
+      first_slot = 0
+    end
+    slot = slot + 1
+    local expires = now + ttl * 1000
+    local due = 0
+    if delay > 0 then due = now + delay * 1000 end
+    local written = format(SEG_RECORD_FORMAT, expires, due, ttl) .. ARGV[m + 3]
+    offsets[#offsets + 1] = pending
+    records[#records + 1] = written
+    pending = pending + #written
+    if expires > latest then latest = expires end
+    if not earliest or expires < earliest then earliest = expires end
+    groups_since = index_for_claims(seq, group, groups_since, nil, tag)
+    if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
   end
-  slot = slot + 1
-  local expires = now + ttl * 1000
-  local due = 0
-  if delay > 0 then due = now + delay * 1000 end
-  local written = format(SEG_RECORD_FORMAT, expires, due, ttl) .. ARGV[a + 3]
-  offsets[#offsets + 1] = pending
-  records[#records + 1] = written
-  pending = pending + #written
-  if expires > latest then latest = expires end
-  if not earliest or expires < earliest then earliest = expires end
-  groups_since = index_for_claims(seq, group, groups_since, nil, tag)
-  if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
 end
 flush()
 notify(seq, first_due)
-if token ~= '' then
-  local ids = {}
-  for i = 1, n do ids[i] = tag .. format(SEG_SEQ_FORMAT, top + i) end
-  remember_post(token, now + tonumber(ARGV[6]), ids)
+for j = 1, #accepted, 5 do
+  local first, token = top + accepted[j + 4] + 1, accepted[j + 3]
+  answers[accepted[j]] = first
+  if token ~= '' then
+    local ids = {}
+    for i = 1, accepted[j + 2] do ids[i] = tag .. format(SEG_SEQ_FORMAT, first + i - 1) end
+    remember_post(token, now + tonumber(ARGV[4]), ids)
+    -- the answer of a post that replays this one
+    accepted[j + 3] = {'replay', unpack(ids)}
+  end
 end
-if review then return {'review', int(review), 'posted', int(top + 1)} end
-return {'posted', int(top + 1)}
+if replays then
+  for j = 1, #replays, 2 do answers[replays[j]] = accepted[replays[j + 1] + 3] end
+end
+-- a number, not int()'s text: 0 (none) must read as 0
+answers[1] = review or 0
+return answers

@@ -150,6 +150,7 @@ CLUSTER_SUITES = {
     "test_queue_gauges",
     "test_quotas",
     "test_segments",
+    "test_segments_combined",
 }
 
 

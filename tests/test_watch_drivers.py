@@ -222,6 +222,30 @@ async def test_combiner_batches_what_arrives_during_a_flush() -> None:
     await combiner.close()
 
 
+async def test_combiner_cut_bounds_a_batch_and_keeps_the_order() -> None:
+    batches: list[list[int]] = []
+
+    async def flush(key: str, items: list[int]) -> list[int | Exception]:
+        batches.append(items)
+        await asyncio.sleep(0)
+        return list(items)
+
+    def cut(items: list[int]) -> int:
+        """As many as sum to at most 10 (an item over it alone)."""
+        total = 0
+        for i, item in enumerate(items):
+            total += item
+            if i and total > 10:
+                return i
+        return len(items)
+
+    combiner: Combiner[int, int] = Combiner(flush, max_items=3, cut=cut)
+    items = [4, 5, 6, 20, 1, 1, 1, 1]
+    assert await asyncio.gather(*(combiner.submit("q", i) for i in items)) == items
+    assert batches == [[4, 5], [6], [20], [1, 1, 1], [1]]
+    await combiner.close()
+
+
 async def test_combiner_close_cancels_the_waiters() -> None:
     started = asyncio.Event()
 

@@ -58,7 +58,7 @@ class StoreCollector(Collector):
             ("watch_retries", "WATCH transactions repeated after a conflict"),
             ("watch_conflicts_exhausted", "writes answered 503 after too many conflicts"),
             ("watch_transactions", "MULTI/EXEC blocks sent, executed or not"),
-            ("posts_combined", "posts indexed in the same transaction as an earlier one"),
+            ("posts_combined", "posts indexed in the same transaction or call as an earlier one"),
             ("noscript_reloads", "scripts loaded again after NOSCRIPT"),
             ("cluster_redirects", "Redis Cluster MOVED, ASK and TRYAGAIN replies met"),
             ("read_retries", "reads sent again after finding their connection closed"),

@@ -483,7 +483,7 @@ class StoreCounters:
     watch_retries: int = 0
     watch_conflicts_exhausted: int = 0
     watch_transactions: int = 0  # MULTI/EXEC blocks sent (executed or not)
-    posts_combined: int = 0  # posts indexed in the same transaction as an earlier one
+    posts_combined: int = 0  # posts indexed in the same transaction or call as an earlier one
     noscript_reloads: int = 0
     cluster_redirects: int = 0
     read_retries: int = 0  # reads sent again after finding their connection closed

@@ -14,6 +14,10 @@ post per transaction latency. The combiner pays that latency once per
 batch. It is the WATCH analogue of what the coalescer (auto-pipelining)
 gives the lua driver: concurrent requests share round trips.
 
+The lua driver posts to a queue in segments through one as well
+(``lua_segments.py``): there a batch is one call of ``post_segments.lua``,
+which it bounds by messages and bytes as well as posts (``cut``).
+
 A waiter that is cancelled stops waiting; its item may still be written
 (as with any request cut off after it was sent).
 """
@@ -29,12 +33,18 @@ Result = TypeVar("Result")
 
 # flush(key, items) -> one result (or the exception to raise) per item, in order
 Flush = Callable[[str, list[Item]], Awaitable[list[Result | Exception]]]
+# cut(items) -> how many of the first items (at most max_items) the next batch
+# takes: at least one, so an item over every bound still goes, alone
+Cut = Callable[[list[Item]], int]
 
 
 class Combiner(Generic[Item, Result]):
-    def __init__(self, flush: Flush[Item, Result], max_items: int) -> None:
+    def __init__(
+        self, flush: Flush[Item, Result], max_items: int, cut: Cut[Item] | None = None
+    ) -> None:
         self._flush = flush
         self._max_items = max_items
+        self._cut = cut
         self._pending: dict[str, list[tuple[Item, asyncio.Future[Result]]]] = {}
         self._drains: dict[str, asyncio.Task[None]] = {}
 
@@ -57,6 +67,11 @@ class Combiner(Generic[Item, Result]):
                 batch = pending[: self._max_items]
                 del pending[: self._max_items]
                 live = [(item, f) for item, f in batch if not f.done()]
+                if self._cut is not None and len(live) > 1:
+                    # the items past the cut go first in the next batch
+                    keep = max(1, self._cut([item for item, _ in live]))
+                    pending[:0] = live[keep:]
+                    batch = live = live[:keep]
                 if not live:
                     continue
                 try:

@@ -83,6 +83,13 @@ class LuaStore(RedisStore):
             # scripts are loaded on first use (NOSCRIPT).
             log.warning("Redis not reachable at startup: %s", exc)
 
+    async def close(self) -> None:
+        # the segment posts' combiners (the topic view's too), then the rest
+        await self.segments.close()
+        if self._topic_view is not None:
+            await self._topic_view.segments.close()
+        await super().close()
+
     async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
         """One review a call (lua/sweep.lua), up to most while due."""
         ran = 0

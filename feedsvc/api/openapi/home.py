@@ -26,8 +26,9 @@ def _schemas() -> dict[str, Schema]:
                 "watch_conflicts_exhausted": shared.integer(0),
                 "posts_combined": {
                     **shared.integer(0),
-                    "description": "watch driver: posts indexed in the same transaction "
-                    "as an earlier post to their queue.",
+                    "description": "posts indexed in the same transaction (watch "
+                    "driver) or script call (lua driver, segments) as an earlier post to "
+                    "their queue.",
                 },
                 "noscript_reloads": shared.integer(0),
                 "redis_eviction": {

@@ -1,0 +1,324 @@
+"""Concurrent posts to one queue in segments go together (issue 30): the lua
+driver sends the posts that arrive while a queue's ``post_segments.lua`` call
+is in flight in one next call (lua_segments.py's combiner), as the tuned
+watch driver does with its transaction. Each post is answered as if it had
+come alone: every acknowledged id is stored once, in seq order; a refused
+post (too large, not sealed, queue or project full) refuses itself only; an
+idempotency key twice in one call stores once.
+
+A burst of posts gathered at once, to a queue whose encryption the process
+knows already (one post before it), reaches the combiner before the first
+call is sent: the burst is one call, in the order the posts were made."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from feedsvc.clock import ManualClock
+from feedsvc.embedded_redis.server import RedisServer
+from feedsvc.errors import PostTooLarge, ProjectMessagesFull, QueueFull
+from feedsvc.storage import reviews, segments
+from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.drivers import make_store
+from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
+from feedsvc.storage.lua_segments import SegmentPost
+from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.sealing import MustSeal
+from tests.conftest import direct_client, make_settings
+
+READER = str(uuid.uuid4())
+WRITER = str(uuid.uuid4())
+KEY = "correct horse battery staple, twice"
+
+StoreMaker = Callable[..., AbstractAsyncContextManager[FeedStore]]
+
+
+@pytest.fixture(params=["lua", "watch"])
+def driver(request: pytest.FixtureRequest) -> str:
+    """The drivers that combine posts (watch-naive posts one at a time)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
+    @asynccontextmanager
+    async def opened(**changes: object) -> AsyncIterator[FeedStore]:
+        settings = make_settings(redis_url, driver=driver, storage_layout="segments", **changes)
+        feed = make_store(settings, clock)
+        await feed.open()
+        try:
+            yield feed
+        finally:
+            await feed.close()
+
+    return opened
+
+
+def messages(*ns: int) -> list[NewMessage]:
+    return [NewMessage(orjson.dumps({"n": n}), 300) for n in ns]
+
+
+async def burst(store: FeedStore, project: str, queue: str, posts: list[Any]) -> list[Any]:
+    """Post each (messages, request size, idempotency key) at once: the outcomes."""
+    return list(
+        await asyncio.gather(
+            *(
+                store.post_messages(project, queue, WRITER, m, size, idempotency_key=key)
+                for m, size, key in posts
+            ),
+            return_exceptions=True,
+        )
+    )
+
+
+async def read_all(store: FeedStore, project: str, queue: str) -> list[tuple[str, int, int]]:
+    """(id, seq, body's n) of every message, following markers from the head."""
+    seen: list[tuple[str, int, int]] = []
+    marker = None
+    for _ in range(1000):
+        page = await store.list_messages(project, queue, ListQuery(READER, marker=marker, limit=7))
+        if not page.messages:
+            return seen
+        seen += [(m.id, m.seq, orjson.loads(m.body)["n"]) for m in page.messages]
+        marker = page.next_marker
+    raise AssertionError("the pages never ended")
+
+
+async def counter(redis_url: str, project: str, queue: str) -> int:
+    client = direct_client(redis_url)
+    try:
+        return int(await client.get(QueueKeys.of(project, queue).seq) or 0)
+    finally:
+        await client.aclose()
+
+
+async def test_a_burst_is_stored_once_each_in_seq_order(stores: StoreMaker, project: str) -> None:
+    async with stores() as store:
+        await store.post_messages(project, "q", WRITER, messages(-1))
+        posts = [(messages(2 * i, 2 * i + 1) if i % 3 else messages(2 * i), 0, None)
+                 for i in range(40)]  # fmt: skip
+        outcomes = await burst(store, project, "q", posts)
+        assert store.counters.posts_combined >= 39  # one call (the watch driver: one EXEC)
+        sent = {n for m, _, _ in posts for n in (orjson.loads(x.body)["n"] for x in m)}
+        acknowledged: dict[str, int] = {}
+        for (posted, _, _), ids in zip(posts, outcomes, strict=True):
+            assert isinstance(ids, list) and len(ids) == len(posted)
+            acknowledged.update(zip(ids, (orjson.loads(m.body)["n"] for m in posted), strict=True))
+        stored = await read_all(store, project, "q")
+        assert stored[0][2] == -1
+        stored = stored[1:]
+        # every id once, with its own body; pages in seq order, posts in the order made
+        assert {i: n for i, _, n in stored} == acknowledged
+        assert len(stored) == len(acknowledged) == len(sent)
+        assert [s for _, s, _ in stored] == sorted(s for _, s, _ in stored)
+        assert [n for _, _, n in stored] == sorted(sent)
+        for ids in outcomes:  # a post's messages have consecutive seqs
+            seqs = [int(i[11:], 16) for i in ids]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+async def test_a_refused_post_refuses_only_itself(stores: StoreMaker, project: str) -> None:
+    async with stores() as store:
+        await store.create_queue(
+            project, "q", {"_max_messages_post_size": 1000, "_max_messages": 6}
+        )
+        await store.post_messages(project, "q", WRITER, messages(0))
+        # room for 5 more: too large, 2, 2, 2 (full: 7 > 6), 1, 1 (full)
+        posts = [(messages(1), 5000, None), (messages(2, 3), 10, None),
+                 (messages(4, 5), 10, None), (messages(6, 7), 10, None),
+                 (messages(8), 10, None), (messages(9), 10, None)]  # fmt: skip
+        outcomes = await burst(store, project, "q", posts)
+        assert isinstance(outcomes[0], PostTooLarge)
+        assert isinstance(outcomes[3], QueueFull) and isinstance(outcomes[5], QueueFull)
+        kept = [outcomes[i] for i in (1, 2, 4)]
+        assert all(isinstance(ids, list) for ids in kept)
+        assert store.counters.posts_combined >= 5
+        stored = await read_all(store, project, "q")
+        assert [n for _, _, n in stored] == [0, 2, 3, 4, 5, 8]
+        assert [i for i, _, _ in stored[1:]] == [i for ids in kept for i in ids]
+        stats = await store.queue_stats(project, "q")
+        assert stats.total == 6
+
+
+async def test_one_idempotency_key_twice_in_a_burst_stores_once(
+    stores: StoreMaker, project: str, redis_url: str
+) -> None:
+    async with stores() as store:
+        await store.post_messages(project, "q", WRITER, messages(0))
+        before = await counter(redis_url, project, "q")
+        posts = [(messages(1, 2), 0, "k"), (messages(3), 0, None), (messages(4, 5), 0, "k"),
+                 (messages(6), 0, "other"), (messages(7, 8), 0, "k")]  # fmt: skip
+        first, plain, again, other, third = await burst(store, project, "q", posts)
+        assert store.counters.posts_combined >= 4
+        assert first == again == third and len(first) == 2
+        assert await counter(redis_url, project, "q") == before + 4  # 2 + 1 + 1
+        stored = await read_all(store, project, "q")
+        assert [n for _, _, n in stored] == [0, 1, 2, 3, 6]
+        assert [i for i, _, _ in stored[1:]] == [*first, *plain, *other]
+        # and a later retry of the key is answered as the first
+        assert (
+            await store.post_messages(project, "q", WRITER, messages(9), idempotency_key="k")
+            == first
+        )
+
+
+async def test_the_project_quota_is_exact_under_a_burst(
+    stores: StoreMaker, project: str, topology: str
+) -> None:
+    if topology == "cluster":
+        pytest.skip("on a cluster a project may overshoot by the posts in flight (quotas.py)")
+    async with stores(project_max_messages=10) as store:
+        await store.post_messages(project, "q", WRITER, messages(0))
+        outcomes = await burst(store, project, "q", [(messages(n), 0, None) for n in range(1, 16)])
+        posted = [o for o in outcomes if isinstance(o, list)]
+        assert len(posted) == 9
+        assert all(isinstance(o, ProjectMessagesFull) for o in outcomes if not isinstance(o, list))
+        usage = await store.quotas.usage(project)
+        assert usage["messages"] == 10 and usage["in_flight"] == 0
+        assert len(await read_all(store, project, "q")) == 10
+
+
+@pytest.fixture
+async def lua(redis_server: RedisServer, clock: ManualClock) -> AsyncIterator[LuaStore]:
+    settings = make_settings(
+        redis_server.url, driver="lua", storage_layout="segments", message_encryption_key=KEY
+    )
+    store = make_store(settings, clock)
+    assert isinstance(store, LuaStore)
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def evalsha_calls(client: Redis) -> int:
+    stats: Any = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_burst_is_one_script_call(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    await lua.post_messages(project, "q", WRITER, messages(-1))
+    client = Redis.from_url(redis_server.url)
+    try:
+        before = await evalsha_calls(client)
+        outcomes = await burst(lua, project, "q", [(messages(n), 0, None) for n in range(30)])
+        calls = await evalsha_calls(client) - before
+    finally:
+        await client.aclose()
+    assert all(isinstance(o, list) for o in outcomes)
+    assert calls == 1  # one call of post_segments.lua for the 30 posts
+    assert lua.counters.posts_combined == 29
+
+
+async def test_a_call_is_bounded_by_messages(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    await lua.post_messages(project, "q", WRITER, messages(-1))
+    client = Redis.from_url(redis_server.url)
+    try:
+        before = await evalsha_calls(client)
+        posts = [(messages(*range(10 * i, 10 * i + 10)), 0, None) for i in range(25)]
+        outcomes = await burst(lua, project, "q", posts)
+        calls = await evalsha_calls(client) - before
+    finally:
+        await client.aclose()
+    assert all(isinstance(o, list) for o in outcomes)
+    assert calls == 3  # 250 messages, at most 100 a call
+    assert [n for _, _, n in await read_all(lua, project, "q")] == list(range(-1, 250))
+
+
+async def test_an_unsealed_post_to_an_encrypted_queue_refuses_only_itself(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    await lua.create_queue(project, "vault", {"_enable_encrypt_messages": True})
+    keys = QueueKeys.of(project, "vault")
+    seal = lua.parts.opener.sealer.seal
+
+    def post(n: int, sealed: bool) -> SegmentPost:
+        [message] = messages(n)
+        if sealed:
+            message = NewMessage(seal(message.body), 300)
+        return SegmentPost(keys, project, "vault", WRITER, [message], 10, sealed, None)
+
+    outcomes = await asyncio.gather(
+        *(lua.segments.post(post(n, n != 1), None, True) for n in range(3)),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[1], MustSeal)
+    assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list)
+    assert lua.counters.posts_combined == 2
+    assert [n for _, _, n in await read_all(lua, project, "vault")] == [0, 2]
+    client = Redis.from_url(redis_server.url)
+    try:
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        [k] = numbers
+        raw = await client.get(keys.segment(int(k)))
+        assert isinstance(raw, bytes) and b'{"n":1}' not in raw
+    finally:
+        await client.aclose()
+
+
+async def test_a_burst_whose_script_was_flushed_is_stored_once(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    await lua.post_messages(project, "q", WRITER, messages(-1))
+    client = Redis.from_url(redis_server.url)
+    try:
+        await client.script_flush()
+    finally:
+        await client.aclose()
+    outcomes = await burst(lua, project, "q", [(messages(n), 0, None) for n in range(10)])
+    assert all(isinstance(o, list) for o in outcomes)
+    assert lua.counters.noscript_reloads == 1  # the one call, loaded and sent again
+    assert [n for _, _, n in await read_all(lua, project, "q")] == list(range(-1, 10))
+
+
+async def test_a_failed_call_fails_every_post_of_it(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    await lua.post_messages(project, "q", WRITER, messages(-1))
+    client = Redis.from_url(redis_server.url)
+    keys = QueueKeys.of(project, "q")
+    try:
+        await client.delete(keys.seq)
+        await client.hset(keys.seq, "not", "a counter")  # INCRBY fails in the script
+        outcomes = await burst(lua, project, "q", [(messages(n), 0, None) for n in range(5)])
+        assert lua.counters.posts_combined == 4
+        assert all(isinstance(o, Exception) for o in outcomes)
+        assert len({type(o) for o in outcomes}) == 1
+        numbers: Any = await client.zrange(keys.directory, 0, -1)
+        [k] = numbers
+        segment = keys.segment(int(k))
+        table: Any = await client.getrange(segment, 0, segments.TABLE_BYTES - 1)
+        assert sum(1 for v in segments.slot_offsets(table) if v) == 1  # the first post's only
+    finally:
+        await client.aclose()
+
+
+async def test_a_call_that_schedules_no_review_notes_none(
+    lua: LuaStore, redis_server: RedisServer, project: str, clock: ManualClock
+) -> None:
+    """The first post opens a segment and notes its review in fs:sweep; a
+    later one in the same segment, expiring no earlier, leaves it as it is."""
+    await lua.post_messages(project, "q", WRITER, messages(0))
+    await lua.parts.sweeps.noted()
+    client = Redis.from_url(redis_server.url)
+    member = reviews.sweep_member("queue", project, "q")
+    try:
+        due = await client.zscore(SWEEP_KEY, member)
+        assert due is not None and due > clock.now_ms()
+        await burst(lua, project, "q", [(messages(n), 0, None) for n in range(1, 4)])
+        await lua.post_messages(project, "q", WRITER, messages(4))
+        await lua.parts.sweeps.noted()
+        assert await client.zscore(SWEEP_KEY, member) == due
+    finally:
+        await client.aclose()
