@@ -598,11 +598,12 @@ def test_follow_runner_reports_a_read_mode(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "loadtest", "follow", "--drivers", "lua", "--modes", "sse",
          "--producers", "2", "--producer-wait", "0.05", "--followers", "3", "--duration", "5",
-         "--warmup", "1", "--idle-wait", "0", "--out", str(out)],
+         "--warmup", "1", "--idle-wait", "0", "--storage-layout", "segments", "--out", str(out)],
         capture_output=True, text=True, timeout=120, check=False, cwd=REPO_ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     saved = json.loads((out / "follow.json").read_text())
+    assert saved["settings"]["storage_layout"] == "segments"
     [row] = saved["rows"]
     assert (row["driver"], row["mode"], row["followers"]) == ("lua", "sse", 3)
     assert row["deliveries_per_s"] > 0 and row["p99_ms"] > 0
@@ -694,3 +695,39 @@ def test_compare_refuses_an_unknown_shape(capsys: pytest.CaptureFixture[str]) ->
 
     assert compare.main(["compare", "--shapes", "lukewarm", "--out", "unused"]) == 2
     assert "--shapes" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("keep_sigterm")
+def test_the_runners_start_every_service_on_the_storage_layout_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--storage-layout reaches every feedsvc serve of compare and follow (after
+    it, --serve-arg still wins); without it the service's default is used."""
+    from loadtest import compare
+
+    parser = compare.build_parser()
+    for command in ("compare", "follow"):
+        args = parser.parse_args([command, "--storage-layout", "segments"])
+        assert args.storage_layout == "segments"
+        assert parser.parse_args([command]).storage_layout is None
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--storage-layout", "stream"])
+        assert "--storage-layout" in capsys.readouterr().err
+    cfg = compare.Config(
+        steps=[1], drivers=["lua"], duration=1.0, warmup=0.0, observers=0, shapes=["hot"],
+        queues=1, batch=1, message_size=1, page_size=1, processes=1, spawn_rate=1.0,
+        serve_args=["--pool-size=8"], storage_layout="segments",
+    )  # fmt: skip
+    assert compare.serve_flags(cfg, 2) == [
+        "--storage-layout", "segments", "--pool-size=8", "--workers", "2",
+    ]  # fmt: skip
+    cfg.storage_layout = None
+    assert "--storage-layout" not in compare.serve_flags(cfg, 1)
+    fcfg = follow.FollowConfig(
+        drivers=["lua"], modes=["sse"], producers=1, producer_wait=0.1, followers=1,
+        poll_interval=1.0, duration=1.0, warmup=0.0, message_size=1,
+        storage_layout="records",
+    )  # fmt: skip
+    assert follow.serve_flags(fcfg) == ["--storage-layout", "records"]
+    fcfg.storage_layout = None
+    assert follow.serve_flags(fcfg) == []
