@@ -101,6 +101,7 @@ async def test_a_release_with_a_delay_hides_the_message_until_due(
     assert later is not None and [(m.id, m.claim_count) for m in later.messages] == [(ids[0], 2)]
 
 
+@pytest.mark.parametrize("driver", ["lua", "watch"])
 async def test_a_release_goes_through_while_posts_keep_landing_in_its_segment(
     store: FeedStore,
     project: str,
