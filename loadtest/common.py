@@ -6,6 +6,7 @@ bench/machine.py's, shared with the bench."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -21,6 +22,7 @@ from typing import Any
 import psutil
 
 from feedsvc import __version__ as feedsvc_version
+from feedsvc.config import STORAGE_LAYOUTS
 from feedsvc.embedded_redis.server import find_redis_server
 from loadtest.checker import FeedChecker, read_stamp
 
@@ -31,6 +33,21 @@ GET = "GET messages"
 SAMPLE_EVERY = 0.5
 QUEUE_PREFIX = "lt"
 PROJECT = "compare"
+
+
+def add_layout_flag(parser: argparse.ArgumentParser) -> None:
+    """``--storage-layout``: the layout every ``feedsvc serve`` of the run writes."""
+    parser.add_argument(
+        "--storage-layout",
+        choices=STORAGE_LAYOUTS,
+        default=None,
+        help="feedsvc serve --storage-layout of every run (default: the service's default)",
+    )
+
+
+def layout_flags(layout: str | None) -> list[str]:
+    """The ``feedsvc serve`` flags that choose ``layout`` (none: its default)."""
+    return [] if layout is None else ["--storage-layout", layout]
 
 
 def say(line: str) -> None:

@@ -59,7 +59,9 @@ from loadtest.common import (
     PROJECT,
     QUEUE_PREFIX,
     SAMPLE_EVERY,
+    add_layout_flag,
     audit,
+    layout_flags,
     machine,
     say,
 )
@@ -238,6 +240,7 @@ class Config:
     idle_below: float = 25.0
     serve_args: list[str] = field(default_factory=list)
     locust_args: list[str] = field(default_factory=list)
+    storage_layout: str | None = None  # None: feedsvc serve's default
 
     @classmethod
     def from_saved(cls, settings: dict[str, Any]) -> Config:
@@ -363,12 +366,17 @@ def locust_command(
     return command + classes
 
 
+def serve_flags(cfg: Config, workers: int) -> list[str]:
+    """The flags of every ``feedsvc serve`` of a cell (besides Redis and driver)."""
+    return [*layout_flags(cfg.storage_layout), *cfg.serve_args, "--workers", str(workers)]
+
+
 def run_one(cfg: Config, cell: tuple[int, str, int], driver: str, logs: Path) -> Row:
     producers, shape, workers = cell
     hot = shape == "hot"
     tag = f"{driver}-{producers}-{shape}-w{workers}"
     idle = wait_for_idle(cfg.idle_wait, cfg.idle_below, say=say)
-    serve_args = [*cfg.serve_args, "--workers", str(workers)]
+    serve_args = serve_flags(cfg, workers)
     with tempfile.TemporaryDirectory(prefix=f"loadtest-{tag}-") as tmp:
         work = Path(tmp)
         timings_dir = work / "timings"
@@ -675,6 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--locust-arg", action="append", default=[], help="extra flag for every locust run"
     )
+    add_layout_flag(c)
     c.add_argument("--out", type=Path, default=Path("results"), help="results folder")
     r = commands.add_parser(
         "report",
@@ -723,8 +732,9 @@ def save(cfg: Config, rows: list[Row], info: dict[str, Any], out: Path) -> None:
 def render(cfg: Config, rows: list[Row], info: dict[str, Any], out: Path) -> None:
     write_csv(rows, out / "compare.csv")
     (out / "compare.md").write_text(markdown(rows, cfg.queues))
+    layout = f", {cfg.storage_layout} layout" if cfg.storage_layout else ""
     title = (
-        f"feedsvc drivers: POSTs, {cfg.observers} observers, "
+        f"feedsvc drivers{layout}: POSTs, {cfg.observers} observers, "
         f"Locust x{cfg.processes} process(es), {cfg.duration:g} s per run\n"
         f"{info['cpu']} ({info['cores']} cores)"
     )
@@ -773,6 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle_below=args.idle_below,
         serve_args=args.serve_arg,
         locust_args=args.locust_arg,
+        storage_layout=args.storage_layout,
     )
     unknown = [x for x in cfg.shapes if x not in SHAPES]
     if unknown or not cfg.shapes or not cfg.workers or min(cfg.workers) < 1:

@@ -60,7 +60,9 @@ from loadtest.common import (
     PROJECT,
     QUEUE_PREFIX,
     SAMPLE_EVERY,
+    add_layout_flag,
     audit,
+    layout_flags,
     machine,
     say,
 )
@@ -84,6 +86,7 @@ class FollowConfig:
     idle_below: float = 25.0
     serve_args: list[str] = field(default_factory=list)
     locust_args: list[str] = field(default_factory=list)
+    storage_layout: str | None = None  # None: feedsvc serve's default
 
 
 @dataclass
@@ -230,16 +233,19 @@ def _per(amount: float, count: float) -> float:
     return amount / count if count else math.nan
 
 
+def serve_flags(cfg: FollowConfig) -> list[str]:
+    """The flags of every ``feedsvc serve`` of the runs (besides Redis and driver)."""
+    return [*layout_flags(cfg.storage_layout), *cfg.serve_args]
+
+
 def run_one(cfg: FollowConfig, driver: str, mode: str, logs: Path) -> FollowRow:
     tag = f"{driver}-{mode}"
     wait_for_idle(cfg.idle_wait, cfg.idle_below, say=say)
     with tempfile.TemporaryDirectory(prefix=f"loadtest-{tag}-") as tmp:
         work = Path(tmp)
         timings_dir = work / "timings"
-        with fresh_service(driver, work, logs / f"feedsvc-{tag}.log", cfg.serve_args) as (
-            svc,
-            server,
-        ):
+        log = logs / f"feedsvc-{tag}.log"
+        with fresh_service(driver, work, log, serve_flags(cfg)) as (svc, server):
             meter = CpuMeter()
             commands = CommandMeter(server.url)
             try:
@@ -407,9 +413,11 @@ def render(cfg: FollowConfig, rows: list[FollowRow], info: dict[str, Any], out: 
     write_csv(rows, out / "follow.csv")
     (out / "follow.md").write_text(markdown(rows))
     rate = cfg.producers / cfg.producer_wait if cfg.producer_wait else math.inf
+    layout = f", {cfg.storage_layout} layout" if cfg.storage_layout else ""
     title = (
-        f"feedsvc read modes: {cfg.followers} followers of one queue, {cfg.producers} producers "
-        f"(≈{rate:g} messages/s), {cfg.duration:g} s per run\n{info['cpu']} ({info['cores']} cores)"
+        f"feedsvc read modes{layout}: {cfg.followers} followers of one queue, "
+        f"{cfg.producers} producers (≈{rate:g} messages/s), {cfg.duration:g} s per run\n"
+        f"{info['cpu']} ({info['cores']} cores)"
     )
     plot(rows, out / "follow.png", title)
 
@@ -457,6 +465,7 @@ def add_parser(commands: Any) -> None:
     f.add_argument("--idle-below", type=float, default=25.0, help="idle: below this %% busy")
     f.add_argument("--serve-arg", action="append", default=[], help="extra feedsvc serve flag")
     f.add_argument("--locust-arg", action="append", default=[], help="extra locust flag")
+    add_layout_flag(f)
     f.add_argument("--out", type=Path, default=Path("results"), help="results folder")
 
 
@@ -475,6 +484,7 @@ def run(args: argparse.Namespace) -> int:
         idle_below=args.idle_below,
         serve_args=args.serve_arg,
         locust_args=args.locust_arg,
+        storage_layout=args.storage_layout,
     )
     unknown = set(cfg.modes) - set(MODES)
     if unknown:

@@ -1,6 +1,7 @@
 """loadtest/: the no-miss checker on synthetic input, the timing summary, the
 event-stream reader, and short headless Locust runs against a live
-``feedsvc serve`` (for each driver; with followers; the read-mode runner).
+``feedsvc serve`` (for each driver; with followers; the read-mode runner),
+in the layout pytest's ``--storage-layout`` names.
 
 The smoke runs assert that every request succeeded and that the checker saw
 messages and found nothing wrong; they assert nothing about speed.
@@ -447,9 +448,10 @@ def health_status(base: str) -> int:
 
 
 @pytest.mark.process
-def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
+def test_locust_smoke_run(redis_url: str, driver: str, storage_layout: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
-    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
+    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING",
+             "--storage-layout", storage_layout)  # fmt: skip
     with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
         base = serve.url
         assert health_status(base) == 200, serve.log_text()
@@ -477,14 +479,14 @@ def test_locust_smoke_run(redis_url: str, driver: str, tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_a_second_run_against_the_same_queues_judges_only_its_own_messages(
-    redis_url: str, tmp_path: Path
+    redis_url: str, storage_layout: str, tmp_path: Path
 ) -> None:
     """The first run's consumers delete the heads of its streams and leave
     their tails; the second run's readers, starting at the head, must not
     call that a gap (issue 28: 130 false "no-miss: gap" on a second run)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
     project = f"again-{uuid.uuid4().hex}"
-    flags = ("--redis-url", redis_url, "--log-level", "WARNING")
+    flags = ("--redis-url", redis_url, "--log-level", "WARNING", "--storage-layout", storage_layout)
     locustfile = str(REPO_ROOT / "loadtest" / "locustfile.py")
     results = []
     with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
@@ -510,7 +512,7 @@ def test_a_second_run_against_the_same_queues_judges_only_its_own_messages(
 
 @pytest.mark.process
 def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
-    redis_url: str, driver: str, tmp_path: Path
+    redis_url: str, driver: str, storage_layout: str, tmp_path: Path
 ) -> None:
     """Consumers release a third of what they claim (after a second) and
     delete the rest; each claim holds up to 10 messages of 2 queues x 3
@@ -519,7 +521,8 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
     observer beside them misses nothing but what was deleted or released
     with a delay."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
-    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING")
+    flags = ("--redis-url", redis_url, "--driver", driver, "--log-level", "WARNING",
+             "--storage-layout", storage_layout)  # fmt: skip
     with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
         result = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
@@ -554,12 +557,14 @@ def test_locust_consumers_with_groups_and_releases_pass_the_consumption_checker(
 
 
 @pytest.mark.process
-def test_locust_followers_check_every_message(redis_url: str, tmp_path: Path) -> None:
+def test_locust_followers_check_every_message(
+    redis_url: str, storage_layout: str, tmp_path: Path
+) -> None:
     """Long pollers, SSE streamers and pollers each check every message and
     record its post-to-delivery latency; nothing is missed at the stop."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEEDSVC_", "LOCUST_"))}
     flags = ("--redis-url", redis_url, "--log-level", "WARNING", "--stream-lifetime", "2",
-             "--stream-retry", "100")  # fmt: skip
+             "--stream-retry", "100", "--storage-layout", storage_layout)  # fmt: skip
     with ServiceProcess(*flags, log_path=tmp_path / "serve.log") as serve:
         result = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
@@ -598,11 +603,12 @@ def test_follow_runner_reports_a_read_mode(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "loadtest", "follow", "--drivers", "lua", "--modes", "sse",
          "--producers", "2", "--producer-wait", "0.05", "--followers", "3", "--duration", "5",
-         "--warmup", "1", "--idle-wait", "0", "--out", str(out)],
+         "--warmup", "1", "--idle-wait", "0", "--storage-layout", "segments", "--out", str(out)],
         capture_output=True, text=True, timeout=120, check=False, cwd=REPO_ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     saved = json.loads((out / "follow.json").read_text())
+    assert saved["settings"]["storage_layout"] == "segments"
     [row] = saved["rows"]
     assert (row["driver"], row["mode"], row["followers"]) == ("lua", "sse", 3)
     assert row["deliveries_per_s"] > 0 and row["p99_ms"] > 0
@@ -694,3 +700,39 @@ def test_compare_refuses_an_unknown_shape(capsys: pytest.CaptureFixture[str]) ->
 
     assert compare.main(["compare", "--shapes", "lukewarm", "--out", "unused"]) == 2
     assert "--shapes" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("keep_sigterm")
+def test_the_runners_start_every_service_on_the_storage_layout_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--storage-layout reaches every feedsvc serve of compare and follow (after
+    it, --serve-arg still wins); without it the service's default is used."""
+    from loadtest import compare
+
+    parser = compare.build_parser()
+    for command in ("compare", "follow"):
+        args = parser.parse_args([command, "--storage-layout", "segments"])
+        assert args.storage_layout == "segments"
+        assert parser.parse_args([command]).storage_layout is None
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--storage-layout", "stream"])
+        assert "--storage-layout" in capsys.readouterr().err
+    cfg = compare.Config(
+        steps=[1], drivers=["lua"], duration=1.0, warmup=0.0, observers=0, shapes=["hot"],
+        queues=1, batch=1, message_size=1, page_size=1, processes=1, spawn_rate=1.0,
+        serve_args=["--pool-size=8"], storage_layout="segments",
+    )  # fmt: skip
+    assert compare.serve_flags(cfg, 2) == [
+        "--storage-layout", "segments", "--pool-size=8", "--workers", "2",
+    ]  # fmt: skip
+    cfg.storage_layout = None
+    assert "--storage-layout" not in compare.serve_flags(cfg, 1)
+    fcfg = follow.FollowConfig(
+        drivers=["lua"], modes=["sse"], producers=1, producer_wait=0.1, followers=1,
+        poll_interval=1.0, duration=1.0, warmup=0.0, message_size=1,
+        storage_layout="records",
+    )  # fmt: skip
+    assert follow.serve_flags(fcfg) == ["--storage-layout", "records"]
+    fcfg.storage_layout = None
+    assert follow.serve_flags(fcfg) == []

@@ -7,7 +7,8 @@ and that claim states do not outlive their messages at the queue's head."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from feedsvc.clock import ManualClock
 from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.record import Parked
@@ -97,6 +99,54 @@ async def test_a_release_with_a_delay_hides_the_message_until_due(
     clock.advance(31)
     later = await store.claim_messages(project, "q", 60, 30, 5)
     assert later is not None and [(m.id, m.claim_count) for m in later.messages] == [(ids[0], 2)]
+
+
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_a_release_goes_through_while_posts_keep_landing_in_its_segment(
+    store: FeedStore,
+    project: str,
+    redis_url: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Claim upkeep reads a message's record, then again in a MULTI with its
+    segment's slot table, and keeps it if it did not move. A post appending
+    to the segment moves no record already there (the last one gets its
+    end): with a producer posting between every two reads (a hot queue),
+    each release once gave up after 8 reads with a 503 (the loadtest's
+    consumption run on segments)."""
+    ids = await post(store, project, 3)
+    claim = await store.claim_messages(project, "q", 60, 30, 3)
+    assert claim is not None and [m.id for m in claim.messages] == ids
+    writer = make_store(make_settings(redis_url, driver="lua", storage_layout="segments"), clock)
+    await writer.open()
+    assert isinstance(store, RedisStore)
+    transport = store._transport
+    transaction = transport.transaction
+    posted: list[str] = []
+
+    async def post_in_between(commands: Sequence[Command]) -> list[Any]:
+        if commands and commands[0][0] == "GETRANGE":  # read_records' check of the tables
+            posted.extend(await post(writer, project, 1))
+        return await transaction(commands)
+
+    monkeypatch.setattr(transport, "transaction", post_in_between)
+    try:
+        # the last record first: its end is the segment's end until a post
+        await store.release_message(project, "q", ids[2], claim.id, 0)
+        await store.release_message(project, "q", ids[0], claim.id, 0)
+    finally:
+        monkeypatch.undo()
+        await writer.close()
+    assert len(posted) >= 2
+    held = await store.get_claim(project, "q", claim.id)
+    assert [m.id for m in held.messages] == ids[1:2]
+    again = await store.claim_messages(project, "q", 60, 30, 10)
+    assert again is not None
+    assert [(m.id, m.body) for m in again.messages[:2]] == [
+        (ids[0], orjson.dumps({"n": 0})),
+        (ids[2], orjson.dumps({"n": 2})),
+    ]
 
 
 async def test_claims_move_past_gone_messages_and_drop_their_states(

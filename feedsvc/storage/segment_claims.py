@@ -42,10 +42,12 @@ async def read_records(
 ) -> dict[str, s.SegmentRecord]:
     """The records of the ids that name messages of the queue's segments
     (present, not gone); reads only. The records are read in a MULTI with
-    their slot tables, and kept only if those tables are the ones their
-    offsets came from: a review rewriting a segment (its records move) or
-    a post appending to it (the last record's end) between the two reads
-    would cut a record wrong; then again, with the tables read last."""
+    their slot tables, and kept only if those tables put each record where
+    it was read: a review rewriting a segment (its records move) or a post
+    appending to it (the last record's end) between the two reads would
+    cut a record wrong; then again, with the tables read last. A post
+    appending after a record does not move it, so a hot queue's posts do
+    not make its claim upkeep read again and again."""
     tag = s.id_tag(keys.prefix)
     seqs = {i: q for i in ids if (q := s.seq_of(tag, i)) is not None}
     if not seqs:
@@ -64,14 +66,15 @@ async def read_records(
         if not wanted:
             return {}
         again = await transport.transaction([*table_reads, *(c for _, _, c in wanted)])
-        if again[: len(numbers)] == tables:
+        tables = again[: len(numbers)]
+        now = dict(zip(numbers, tables, strict=True))
+        if _record_reads(keys, seqs, int(new_start), now) == wanted:
             raws = again[len(numbers) :]
             return {
                 message_id: s.SegmentRecord.decode(seq, raw)
                 for (message_id, seq, _), raw in zip(wanted, raws, strict=True)
                 if raw
             }
-        tables = again[: len(numbers)]
     raise TooMuchContention(f"Gave up after {RECORD_READS} reads of moving segments; retry.")
 
 
