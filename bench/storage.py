@@ -9,7 +9,9 @@ configuration: no listpack tuning), ``FLUSHALL`` first:
   layout (``--storage-layout records``: a key per message; ``segments``:
   packed segments, docs/design.md) and driver (lua, watch), each its own
   process and queue, ``CONCURRENCY`` posts in flight; then one reader
-  paging through them 10 at a time, following the ``next`` links; against
+  paging through them 10 at a time, following the ``next`` links; and
+  ``LONE_POSTS`` more one at a time (nothing for the service to combine:
+  the worst case, against the same XADD anchor); against
   the same N bodies ``XADD``\\ ed to a stream with the fields a message
   needs (ttl, client id, expiry), pipelined ``PIPELINE`` at a time, and read
   back with ``XRANGE COUNT 10``, one per round trip.
@@ -69,8 +71,13 @@ from feedsvc.storage.segments import NEW_START
 from feedsvc.storage.sweeper import IDLE_LOOK
 
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
-CONCURRENCY = 16  # posts in flight against one service
 PIPELINE = 32  # XADDs per round trip for the per-message anchor
+#: posts in flight against one service: as many as the anchor's XADDs a round
+#: trip, so both sides are offered the same concurrency (the lua driver
+#: combines the posts to a queue that arrive while its call is in flight)
+CONCURRENCY = PIPELINE
+#: one-message posts sent one at a time (nothing to combine: the worst case)
+LONE_POSTS = 1000
 BATCH = 100
 PAGE = 10
 BODY_BYTES = 100
@@ -180,8 +187,10 @@ def _commandstats(client: redis.Redis) -> dict[str, tuple[int, float]]:
 # -- feedsvc, over HTTP -----------------------------------------------------------
 
 
-async def _post_all(url: str, path: str, payloads: Sequence[dict[str, Any]], client: str) -> int:
-    """POST each payload, CONCURRENCY at a time; the number of failures."""
+async def _post_all(
+    url: str, path: str, payloads: Sequence[dict[str, Any]], client: str, concurrency: int
+) -> int:
+    """POST each payload, concurrency at a time; the number of failures."""
     failures = 0
     todo = iter(payloads)
     headers = {**HEADERS, "Client-ID": client}
@@ -194,14 +203,19 @@ async def _post_all(url: str, path: str, payloads: Sequence[dict[str, Any]], cli
                 failures += r.status != 201
 
     async with aiohttp.ClientSession(url) as http:
-        await asyncio.gather(*(worker(http) for _ in range(CONCURRENCY)))
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
     return failures
 
 
 def post_all(
-    svc: Service, queue: str, payloads: Sequence[dict[str, Any]], client: str = PRODUCER
+    svc: Service,
+    queue: str,
+    payloads: Sequence[dict[str, Any]],
+    client: str = PRODUCER,
+    concurrency: int = CONCURRENCY,
 ) -> int:
-    return asyncio.run(_post_all(svc.url, f"/v2/queues/{queue}/messages", payloads, client))
+    path = f"/v2/queues/{queue}/messages"
+    return asyncio.run(_post_all(svc.url, path, payloads, client, concurrency))
 
 
 def singles(sizes: int, count: int, ttl: int = TTL, start: int = 0) -> list[dict[str, Any]]:
@@ -315,6 +329,7 @@ def report(
     rows = (
         ("memory per message (100 B body), bytes", "memory"),
         ("Redis CPU per 1-message post, us", "post_us"),
+        ("Redis CPU per 1-message post, one in flight, us", "lone_us"),
         ("Redis CPU per batch of 100, us", "batch_us"),
         ("Redis CPU per page of 10, us", "page_us"),
     )
@@ -377,6 +392,7 @@ def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
     return {
         "memory": posts.memory / n,
         "post_us": posts.cpu_us / n,
+        "lone_us": posts.cpu_us / n,  # the same anchor: XADDs pipelined PIPELINE a trip
         "batch_us": batch.cpu_us / batches,
         "page_us": paging.cpu_us / pages[0],
         "commands": _per_post(posts, n),
@@ -392,14 +408,21 @@ def driver_costs(
 ) -> dict[str, Any]:
     name = f"{layout}-{driver}"
     queue, batch_queue, worst = f"bstore-{name}", f"bstore-{name}-batch", f"bstore-{name}-worst"
+    lone_queue, lone = f"bstore-{name}-lone", min(n, LONE_POSTS)
     log = suite.workdir / f"feedsvc-storage-{name}.log"
     flags = ("--driver", driver, "--max-messages-per-post", str(BATCH), *layout_flags(layout))
     with Service(suite.redis.url, log, *flags) as svc:
-        for q in (queue, batch_queue, worst):
+        for q in (queue, batch_queue, worst, lone_queue):
             # the queue's own keys exist before anything is measured
             post_all(svc, q, singles(BODY_BYTES, 1))
         errors: list[int] = []
         posts = measure(client, lambda: errors.append(post_all(svc, queue, singles(BODY_BYTES, n))))
+        alone = measure(
+            client,
+            lambda: errors.append(
+                post_all(svc, lone_queue, singles(BODY_BYTES, lone), concurrency=1)
+            ),
+        )
         read: list[tuple[int, int]] = []
         paging = measure(client, lambda: read.append(page_all(svc, queue)))
         batches = max(1, n // BATCH)
@@ -417,6 +440,7 @@ def driver_costs(
         "written_in": written_in(client, queue),
         "memory": posts.memory / n,
         "post_us": posts.cpu_us / n,
+        "lone_us": alone.cpu_us / lone,
         "batch_us": batch.cpu_us / batches,
         "page_us": paging.cpu_us / read[0][0],
         "pages": read[0][0],

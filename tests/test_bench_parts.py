@@ -269,7 +269,9 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
     rows = dict(suite.rows)
     variants = [f"{layout}_{driver}" for layout, driver in storage.VARIANTS]
     assert {v.split("_")[0] for v in variants} == {"records", "segments"}
-    for label in ("Redis CPU per 1-message post, us", "Redis CPU per batch of 100, us",
+    for label in ("Redis CPU per 1-message post, us",
+                  "Redis CPU per 1-message post, one in flight, us",
+                  "Redis CPU per batch of 100, us",
                   "Redis CPU per page of 10, us", "Redis CPU per worst page, us",
                   "hot-queue ceiling, messages/s"):  # fmt: skip
         row = rows[f"storage: {label}"]
