@@ -90,7 +90,8 @@ async def snapshot(redis: aioredis.Redis, keep: Any = None) -> Snapshot:
     out: Snapshot = {}
     async for key in redis.scan_iter(count=1000):
         if key == SWEEP_KEY.encode():
-            for member, when in await redis.zrange(key, 0, -1, withscores=True):
+            entries: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
+            for member, when in entries:
                 kind, project, queue = parse_member(member)
                 if keep is None or keep(QueueKeys.of(project, queue, kind).meta.encode()):
                     out[key + b" " + member] = (repr(when).encode(), -1)
