@@ -30,7 +30,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app
 from feedsvc.clock import ManualClock
-from feedsvc.config import STORAGE_LAYOUTS, Settings
+from feedsvc.config import DEFAULT_STORAGE_LAYOUT, STORAGE_LAYOUTS, Settings
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.base import FeedStore
 from feedsvc.storage.drivers import make_store
@@ -216,7 +216,7 @@ def direct_client(redis_url: str) -> Redis | RedisCluster:
 
 
 #: the layout of every test's settings unless it names one (--storage-layout)
-STORAGE_LAYOUT = ["records"]
+STORAGE_LAYOUT = [DEFAULT_STORAGE_LAYOUT]
 
 
 def make_settings(redis_url: str, **changes: object) -> Settings:
@@ -243,8 +243,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--storage-layout",
         choices=STORAGE_LAYOUTS,
-        default="records",
-        help="the layout the stores and apps of the tests write new messages in",
+        default=DEFAULT_STORAGE_LAYOUT,
+        help="the layout the stores and apps of the tests write new messages in "
+        f"(default: the service's, {DEFAULT_STORAGE_LAYOUT})",
     )
 
 

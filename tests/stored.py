@@ -35,3 +35,18 @@ async def stored_body(client: Any, keys: QueueKeys, message_id: str) -> bytes:
     raw = await client.getrange(key, start, end)
     assert isinstance(raw, bytes)
     return raw
+
+
+async def is_stored(client: Any, keys: QueueKeys, message_id: str) -> bool:
+    """Whether the feed of these keys holds the message's record, in either
+    layout (a segment message's id carries its feed's tag)."""
+    if await client.exists(keys.record(message_id)):
+        return True
+    seq = segments.seq_of(segments.id_tag(keys.prefix), message_id)
+    if seq is None:
+        return False
+    k, slot = segments.segment_of(seq)
+    at = slot * segments.SLOT_BYTES
+    raw = await client.getrange(keys.segment(k), at, at + segments.SLOT_BYTES - 1)
+    value = int.from_bytes(raw, "big") if len(raw) == segments.SLOT_BYTES else 0
+    return bool(value & segments.OFFSET_MASK) and not value & segments.GONE_BIT

@@ -25,7 +25,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from feedsvc.app import create_app
 from feedsvc.embedded_redis.server import RedisServer
-from feedsvc.storage.keys import KINDS, QueueKeys, escape_project
+from feedsvc.storage.keys import KINDS, SWEEP_KEY, QueueKeys, escape_project
+from feedsvc.storage.reviews import parse_member
 from tests.conftest import PROCESS_DRIVERS, make_settings
 
 pytestmark = pytest.mark.process  # a redis-server of its own
@@ -83,9 +84,18 @@ def owned_by(key: bytes, project: str, queue: str | None = None) -> bool:
 
 
 async def snapshot(redis: aioredis.Redis, keep: Any = None) -> Snapshot:
-    """Every key (for which keep(key) is true) -> (DUMP, PEXPIRETIME)."""
+    """Every key (for which keep(key) is true) -> (DUMP, PEXPIRETIME). The
+    segment sweep's schedule (fs:sweep) is shared by every queue, one member
+    each: a member is one entry, kept as its queue's own keys are."""
     out: Snapshot = {}
     async for key in redis.scan_iter(count=1000):
+        if key == SWEEP_KEY.encode():
+            entries: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
+            for member, when in entries:
+                kind, project, queue = parse_member(member)
+                if keep is None or keep(QueueKeys.of(project, queue, kind).meta.encode()):
+                    out[key + b" " + member] = (repr(when).encode(), -1)
+            continue
         if keep is not None and not keep(key):
             continue
         expires: int = await redis.execute_command("PEXPIRETIME", key)  # type: ignore[no-untyped-call]

@@ -16,6 +16,7 @@ from feedsvc.clock import ManualClock
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import QueueKeys
 from tests.conftest import direct_client
+from tests.stored import is_stored
 
 Client = TestClient[web.Request, web.Application]
 Headers = dict[str, str]
@@ -68,8 +69,9 @@ async def test_a_topic_and_a_queue_of_one_name_share_nothing(
     assert topic_keys.prefix != QueueKeys.of(project, "news").prefix
     client = direct_client(redis_url)
     try:
-        assert await client.exists(topic_keys.record(in_topic)) == 1
-        assert await client.exists(QueueKeys.of(project, "news").record(in_topic)) == 0
+        assert await is_stored(client, topic_keys, in_topic)
+        assert not await is_stored(client, QueueKeys.of(project, "news"), in_topic)
+        assert await is_stored(client, QueueKeys.of(project, "news"), in_queue)
     finally:
         await client.aclose()
     # deleting one leaves the other whole

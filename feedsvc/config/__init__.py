@@ -43,6 +43,8 @@ SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 DRIVER_NAMES = ("lua", "watch", "watch-naive")
 #: how new messages are stored (feedsvc.storage.segments)
 STORAGE_LAYOUTS = ("records", "segments")
+#: the layout of a process that names none (docs/operations.md: upgrading)
+DEFAULT_STORAGE_LAYOUT = "segments"
 #: the largest quota (messages or queues) a flag, the admin API or a queue's
 #: _max_messages may set: far above what one Redis holds, and a count Lua's
 #: doubles keep exact
@@ -165,10 +167,11 @@ class RedisSettings:
         choices=DRIVER_NAMES,
     )
     storage_layout: str = _opt(
-        "records",
-        "the layout new messages are written in: records (a key per message) or segments "
-        "(packed, 100 messages a string: docs/design.md); a queue that has segments keeps "
-        "them whatever this says",
+        DEFAULT_STORAGE_LAYOUT,
+        "the layout new messages are written in: segments (packed, 100 messages a string: "
+        "docs/design.md) or records (a key per message, as releases before compact storage "
+        "wrote); a queue that has segments keeps them whatever this says, and messages "
+        "stored as records are read where they are",
         choices=STORAGE_LAYOUTS,
     )
     sweep_interval: float = _opt(

@@ -16,7 +16,11 @@ first, then admits, and lets go after the post; a post indexed between
 another's count and its admission is missed by it, so the project may
 overshoot by the messages of posts in flight, never more (docs/design.md:
 Quotas). Nothing needs giving back: delete, pop, expiry, dead-lettering,
-purge and queue deletion all shrink ``Q:exp``, which is what is counted.
+purge and queue deletion all shrink ``Q:exp``, or a segment feed's posted
+less ``gone``, which is what is counted. An expired segment message joins
+``gone`` only at its segment's review: when that would refuse a post,
+admit.lua says ``expired`` and the caller counts those (``_survey``) for
+it, so a quota counts exactly what is live in either layout.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from feedsvc.storage.keys import (
 )
 from feedsvc.storage.scripts import load_script
 from feedsvc.storage.transport import Transport
+from feedsvc.storage.watch_sweep import expired_unswept, soon_read, unswept_reads
 
 #: How long (ms) a post's reservation holds room at most: a process that
 #: dies mid-post leaks that room for this long, no longer.
@@ -51,6 +56,17 @@ HOLD_MS = 60_000
 STALE_ROUNDS = 10
 #: Projects whose feed names a process remembers (to name their indexes).
 NAMES_KEPT = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LiveCount:
+    """Feeds' live messages as admit.lua counts them (live), of which
+    expired segment messages not yet counted gone (unswept), and each
+    feed's gone field ('-': none) as read."""
+
+    live: int
+    unswept: int
+    gone: list[str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +107,7 @@ class ProjectQuotas:
         member = f"{new_id()} {count}"
         now = self._clock.now_ms()
         live: int | None = None
+        expired = ""
         for _ in range(STALE_ROUNDS):
             keys = [
                 project_limits_key(project),
@@ -103,7 +120,7 @@ class ProjectQuotas:
             if not cluster:
                 keys += [k for f in feeds for k in (f.expiry, f.meta, f.seq)]
             args: list[Any] = [now, self._max_messages, self._max_queues, kind, name, count]
-            args += [member, now + HOLD_MS, "" if live is None else live, len(queues)]
+            args += [member, now + HOLD_MS, "" if live is None else live, expired, len(queues)]
             args += [*queues, *topics]
             reply = await self._eval(keys, args)
             outcome = r.text(reply[0])
@@ -112,13 +129,16 @@ class ProjectQuotas:
                 queues = [r.text(x) for x in reply[2:split]]
                 topics = [r.text(x) for x in reply[split:]]
                 self._remember(project, queues, topics)
-                live = None
+                live, expired = None, ""
                 if cluster:  # count them before asking again
                     named = [QueueKeys.of(project, q, "queue") for q in queues]
                     named += [QueueKeys.of(project, t, "topic") for t in topics]
                     live = await self._count(named, now)
             elif outcome == "count":
                 live = await self._count(feeds, now)
+            elif outcome == "expired":
+                survey = await self._survey(feeds, now)
+                expired = " ".join([str(survey.unswept), *survey.gone])
             elif outcome == "queues":
                 raise ProjectQueuesFull(
                     f"Project {project} may have at most {int(reply[1])} queues and topics "
@@ -209,12 +229,36 @@ class ProjectQuotas:
         }
 
     async def _count(self, feeds: Sequence[QueueKeys], now: int) -> int:
+        """The feeds' live messages at now, exactly: an expired segment
+        message does not count, though its segment's review is to come."""
+        count = await self._survey(feeds, now)
+        return max(0, count.live - count.unswept)
+
+    async def _survey(self, feeds: Sequence[QueueKeys], now: int) -> LiveCount:
+        """The feeds' live count as admit.lua counts it (segments.live_count),
+        the expired segment messages in it (not yet counted gone: every one
+        is in a segment whose review is soon, watch_sweep.expired_unswept),
+        and each feed's gone field as read first (admit.lua's check that no
+        review or delete came between)."""
         if not feeds:
-            return 0
-        reads = [c for f in feeds for c in seg.live_count_commands(f, now)]
-        counts = await self._transport.call_checked(reads)
-        step = len(reads) // len(feeds)
-        return sum(seg.live_count(counts[i : i + step]) for i in range(0, len(counts), step))
+            return LiveCount(0, 0, [])
+        step = len(seg.live_count_commands(feeds[0], now)) + 1
+        reads = [c for f in feeds for c in (*seg.live_count_commands(f, now), soon_read(f, now))]
+        replies = await self._transport.call_checked(reads, idempotent=True)
+        live, gone, surveys = 0, [], []
+        for f, i in zip(feeds, range(0, len(replies), step), strict=True):
+            *counts, soon = replies[i : i + step]
+            live += seg.live_count(counts)
+            gone.append("-" if counts[1][1] is None else r.text(counts[1][1]))
+            surveys.append((f, [int(k) for k in soon]))
+        per_feed = [unswept_reads(f, soon) for f, soon in surveys]
+        segments = [c for feed_reads in per_feed for c in feed_reads]
+        found = await self._transport.call_checked(segments, idempotent=True) if segments else []
+        unswept, at = 0, 0
+        for (_, soon), feed_reads in zip(surveys, per_feed, strict=True):
+            unswept += expired_unswept(soon, found[at : at + len(feed_reads)], now)
+            at += len(feed_reads)
+        return LiveCount(live, unswept, gone)
 
     def _remember(self, project: str, queues: list[str], topics: list[str]) -> None:
         if len(self._names) >= NAMES_KEPT:

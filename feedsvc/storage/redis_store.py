@@ -30,6 +30,8 @@ from feedsvc.errors import (
     ProjectMessagesFull,
     QueueFull,
     QueueNotFound,
+    RedisMayEvict,
+    RedisOutOfMemory,
 )
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as seg
@@ -63,6 +65,7 @@ from feedsvc.storage.subscriptions import KeyBuilder, RedisSubscriptions
 from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.sweeper import Sweeper, start_sweeper
 from feedsvc.storage.transport import Transport
+from feedsvc.storage.watch_sweep import live_now
 
 log = logging.getLogger("feedsvc")
 
@@ -533,12 +536,19 @@ async def queue_stats(
     live_swept: Callable[[QueueKeys], Awaitable[int | None]],
 ) -> QueueStats:
     """A queue's counts and its oldest and newest live messages, in either
-    layout (live_swept: the driver's exact count of a queue in segments)."""
+    layout (live_swept: the driver's exact count of a queue in segments,
+    after its due reviews; while Redis takes no writes, full or refused for
+    its memory policy, the same count with reads only)."""
     *counts, claimed = await transport.call_checked(
         [*seg.live_count_commands(keys, now), ("ZCOUNT", keys.claimed, f"({now}", "+inf")]
     )
     total, legacy, segmented = seg.live_count(counts), int(counts[0]), counts[1][0] is not None
-    swept = await live_swept(keys) if segmented else None
+    swept = None
+    if segmented:
+        try:
+            swept = await live_swept(keys)
+        except (RedisOutOfMemory, RedisMayEvict):
+            swept = await live_now(transport, keys, now)
     total = total if swept is None else swept
     oldest = newest = None
     if legacy:

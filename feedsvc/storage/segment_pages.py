@@ -359,9 +359,14 @@ async def read_by_commands(
     legacy_read: bool, check: int | None,
 ) -> list[Any]:  # fmt: skip
     """read_segments.lua's reply, read with plain commands (where no script
-    runs: deliveries, a driver without scripts). A segment's records are
-    read in a MULTI with its slot table again: if a review rewrote the
-    segment between the two reads, the table differs and it is read anew."""
+    runs: deliveries, a driver without scripts), reads only (no MULTI: a
+    full Redis refuses one, and a write refused for the memory policy
+    would refuse it too). A segment's records are read, then its slot table
+    again: a review that rewrote the segment since the first table read
+    moved the records after a dropped one to lower offsets (a rewrite only
+    ever drops records, and a segment's seqs are never given out again), so
+    the table differs and it is read anew; one that dropped only later
+    records left these bytes as they were."""
     (new_start, base), counter, legacy = await transport.call_checked(
         [("HMGET", keys.meta, s.NEW_START, r.SEQ_BASE), ("GET", keys.seq), ("EXISTS", keys.index)],
         idempotent=True,
@@ -402,7 +407,9 @@ async def read_by_commands(
             # since (past the counter read), and the last one here ends
             # where the next slot's record starts, not at the string's end
             whole: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, s.TABLE_BYTES - 1)
-            again, records = await transport.transaction([whole, ("GETRANGE", key, first, upto)])
+            records, again = await transport.call_checked(
+                [("GETRANGE", key, first, upto), whole], idempotent=True
+            )
             if again[: len(table)] != table:
                 rereads += 1
                 continue

@@ -243,14 +243,18 @@ class WatchSweep:
         """The queue's live messages (sweep.lua's count): after its due
         reviews, less those expired in segments reviewed soon."""
         await self.sweep(keys, reviews.STATS_REVIEWS)
-        now = self._clock.now_ms()
-        live, soon = await self._live_and_soon(keys, now)
-        if soon:
-            replies = await self._transport.call_checked(unswept_reads(keys, soon), idempotent=True)
-            live -= expired_unswept(soon, replies, now)
-        return max(0, live)
+        return await live_now(self._transport, keys, self._clock.now_ms())
 
-    async def _live_and_soon(self, keys: QueueKeys, now: int) -> tuple[int, list[int]]:
-        reads: list[Command] = [*seg.live_count_commands(keys, now), soon_read(keys, now)]
-        *counts, due = await self._transport.call_checked(reads, idempotent=True)
-        return seg.live_count(counts), [int(k) for k in due]
+
+async def live_now(transport: Transport, keys: QueueKeys, now: int) -> int:
+    """A queue's live messages at now, with reads only (sweep.lua's count
+    without its reviews): posted less gone, less those expired in segments
+    reviewed soon (up to COUNTED of them; beyond, an expired message counts
+    until its review)."""
+    reads: list[Command] = [*seg.live_count_commands(keys, now), soon_read(keys, now)]
+    *counts, due = await transport.call_checked(reads, idempotent=True)
+    live, soon = seg.live_count(counts), [int(k) for k in due]
+    if soon:
+        replies = await transport.call_checked(unswept_reads(keys, soon), idempotent=True)
+        live -= expired_unswept(soon, replies, now)
+    return max(0, live)
