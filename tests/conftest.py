@@ -29,7 +29,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.app import create_app
-from feedsvc.clock import ManualClock
+from feedsvc.clock import Clock, ManualClock
 from feedsvc.config import DEFAULT_STORAGE_LAYOUT, STORAGE_LAYOUTS, Settings
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.storage.base import FeedStore
@@ -284,12 +284,21 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture
-async def store(settings: Settings, clock: ManualClock) -> AsyncIterator[FeedStore]:
+@contextlib.asynccontextmanager
+async def opened_store(settings: Settings, clock: Clock) -> AsyncIterator[FeedStore]:
+    """A store of these settings, open for the block and closed after it."""
     feed = make_store(settings, clock)
     await feed.open()
-    yield feed
-    await feed.close()
+    try:
+        yield feed
+    finally:
+        await feed.close()
+
+
+@pytest.fixture
+async def store(settings: Settings, clock: ManualClock) -> AsyncIterator[FeedStore]:
+    async with opened_store(settings, clock) as feed:
+        yield feed
 
 
 @pytest.fixture

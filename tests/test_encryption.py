@@ -21,7 +21,7 @@ from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
-from tests.conftest import direct_client, make_settings
+from tests.conftest import direct_client, make_settings, opened_store
 from tests.stored import body_span, stored_body
 
 KEY = "correct horse battery staple, twice"
@@ -41,12 +41,8 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
     @asynccontextmanager
     async def opened(key: str | None) -> AsyncIterator[FeedStore]:
         settings = make_settings(redis_url, driver=driver, message_encryption_key=key)
-        feed = make_store(settings, clock)
-        await feed.open()
-        try:
+        async with opened_store(settings, clock) as feed:
             yield feed
-        finally:
-            await feed.close()
 
     return opened
 
@@ -289,12 +285,8 @@ async def test_a_rotated_key_opens_what_the_old_one_sealed(
         settings = make_settings(
             redis_url, driver=driver, message_encryption_key=key, message_encryption_old_keys=old
         )
-        feed = make_store(settings, clock)
-        await feed.open()
-        try:
+        async with opened_store(settings, clock) as feed:
             yield feed
-        finally:
-            await feed.close()
 
     old_key, new_key = OTHER_KEY, "a new key after the rotation"
     async with opened(old_key) as before:

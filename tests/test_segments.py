@@ -17,12 +17,11 @@ from feedsvc.clock import ManualClock
 from feedsvc.errors import MarkerNotGivenOut, ProjectMessagesFull, QueueFull
 from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage, Parent, Unreadable
-from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.sealing import MAGIC
 from feedsvc.storage.segment_pages import PageScan, read_by_commands, scan_segments
 from feedsvc.storage.transport import Transport
-from tests.conftest import direct_client, make_settings
+from tests.conftest import direct_client, make_settings, opened_store
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -44,12 +43,8 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
     @asynccontextmanager
     async def opened(layout: str = "segments", **changes: object) -> AsyncIterator[FeedStore]:
         settings = make_settings(redis_url, driver=driver, storage_layout=layout, **changes)
-        feed = make_store(settings, clock)
-        await feed.open()
-        try:
+        async with opened_store(settings, clock) as feed:
             yield feed
-        finally:
-            await feed.close()
 
     return opened
 

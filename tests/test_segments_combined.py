@@ -32,7 +32,7 @@ from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_segments import SegmentPost
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.sealing import MustSeal
-from tests.conftest import direct_client, make_settings
+from tests.conftest import direct_client, make_settings, opened_store
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -52,12 +52,8 @@ def stores(redis_url: str, driver: str, clock: ManualClock) -> StoreMaker:
     @asynccontextmanager
     async def opened(**changes: object) -> AsyncIterator[FeedStore]:
         settings = make_settings(redis_url, driver=driver, storage_layout="segments", **changes)
-        feed = make_store(settings, clock)
-        await feed.open()
-        try:
+        async with opened_store(settings, clock) as feed:
             yield feed
-        finally:
-            await feed.close()
 
     return opened
 

@@ -17,11 +17,10 @@ import pytest
 from feedsvc.clock import ManualClock
 from feedsvc.storage import segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
-from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.segment_pages import ReadReply, read_by_commands
 from feedsvc.storage.watch_store import WatchStore
-from tests.conftest import direct_client, make_settings
+from tests.conftest import direct_client, make_settings, opened_store
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
@@ -42,12 +41,8 @@ def stores(redis_url: str, clock: ManualClock) -> StoreMaker:
         settings = make_settings(
             redis_url, driver=driver, storage_layout="segments", max_messages_per_post=100
         )
-        feed = make_store(settings, clock)
-        await feed.open()
-        try:
+        async with opened_store(settings, clock) as feed:
             yield feed
-        finally:
-            await feed.close()
 
     return opened
 
