@@ -45,8 +45,10 @@ configuration: no listpack tuning), ``FLUSHALL`` first:
   queue in POSTs of 100 (1 / its CPU per message), against XADD pipelined.
 
 Every figure is reported per variant, ``<layout>_<driver>`` (e.g.
-``segments_lua``); ratios are feedsvc / stream (``ratio_<variant>``). CPU
-in µs, memory in bytes, per message unless the row says otherwise.
+``segments_lua``); ratios are feedsvc / stream (``ratio_<variant>``), each
+against the stream measured just before and just after that variant (the
+mean of the two: ``beside``), and ``stream`` is the mean of those anchors.
+CPU in µs, memory in bytes, per message unless the row says otherwise.
 """
 
 from __future__ import annotations
@@ -293,13 +295,19 @@ def part_storage(suite: StorageSuite) -> None:
             client.flushall()
             phases[f"reclaim_{layout}"] = time.monotonic() - began
         began = time.monotonic()
-        stream = stream_costs(client, n)
+        streams = [stream_costs(client, n)]
         phases["stream"] = time.monotonic() - began
-        variants = {}
+        variants, anchors = {}, {}
         for layout, driver in VARIANTS:
             began = time.monotonic()
-            variants[f"{layout}_{driver}"] = driver_costs(suite, client, layout, driver, n)
-            phases[f"{layout}_{driver}"] = time.monotonic() - began
+            name = f"{layout}_{driver}"
+            variants[name] = driver_costs(suite, client, layout, driver, n)
+            phases[name] = time.monotonic() - began
+            began = time.monotonic()
+            streams.append(stream_costs(client, n))
+            phases["stream"] += time.monotonic() - began
+            anchors[name] = beside(streams[-2], streams[-1])
+        stream = streams[0]
         began = time.monotonic()
         big = {
             layout: big_bodies(suite, client, max(BIG_MIN, n // 10), layout) for layout in LAYOUTS
@@ -307,15 +315,33 @@ def part_storage(suite: StorageSuite) -> None:
         phases["big_bodies"] = time.monotonic() - began
     finally:
         client.close()
-    report(suite, stream, variants, big, reclaims)
+    report(suite, stream, variants, anchors, big, reclaims)
     suite.add("storage: seconds taken", **phases, total=sum(phases.values()))
 
 
-def side_by_side(variants: dict[str, dict[str, Any]], key: str, anchor: float) -> dict[str, object]:
-    """Each variant's figure, then its ratio to the stream's."""
+#: the stream's figures that a variant's are divided by
+ANCHORED = ("memory", "post_us", "lone_us", "batch_us", "page_us")
+
+
+def beside(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """A variant's anchor: the mean of the stream measured just before it
+    and just after it. A shared machine drifts by whole factors over the
+    minutes a run takes (a run saw XADD at 2.3 and at 5.9 µs within the
+    hour); an anchor measured beside each variant keeps that drift out of
+    the ratio."""
+    return {key: (before[key] + after[key]) / 2 for key in ANCHORED}
+
+
+def side_by_side(
+    variants: dict[str, dict[str, Any]], key: str, anchors: dict[str, dict[str, float]]
+) -> dict[str, object]:
+    """Each variant's figure, the stream's (the mean of the variants'
+    anchors), then each variant's ratio to its own anchor."""
     values: dict[str, object] = {name: costs[key] for name, costs in variants.items()}
-    values["stream"] = anchor
-    values |= {f"ratio_{name}": _ratio(costs[key], anchor) for name, costs in variants.items()}
+    values["stream"] = sum(a[key] for a in anchors.values()) / len(anchors)
+    values |= {
+        f"ratio_{name}": _ratio(costs[key], anchors[name][key]) for name, costs in variants.items()
+    }
     return values
 
 
@@ -323,9 +349,12 @@ def report(
     suite: StorageSuite,
     stream: dict[str, Any],
     variants: dict[str, dict[str, Any]],
+    anchors: dict[str, dict[str, float]],
     big: dict[str, dict[int, tuple[float, float]]],
     reclaims: dict[str, dict[str, object]],
 ) -> None:
+    """The rows; stream: the first anchor (its commandstats), anchors: each
+    variant's (beside)."""
     rows = (
         ("memory per message (100 B body), bytes", "memory"),
         ("Redis CPU per 1-message post, us", "post_us"),
@@ -334,11 +363,13 @@ def report(
         ("Redis CPU per page of 10, us", "page_us"),
     )
     for label, key in rows:
-        suite.add(f"storage: {label}", **side_by_side(variants, key, stream[key]))
+        suite.add(f"storage: {label}", **side_by_side(variants, key, anchors))
     suite.add(
         "storage: Redis CPU per worst page, us",
         filter="echo=true&include_claimed=true, 1/2 delayed, 1/8 claimed",
-        **side_by_side(variants, "worst_us", stream["page_us"]),
+        **side_by_side(
+            variants, "worst_us", {n: {"worst_us": a["page_us"]} for n, a in anchors.items()}
+        ),
         **{f"shown_{name}": costs["worst_shown"] for name, costs in variants.items()},
     )
     for name, costs in variants.items():
@@ -364,10 +395,13 @@ def report(
         name: {"ceiling": 100e6 / c["batch_us"] if c["batch_us"] else math.nan}
         for name, c in variants.items()
     }
-    xadd_ceiling = 100e6 / stream["batch_us"] if stream["batch_us"] else math.nan
+    xadd_ceilings = {
+        name: {"ceiling": 100e6 / a["batch_us"] if a["batch_us"] else math.nan}
+        for name, a in anchors.items()
+    }
     suite.add(
         "storage: hot-queue ceiling, messages/s",
-        **side_by_side(ceilings, "ceiling", xadd_ceiling),
+        **side_by_side(ceilings, "ceiling", xadd_ceilings),
     )
 
 
@@ -381,6 +415,9 @@ def _per_post(cost: Cost, posts: int) -> dict[str, float]:
 
 
 def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
+    """The anchor, on streams made for it and deleted after (it is measured
+    again beside each variant, on the same Redis)."""
+    client.delete("bench:stream", "bench:stream-batch")
     xadd_all(client, "bench:warm", BODY_BYTES, 10, 10)  # XADD's histogram exists before
     posts = measure(client, lambda: xadd_all(client, "bench:stream", BODY_BYTES, n, PIPELINE))
     pages: list[int] = []
@@ -389,6 +426,7 @@ def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
     batch = measure(
         client, lambda: xadd_all(client, "bench:stream-batch", BODY_BYTES, batches * BATCH, BATCH)
     )
+    client.delete("bench:stream", "bench:stream-batch")
     return {
         "memory": posts.memory / n,
         "post_us": posts.cpu_us / n,

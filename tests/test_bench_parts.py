@@ -434,3 +434,15 @@ def test_the_groups_part_runs_tiny_and_reports_both_ratios_for_both_drivers(
             for of in ("", "under_"):
                 claims, claimed = float(row[f"{of}claims_s"]), float(row[f"{of}messages_s"])
                 assert 0 < claimed / claims <= groups.LIMIT + 1e-9, row
+
+
+def test_each_storage_variant_is_divided_by_the_stream_measured_beside_it() -> None:
+    """A ratio uses the anchor measured just before and after its own
+    variant, not one measured minutes earlier: drift stays out of it."""
+    keys = storage.ANCHORED
+    early, middle, late = ({k: v for k in keys} for v in (2.0, 4.0, 6.0))
+    anchors = {"a": storage.beside(early, middle), "b": storage.beside(middle, late)}
+    assert anchors["a"]["post_us"] == 3.0 and anchors["b"]["post_us"] == 5.0
+    row = storage.side_by_side({"a": {"post_us": 30.0}, "b": {"post_us": 30.0}}, "post_us", anchors)
+    assert row["ratio_a"] == 10.0 and row["ratio_b"] == 6.0
+    assert row["stream"] == 4.0
