@@ -67,7 +67,7 @@ class SegmentPost:
 #: longer. 100 messages span at most two segments; 1 MiB of bodies is
 #: copied by the segment's APPEND in well under a millisecond. One
 #: process's posts in flight to one queue rarely reach these bounds (the
-#: bench keeps 16): they matter for a burst.
+#: bench keeps 32): they matter for a burst.
 MAX_CALL_POSTS = 64
 MAX_CALL_MESSAGES = 100
 MAX_CALL_BYTES = 1 << 20
