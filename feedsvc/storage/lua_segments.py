@@ -226,6 +226,16 @@ class LuaSegments(FeedSpace):
         except FeedError as exc:
             log.warning("a segment review of %s/%s waits: %s", project, queue, exc)
 
+    async def sweep_due(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
+        """One review a call (lua/sweep.lua), up to most while due: (reviews
+        run, the next one due in ms or None)."""
+        ran = 0
+        while True:
+            one, due, _ = await self.sweep(keys, 1, False)
+            ran += one
+            if not one or ran >= most or due is None or due > self._clock.now_ms():
+                return ran, due
+
     async def sweep(
         self, keys: QueueKeys, most: int, count: bool
     ) -> tuple[int, int | None, int | None]:

@@ -91,13 +91,7 @@ class LuaStore(RedisStore):
         await super().close()
 
     async def _sweep(self, keys: QueueKeys, most: int) -> tuple[int, int | None]:
-        """One review a call (lua/sweep.lua), up to most while due."""
-        ran = 0
-        while True:
-            one, due, _ = await self.segments.sweep(keys, 1, False)
-            ran += one
-            if not one or ran >= most or due is None or due > self._clock.now_ms():
-                return ran, due
+        return await self.segments.sweep_due(keys, most)
 
     async def _live_swept(self, keys: QueueKeys) -> int | None:
         return (await self.segments.sweep(keys, STATS_REVIEWS, True))[2]
