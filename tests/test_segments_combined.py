@@ -27,7 +27,6 @@ from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import PostTooLarge, ProjectMessagesFull, QueueFull
 from feedsvc.storage import reviews, segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
-from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_segments import SegmentPost
 from feedsvc.storage.lua_store import LuaStore
@@ -169,17 +168,21 @@ async def test_one_idempotency_key_twice_in_a_burst_stores_once(
 async def test_the_project_quota_is_exact_under_a_burst(
     stores: StoreMaker, project: str, topology: str
 ) -> None:
-    if topology == "cluster":
-        pytest.skip("on a cluster a project may overshoot by the posts in flight (quotas.py)")
+    """Exact on one server; on a cluster the project may overshoot by the
+    posts in flight, never more (quotas.py): the burst's 15, at most."""
     async with stores(project_max_messages=10) as store:
         await store.post_messages(project, "q", WRITER, messages(0))
         outcomes = await burst(store, project, "q", [(messages(n), 0, None) for n in range(1, 16)])
         posted = [o for o in outcomes if isinstance(o, list)]
-        assert len(posted) == 9
         assert all(isinstance(o, ProjectMessagesFull) for o in outcomes if not isinstance(o, list))
+        stored = len(await read_all(store, project, "q"))
+        assert stored == 1 + len(posted)
+        if topology == "cluster":
+            assert 10 <= stored <= 10 + 15
+        else:
+            assert stored == 10
         usage = await store.quotas.usage(project)
-        assert usage["messages"] == 10 and usage["in_flight"] == 0
-        assert len(await read_all(store, project, "q")) == 10
+        assert usage["messages"] == stored and usage["in_flight"] == 0
 
 
 @pytest.fixture
@@ -187,11 +190,9 @@ async def lua(redis_server: RedisServer, clock: ManualClock) -> AsyncIterator[Lu
     settings = make_settings(
         redis_server.url, driver="lua", storage_layout="segments", message_encryption_key=KEY
     )
-    store = make_store(settings, clock)
-    assert isinstance(store, LuaStore)
-    await store.open()
-    yield store
-    await store.close()
+    async with opened_store(settings, clock) as store:
+        assert isinstance(store, LuaStore)
+        yield store
 
 
 async def evalsha_calls(client: Redis) -> int:
