@@ -200,17 +200,26 @@ async def evalsha_calls(client: Redis) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
+async def burst_calls(
+    lua: LuaStore, server: RedisServer, project: str, posts: list[Any]
+) -> tuple[list[Any], int]:
+    """A burst of posts to queue q (after one that makes its keys): their
+    outcomes, and the script calls Redis ran for them."""
+    await lua.post_messages(project, "q", WRITER, messages(-1))
+    client = Redis.from_url(server.url)
+    try:
+        before = await evalsha_calls(client)
+        outcomes = await burst(lua, project, "q", posts)
+        return outcomes, await evalsha_calls(client) - before
+    finally:
+        await client.aclose()
+
+
 async def test_a_burst_is_one_script_call(
     lua: LuaStore, redis_server: RedisServer, project: str
 ) -> None:
-    await lua.post_messages(project, "q", WRITER, messages(-1))
-    client = Redis.from_url(redis_server.url)
-    try:
-        before = await evalsha_calls(client)
-        outcomes = await burst(lua, project, "q", [(messages(n), 0, None) for n in range(30)])
-        calls = await evalsha_calls(client) - before
-    finally:
-        await client.aclose()
+    posts = [(messages(n), 0, None) for n in range(30)]
+    outcomes, calls = await burst_calls(lua, redis_server, project, posts)
     assert all(isinstance(o, list) for o in outcomes)
     assert calls == 1  # one call of post_segments.lua for the 30 posts
     assert lua.counters.posts_combined == 29
@@ -219,15 +228,8 @@ async def test_a_burst_is_one_script_call(
 async def test_a_call_is_bounded_by_messages(
     lua: LuaStore, redis_server: RedisServer, project: str
 ) -> None:
-    await lua.post_messages(project, "q", WRITER, messages(-1))
-    client = Redis.from_url(redis_server.url)
-    try:
-        before = await evalsha_calls(client)
-        posts = [(messages(*range(10 * i, 10 * i + 10)), 0, None) for i in range(25)]
-        outcomes = await burst(lua, project, "q", posts)
-        calls = await evalsha_calls(client) - before
-    finally:
-        await client.aclose()
+    posts = [(messages(*range(10 * i, 10 * i + 10)), 0, None) for i in range(25)]
+    outcomes, calls = await burst_calls(lua, redis_server, project, posts)
     assert all(isinstance(o, list) for o in outcomes)
     assert calls == 3  # 250 messages, at most 100 a call
     assert [n for _, _, n in await read_all(lua, project, "q")] == list(range(-1, 250))
