@@ -41,7 +41,7 @@ from feedsvc.storage.base import ListQuery, MessagePage
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
-from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands, scan_segments
 from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
@@ -75,14 +75,6 @@ POST_FIELDS = (
 def segment_keys(keys: QueueKeys) -> list[str]:
     """A queue's keys of the layout besides its segments (dropped with it)."""
     return [keys.directory, keys.claim_states, keys.reviews, keys.segment_counts]
-
-
-def replayed(seen: Any, now: int) -> list[str] | None:
-    """The first post's ids if an idempotency record (as read) is still in its window."""
-    if seen is None:
-        return None
-    until, *first_ids = r.text(seen).split()
-    return first_ids if int(until) > now else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,14 +267,10 @@ def post_plan(
         for posting in postings:
             token = posting.token
             try:
-                require_sealed(encrypted, posting.sealed)
-                if token is not None:
-                    replay = this_batch.get(token) or replayed(seen[token], now)
-                    if replay is not None:
-                        outcomes.append(replay)
-                        continue
-                if mps is not None and posting.request_size > int(mps):
-                    raise too_large(posting.queue, mps)
+                replay = posting.replay_or_refuse(encrypted, mps, too_large, this_batch, seen, now)
+                if replay is not None:
+                    outcomes.append(replay)
+                    continue
                 if most is not None and live + len(posting.messages) > int(most):
                     if not counted_out:  # near the limit: less the expired, unswept
                         live -= unswept.count(surveyed, now)

@@ -77,7 +77,7 @@ from feedsvc.storage.redis_store import (
     queue_full,
     read_tail_marker,
 )
-from feedsvc.storage.sealing import MustSeal, require_sealed
+from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import MarkerAhead, PageScan
 from feedsvc.storage.watch_forget import delete_by_ids
 from feedsvc.storage.watch_list import scan_page
@@ -85,7 +85,6 @@ from feedsvc.storage.watch_posting import Posting
 from feedsvc.storage.watch_segments import (
     Taking,
     WatchSegments,
-    replayed,
     segment_keys,
 )
 from feedsvc.storage.watch_sweep import WatchSweep
@@ -172,15 +171,11 @@ def _post_plan(
         for posting in postings:
             token = posting.token
             try:
-                require_sealed(encrypted, posting.sealed)
-                if token is not None:
-                    replay = this_batch.get(token) or replayed(seen[token], now)
-                    if replay is not None:
-                        outcomes.append(replay)
-                        unused += posting.ids
-                        continue
-                if mps is not None and posting.request_size > int(mps):
-                    raise too_large(posting.queue, mps)
+                replay = posting.replay_or_refuse(encrypted, mps, too_large, this_batch, seen, now)
+                if replay is not None:
+                    outcomes.append(replay)
+                    unused += posting.ids
+                    continue
                 # live counts only live messages (the read is ZCOUNT from now)
                 if most is not None and live + len(posting.ids) > int(most):
                     raise full(posting.queue, most)
