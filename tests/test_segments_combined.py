@@ -168,8 +168,8 @@ async def test_one_idempotency_key_twice_in_a_burst_stores_once(
 async def test_the_project_quota_is_exact_under_a_burst(
     stores: StoreMaker, project: str, topology: str
 ) -> None:
-    """Exact on one server; on a cluster the project may overshoot by the
-    posts in flight, never more (quotas.py): the burst's 15, at most."""
+    """Exact on one server; on a cluster within the posts in flight of it
+    (quotas.py, docs/design.md: Quotas): the burst's 15, at most."""
     async with stores(project_max_messages=10) as store:
         await store.post_messages(project, "q", WRITER, messages(0))
         outcomes = await burst(store, project, "q", [(messages(n), 0, None) for n in range(1, 16)])
@@ -177,8 +177,8 @@ async def test_the_project_quota_is_exact_under_a_burst(
         assert all(isinstance(o, ProjectMessagesFull) for o in outcomes if not isinstance(o, list))
         stored = len(await read_all(store, project, "q"))
         assert stored == 1 + len(posted)
-        if topology == "cluster":
-            assert 10 <= stored <= 10 + 15
+        if topology == "cluster":  # within the posts in flight of it, either way
+            assert stored <= 10 + 15
         else:
             assert stored == 10
         usage = await store.quotas.usage(project)
