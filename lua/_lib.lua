@@ -297,26 +297,6 @@ local function write_states(states)
   end
 end
 
--- A segment message is gone (deleted, popped, dead-lettered): its slot is
--- marked gone (its record stays until the segment's review, scheduled within
--- a minute), it leaves the claim states, and the counts learn of it once.
-local function forget_segment(seq, now)
-  local k, slot = segment_of(seq)
-  local key = SEGMENT_PREFIX .. k
-  local t = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, slot * SEG_SLOT_BYTES + 3)
-  if #t == SEG_SLOT_BYTES then
-    local at, gone = slot_at(t, 0)
-    if at > 0 and not gone then
-      redis.call('SETRANGE', key, slot * SEG_SLOT_BYTES, struct.pack('>I4', at + SEG_GONE_BIT))
-      redis.call('HINCRBY', KEYS[K_META], F_GONE, 1)
-      redis.call('HINCRBY', PREFIX .. S_SEGMENT_COUNTS, k, -1)
-      redis.call('ZADD', PREFIX .. S_REVIEWS, 'LT', int(now + SEG_DELETED_REVIEW_MS), k)
-    end
-  end
-  redis.call('HDEL', CLAIM_STATES, int(seq))
-  redis.call('ZREM', KEYS[K_CLAIMED], segment_id(seq))
-end
-
 -- Store m's header; a legacy message moves to its record, atomically; a
 -- segment message's claim state.
 local function write_header(id, m, states)
@@ -909,14 +889,17 @@ local function expired_unswept(now)
 end
 
 -- A segment message goes (deleted, popped, dead-lettered; the caller has
--- checked it is one and settled its claims and groups): its slot marked
--- gone (its record stays until the segment's review, within
--- SEG_DELETE_REVIEW_MS), counted gone, its claim state dropped. Returns the
--- review's time (ms) for the caller's reply, nil if it was gone already:
--- the process notes it in fs:sweep (sweeper.SweepSchedule.note).
+-- checked it is one and settled its groups): its slot marked gone (its
+-- record stays until the segment's review, within SEG_DELETE_REVIEW_MS),
+-- counted gone once, its claim state and claimed entry dropped. Returns the
+-- review's time (ms) if this moved it earlier, for the caller's reply (the
+-- process notes it in fs:sweep: sweep_schedule.SweepSchedule.note_soon);
+-- nil if it was gone already or its segment's review was due sooner.
 local function segment_gone(seq, now)
   local k, slot = segment_of(seq)
   local key = SEGMENT_PREFIX .. k
+  redis.call('HDEL', CLAIM_STATES, int(seq))
+  redis.call('ZREM', KEYS[K_CLAIMED], segment_id(seq))
   local raw = redis.call('GETRANGE', key, slot * SEG_SLOT_BYTES, slot * SEG_SLOT_BYTES + 3)
   if #raw < SEG_SLOT_BYTES then return nil end
   local v, gone = slot_at(raw, 0)
@@ -924,8 +907,13 @@ local function segment_gone(seq, now)
   redis.call('SETRANGE', key, slot * SEG_SLOT_BYTES, struct.pack('>I4', v + SEG_GONE_BIT))
   redis.call('HINCRBY', KEYS[K_META], F_GONE, 1)
   redis.call('HINCRBY', SEGMENT_COUNTS, k, -1)
-  redis.call('HDEL', CLAIM_STATES, int(seq))
   local when = now + SEG_DELETE_REVIEW_MS
-  redis.call('ZADD', REVIEWS, 'LT', int(when), k)
+  if redis.call('ZADD', REVIEWS, 'LT', 'CH', int(when), k) == 0 then return nil end
   return when
+end
+
+-- The earliest of two review times (either may be nil).
+local function earlier(a, b)
+  if a == nil or (b ~= nil and b < a) then return b end
+  return a
 end

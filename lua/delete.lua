@@ -4,7 +4,8 @@
 -- ARGV: now_ms, claim_id ('' = none), check (1 = enforce claims), ids...
 -- With check=1 (single delete): returns 'claimed' when a live claim holds the
 -- message and no claim_id was given, 'badclaim' when claim_id does not hold
--- it; nothing is deleted then. Otherwise deletes and returns 'ok'. Absent
+-- it; nothing is deleted then. Otherwise deletes and returns the segment
+-- review it moved earlier (ms; 0: none; see segment_gone). Absent
 -- messages are fine (deletes are idempotent). Deleting the head of an
 -- ordered group publishes a wake-up (see _lib.lua's notify: 0 0) when the
 -- group has a next message.
@@ -24,7 +25,7 @@ if check then
 end
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-if #ids == 0 then return 'ok' end
+if #ids == 0 then return 0 end
 -- the ids of the queue's segments (storage/segments.py), id -> seq
 local segment_ids = {}
 for _, id in ipairs(ids) do
@@ -63,7 +64,8 @@ redis.call('DEL', unpack(KEYS, 7))
 redis.call('ZREM', KEYS[K_IDX], unpack(ids))
 redis.call('ZREM', KEYS[K_EXP], unpack(ids))
 redis.call('ZREM', KEYS[K_CLAIMED], unpack(ids))
-for _, seq in pairs(segment_ids) do forget_segment(seq, now) end
+local review = nil
+for _, seq in pairs(segment_ids) do review = earlier(review, segment_gone(seq, now)) end
 if fronts then
   local freed = false
   for group, front in pairs(fronts) do
@@ -72,4 +74,4 @@ if fronts then
   end
   if freed then notify(0, 0) end
 end
-return 'ok'
+return review or 0

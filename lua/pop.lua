@@ -2,8 +2,9 @@
 -- KEYS: the 6 fixed keys. ARGV: now_ms, limit, scan_limit, sealed (the
 -- prefix of a sealed body), then pairs (id, SHA1 of the body the caller
 -- opened, or '' if it cannot) for sealed bodies (see verdict).
--- Returns per message: id, seq, body, ttl, created_ms, author line (the
--- author and the message's headers, see record.py); or, when a sealed
+-- Returns the segment review it moved earlier (ms; 0: none; see
+-- segment_gone), then per message: id, seq, body, ttl, created_ms, author
+-- line (the author and the message's headers, see record.py); or, when a sealed
 -- body it would take was not opened by the caller yet, {'open', then per
 -- such message: id, body}, having removed nothing: a message the caller
 -- cannot open is never removed (it is skipped).
@@ -21,10 +22,10 @@ local function judge(id, seq, m)
 end
 local chosen, _, tidy = choose_messages(now, limit, scan_limit, groups_since, judge, true)
 if #unopened > 1 then return unopened end
-local out = {}
+local out, review = {0}, nil
 for _, c in ipairs(chosen) do
   local id, seq, m, group = c[1], c[2], c[3], c[5]
-  if m.segment then forget_segment(m.seq, now) else forget(id) end
+  if m.segment then review = earlier(review, segment_gone(m.seq, now)) else forget(id) end
   if group ~= '' then
     redis.call('ZREM', GROUP_PREFIX .. group, id)
   elseif groups_since then
@@ -38,4 +39,5 @@ for _, c in ipairs(chosen) do
   out[#out + 1] = m.author
 end
 tidy_after(tidy)
+out[1] = review or 0
 return out

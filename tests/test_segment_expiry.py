@@ -28,8 +28,6 @@ from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_store import LuaStore
-from feedsvc.storage.record import lua_prelude
-from feedsvc.storage.scripts import LIB, lua_dir, used_library
 from feedsvc.storage.watch_store import WatchStore
 from tests.conftest import direct_client, make_settings
 
@@ -172,43 +170,138 @@ async def test_a_post_runs_a_due_review_of_its_queue_first(
     assert await total(store, project) == 2
 
 
-def run_lib(rc: Redis, keys: QueueKeys, call: str, *args: int | None) -> object:
-    """Call a function of _lib.lua as a script would (segment_gone: what
-    delete, pop and dead-lettering call)."""
-    lib = (lua_dir() / f"{LIB}.lua").read_text()
-    body = f"return {call}"
-    source = lua_prelude() + f"{used_library(lib, body)}\n{body}".encode()
-    return rc.eval(source.decode(), 6, *keys.fixed(), *(str(a) for a in args))
+def deletes(store: FeedStore, project: str) -> dict[str, Any]:
+    """Each way a message goes before its expiry, as a caller makes it go."""
+
+    async def one(ids: list[str]) -> list[str]:
+        await store.delete_message(project, "q", ids[3], None)
+        return [ids[3]]
+
+    async def several(ids: list[str]) -> list[str]:
+        await store.delete_messages(project, "q", [ids[3], ids[5]])
+        return [ids[3], ids[5]]
+
+    async def popped(ids: list[str]) -> list[str]:
+        return [m.id for m in await store.pop_messages(project, "q", 2)]
+
+    async def claimed(ids: list[str]) -> list[str]:
+        claim = await store.claim_messages(project, "q", 60, 60, 1)
+        assert claim is not None
+        [message] = claim.messages
+        await store.delete_message(project, "q", message.id, claim.id)
+        return [message.id]
+
+    async def dead_lettered(ids: list[str]) -> list[str]:
+        await store.update_queue_metadata(
+            project, "q", lambda m: {**m, "_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+        )
+        claim = await store.claim_messages(project, "q", 60, 60, 1)
+        assert claim is not None
+        await store.release_claim(project, "q", claim.id)
+        again = await store.claim_messages(project, "q", 60, 60, 1)  # moves the first
+        assert again is not None and again.messages[0].id == ids[1]
+        await store.release_claim(project, "q", again.id)
+        return [ids[0]]
+
+    async def redriven(ids: list[str]) -> list[str]:
+        await store.redrives.start(project, "q", 2, "elsewhere")  # 2 a second: 2 a step
+        assert await store.redrives.step(project, "q", "owner") == 2
+        return ids[:2]
+
+    return {
+        "one": one,
+        "several": several,
+        "popped": popped,
+        "claimed": claimed,
+        "dead_lettered": dead_lettered,
+        "redriven": redriven,
+    }
 
 
+@pytest.mark.parametrize(
+    "way", ["one", "several", "popped", "claimed", "dead_lettered", "redriven"]
+)
 async def test_deleted_records_go_at_the_next_review(
-    store: LuaStore, project: str, clock: ManualClock, rc: Redis
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis, way: str
 ) -> None:
+    """Whichever way a long-lived message goes, its record goes within
+    DELETE_REVIEW_MS: the delete schedules its segment's review, and the
+    process notes it in fs:sweep (the segment's own review is 14 days on)."""
     keys = QueueKeys.of(project, "q")
     ids = await post(store, project, [DAYS_14] * 10)
     [segment] = segment_keys(rc, keys)
     full = rc.strlen(segment)
-    seq = segments.seq_of(segments.id_tag(keys.prefix), ids[3])
-    delete = "segment_gone(ARGV[1], tonumber(ARGV[2]))"
-    when = run_lib(rc, keys, delete, seq, clock.now_ms())
-    assert when == clock.now_ms() + reviews.DELETE_REVIEW_MS
-    assert run_lib(rc, keys, delete, seq, clock.now_ms()) is None  # gone already
-    await store.segments.note_review(project, "q", int(str(when)))
-    assert gone(rc, keys) == 1
-    assert await total(store, project) == 9
-    assert ids[3] not in await listed(store, project)
+    went = await deletes(store, project)[way](ids)
+    await store.parts.sweeps.noted()  # written by the process after the call answered
+    member = reviews.sweep_member("queue", project, "q")
+    assert rc.zscore(SWEEP_KEY, member) == clock.now_ms() + reviews.DELETE_REVIEW_MS
+    assert gone(rc, keys) == len(went)
+    assert await total(store, project) == 10 - len(went)
+    assert not set(went) & set(await listed(store, project))
     assert rc.strlen(segment) == full  # the record stays until the review
 
     clock.advance(reviews.DELETE_REVIEW_MS / 1000)
     assert store.sweeper is not None
     await store.sweeper.tick()
     record = (full - segments.TABLE_BYTES) // 10
-    assert rc.strlen(segment) == full - record
-    assert await listed(store, project) == [i for i in ids if i != ids[3]]
-    assert gone(rc, keys) == 1 and await total(store, project) == 9
+    assert rc.strlen(segment) == full - len(went) * record
+    kept = [i for i in ids if i not in went]
+    assert await listed(store, project) == kept
+    assert gone(rc, keys) == len(went) and await total(store, project) == len(kept)
     # every other slot kept its record: each reads back whole
     got = await store.get_messages(project, "q", ids)
-    assert [orjson.loads(m.body)["n"] for m in got] == [n for n in range(10) if n != 3]
+    assert [m.id for m in got] == kept
+    assert [orjson.loads(m.body)["n"] for m in got] == [ids.index(i) for i in kept]
+    # deleting it again changes nothing
+    await store.delete_messages(project, "q", went)
+    await store.parts.sweeps.noted()
+    assert gone(rc, keys) == len(went) and rc.strlen(segment) == full - len(went) * record
+    assert await total(store, project) == len(kept)
+    if isinstance(store, LuaStore):  # and delete.lua says it moved no review
+        assert rc.zscore(SWEEP_KEY, member) == rc.pexpiretime(segment)
+
+
+async def copied_in(store: FeedStore, project: str, way: str) -> str:
+    """Short-lived copies made by the process into a queue in segments whose
+    first message lives 14 days: dead letters, or a redrive's; the queue."""
+    if way == "dead_lettered":
+        await post(store, project, [DAYS_14], "dlq")
+        settings = {"_max_claim_count": 1, "_dead_letter_queue": "dlq"}
+        await store.create_queue(project, "q", settings)
+        await post(store, project, [SHORT] * 5)
+        claim = await store.claim_messages(project, "q", 60, 60, 10)
+        assert claim is not None
+        await store.release_claim(project, "q", claim.id)
+        assert await store.claim_messages(project, "q", 60, 60, 10) is None  # moves them
+        return "dlq"
+    await store.create_queue(project, "elsewhere", {"_default_message_ttl": SHORT})
+    await post(store, project, [DAYS_14], "elsewhere")
+    await post(store, project, [DAYS_14] * 5)
+    await store.redrives.start(project, "q", 100, "elsewhere")
+    assert await store.redrives.step(project, "q", "owner") == 5
+    return "elsewhere"
+
+
+@pytest.mark.parametrize("way", ["dead_lettered", "redriven"])
+async def test_copies_give_their_memory_back_at_their_review(
+    store: LuaStore, project: str, clock: ManualClock, rc: Redis, way: str
+) -> None:
+    """A copy the process appends to a queue's segments (segment_writes.py)
+    is reviewed as a post's message is: its short life schedules its
+    segment's review, noted in fs:sweep, whatever lives in front of it."""
+    queue = await copied_in(store, project, way)
+    keys = QueueKeys.of(project, queue)
+    [segment] = segment_keys(rc, keys)
+    full = rc.strlen(segment)
+    assert await total(store, project, queue) == 6
+    await store.parts.sweeps.noted()
+    clock.advance(600)  # past every copy's expiry and review; 14 days before the first's
+    assert store.sweeper is not None
+    await store.sweeper.tick()
+    assert rc.strlen(segment) < segments.TABLE_BYTES + (full - segments.TABLE_BYTES) / 5
+    assert gone(rc, keys) == 5
+    assert await total(store, project, queue) == 1
+    assert len(await listed(store, project, queue)) == 1
 
 
 async def test_counts_stay_exact_before_and_after_sweeps_and_a_segment_dropped_whole(

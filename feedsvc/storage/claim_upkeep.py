@@ -35,6 +35,7 @@ from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.sealing import BodyOpener
 from feedsvc.storage.segment_claims import ClaimRows, read_records
 from feedsvc.storage.segment_dead_letters import copy_dead_letters
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -44,8 +45,9 @@ T = TypeVar("T")
 class ClaimUpkeep(FeedSpace):
     """Everything a claim of one kind of feed needs after it was made: the
     transport to Redis, the claim limits (how long a dead letter may be
-    stretched), the clock, the opener of sealed bodies, and the project
-    quotas (a dead-letter queue made here is a new queue)."""
+    stretched), the clock, the opener of sealed bodies, the project
+    quotas (a dead-letter queue made here is a new queue) and the sweep
+    schedule (a dead letter's record goes at its segment's review)."""
 
     def __init__(
         self,
@@ -55,13 +57,11 @@ class ClaimUpkeep(FeedSpace):
         clock: Clock,
         opener: BodyOpener,
         quotas: ProjectQuotas,
+        sweeps: SweepSchedule,
     ) -> None:
         super().__init__(kind)
-        self._transport = transport
-        self._settings = settings
-        self._clock = clock
-        self._opener = opener
-        self._quotas = quotas
+        self._transport, self._settings, self._clock = transport, settings, clock
+        self._opener, self._quotas, self._sweeps = opener, quotas, sweeps
 
     async def get_claim(self, project: str, queue: str, claim_id: str) -> Claim:
         keys = self._keys(project, queue)
@@ -306,7 +306,9 @@ class ClaimUpkeep(FeedSpace):
             # under the project's max_queues (over it, the messages stay)
             await self._quotas.admit(project, "queue", dlq, 0)
             if await segment_claims.in_segments(transport, target):
-                await copy_dead_letters(transport, queue, target, parked, now, keep_after)
+                review = await copy_dead_letters(transport, queue, target, parked, now, keep_after)
+                if review is not None:
+                    self._sweeps.note_soon(self._kind, project, dlq, review)
             else:
                 await transport.transactions.optimistic(
                     [
@@ -329,6 +331,7 @@ class ClaimUpkeep(FeedSpace):
                 [c for reads in holders for c in reads],
                 forget,
             )
+            self._sweeps.note_gone(self._kind, project, queue, [m.id for m in parked], now)
             await transport.call_checked([("ZADD", self._registry(project), 0, dlq)])
         except (Unavailable, ProjectQueuesFull) as exc:
             log.warning(

@@ -184,9 +184,8 @@ class LuaSegments(FeedSpace):
         reply = await self._reply(script, all_keys, args, replies[-1])
         if reply and reply[0] == b"records":
             return None
-        review = int(reply[0])  # the review the call scheduled (ms), 0: none
-        if review and self._sweeps is not None:
-            self._sweeps.note_soon(self._kind, first.project, first.queue, review)
+        # the review the call scheduled (ms), 0: none
+        self.note_soon(first.project, first.queue, int(reply[0]))
         return [
             self._outcome(tag, post, answer)
             for (post, _), answer in zip(batch, reply[1:], strict=True)
@@ -214,6 +213,12 @@ class LuaSegments(FeedSpace):
             if i and (messages > MAX_CALL_MESSAGES or size > MAX_CALL_BYTES):
                 return i
         return len(batch)
+
+    def note_soon(self, project: str, queue: str, when: int) -> None:
+        """A script moved a segment review of the queue earlier (to ``when``,
+        ms; 0: it moved none): noted in fs:sweep in the background."""
+        if when and self._sweeps is not None:
+            self._sweeps.note_soon(self._kind, project, queue, when)
 
     async def note_review(self, project: str, queue: str, when: int) -> None:
         """A script scheduled a review of the queue's segments (reviews.py):

@@ -301,15 +301,16 @@ class LuaStore(RedisStore):
             )
         if outcome == b"badclaim":
             raise InvalidClaim(f"Claim {claim_id} does not hold message {message_id} (or expired).")
+        self.segments.note_soon(project, queue, int(outcome))
 
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
-        keys = self._keys(project, queue)
-        unique = list(dict.fromkeys(ids))
+        keys, unique = self._keys(project, queue), list(dict.fromkeys(ids))
         all_keys = [*keys.fixed(), *(k for i in unique for k in r.message_keys(keys, i))]
-        now = self._clock.now_ms()
-        await self._script(load_script("delete"), all_keys, [now, "", "0", *unique])
+        args = [self._clock.now_ms(), "", "0", *unique]
+        review = await self._script(load_script("delete"), all_keys, args)
+        self.segments.note_soon(project, queue, int(review))
 
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -340,7 +341,8 @@ class LuaStore(RedisStore):
     async def pop_messages(self, project: str, queue: str, limit: int) -> list[Message]:
         keys = self._keys(project, queue)
         args = [self._clock.now_ms(), limit, self._claim_scan_limit()]
-        out = await self._opening(load_script("pop"), keys, args, "a pop", project, queue)
+        review, *out = await self._opening(load_script("pop"), keys, args, "a pop", project, queue)
+        self.segments.note_soon(project, queue, int(review))
         return self._opener.reveal(r.pop_reply(out))
 
     async def _opening(

@@ -758,7 +758,8 @@ def claim_reply(
 
 
 def pop_reply(out: list[Any]) -> list[Message]:
-    """pop.lua: {id, seq, body, ttl, created, author line...}."""
+    """pop.lua's messages: {id, seq, body, ttl, created, author line...}
+    (its reply less the review it leads with)."""
     return [_message(out, i, out[i + 5]) for i in range(0, len(out), 6)]
 
 

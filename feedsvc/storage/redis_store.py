@@ -186,6 +186,7 @@ class ProcessParts:
         sealer = BodySealer(settings.message_encryption_key, settings.old_encryption_keys())
         opener = BodyOpener(sealer, transport.counters)
         quotas = ProjectQuotas(transport, settings, clock)
+        sweeps = SweepSchedule(transport, clock)
         builders: dict[str, KeyBuilder] = {kind: QueueKeys.builder(kind) for kind in KINDS}
         return cls(
             opener,
@@ -197,8 +198,8 @@ class ProcessParts:
             ),
             RedisRateLimits(transport),
             quotas,
-            RedisRedrives(transport, settings, clock, quotas),
-            SweepSchedule(transport, clock),
+            RedisRedrives(transport, settings, clock, quotas, sweeps),
+            sweeps,
         )
 
 
@@ -234,7 +235,7 @@ class RedisStore(FeedSpace, ABC):
         self.follower_counts, self.rate_limits = parts.follower_counts, parts.rate_limits
         self.quotas, self.redrives = parts.quotas, parts.redrives
         claims = self.claims = ClaimUpkeep(
-            kind, transport, settings, clock, parts.opener, parts.quotas
+            kind, transport, settings, clock, parts.opener, parts.quotas, parts.sweeps
         )
         # a claim, once made, is answered by the claim upkeep itself
         self.get_claim, self.renew_claim = claims.get_claim, claims.renew_claim

@@ -52,6 +52,7 @@ from feedsvc.storage.keys import REDRIVES_KEY, QueueKeys, registry_key
 from feedsvc.storage.quotas import ProjectQuotas
 from feedsvc.storage.segment_claims import in_segments
 from feedsvc.storage.segment_writes import Appending, append_transaction
+from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
@@ -166,12 +167,18 @@ class RedisRedrives:
     are not claimed, so nothing is dead-lettered from them)."""
 
     def __init__(
-        self, transport: Transport, settings: MessageSettings, clock: Clock, quotas: ProjectQuotas
+        self,
+        transport: Transport,
+        settings: MessageSettings,
+        clock: Clock,
+        quotas: ProjectQuotas,
+        sweeps: SweepSchedule,
     ) -> None:
         self._transport = transport
         self._settings = settings
         self._clock = clock
         self._quotas = quotas
+        self._sweeps = sweeps  # a redriven dead letter's record goes at its segment's review
 
     async def start(self, project: str, queue: str, max_per_second: int, to: str | None) -> Redrive:
         keys = QueueKeys.of(project, queue)
@@ -299,7 +306,9 @@ class RedisRedrives:
         for target in sorted(targets):
             moves = [m for m in batch.moves if m.target == target]
             copied += await self._copy(project, target, moves, now)
-        return await self._forget(keys, state, batch, copied, len(ids), now)
+        moved = await self._forget(keys, state, batch, copied, len(ids), now)
+        self._sweeps.note_gone("queue", project, queue, copied, now)
+        return moved
 
     async def _park(
         self, keys: QueueKeys, state: State, owner: str, ids: list[str], last: int, now: int
@@ -357,7 +366,9 @@ class RedisRedrives:
             return []
         if await in_segments(self._transport, to):
             default_ttl = self._settings.default_message_ttl
-            await copy_into_segments(self._transport, default_ttl, to, moves, now)
+            review = await copy_into_segments(self._transport, default_ttl, to, moves, now)
+            if review is not None:
+                self._sweeps.note_soon("queue", project, target, review)
             await self._transport.call_checked([("ZADD", registry_key(project), 0, target)])
             return [m.row.id for m in moves]
         default_ttl = self._settings.default_message_ttl
@@ -443,10 +454,11 @@ class RedisRedrives:
 
 async def copy_into_segments(
     transport: Transport, default_ttl: int, to: QueueKeys, moves: list[Move], now: int
-) -> None:
+) -> int | None:
     """Step 2 into a queue that writes segments (storage/segment_writes.py):
     each copy a new record there, with a new id (its seq), marked as the
-    older layout's copy is."""
+    older layout's copy is. Returns the segment review the copies scheduled
+    (ms; None: none), for fs:sweep."""
 
     def plan(where: Appending, replies: list[Any]) -> tuple[list[Command] | None, None]:
         (created, ttl_field, since_raw), *marked = replies
@@ -482,4 +494,5 @@ async def copy_into_segments(
         ("HMGET", to.meta, r.CREATED, r.DEFAULT_TTL, r.GROUPS_SINCE),
         *(("EXISTS", to.redriven(m.row.id)) for m in moves),
     ]
-    await append_transaction(transport, to, len(moves), watch, reads, plan)
+    _, review = await append_transaction(transport, to, len(moves), watch, reads, plan)
+    return review

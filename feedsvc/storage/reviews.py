@@ -19,7 +19,8 @@ the next review. The rules, all in ``_lib.lua`` with these numbers:
   outlive it by more than :data:`REVIEW_AFTER_MS`: otherwise Redis drops
   the whole string soon anyway;
 * a message deleted (popped, dead-lettered): a review within
-  :data:`DELETE_REVIEW_MS` (``segment_gone`` in ``_lib.lua``).
+  :data:`DELETE_REVIEW_MS` (``segment_gone`` in ``_lib.lua``, and
+  ``segment_claims.forget_commands`` for the watch drivers and the process).
 
 So every expired record is gone within about a minute of its expiry (60 s
 past the earliest of a review's records, less for the rest), whatever the

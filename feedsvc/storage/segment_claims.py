@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feedsvc.errors import TooMuchContention
-from feedsvc.storage import groups
+from feedsvc.storage import groups, reviews
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
 from feedsvc.storage.base import Message
@@ -290,7 +290,8 @@ def forget_commands(
 ) -> list[Command]:
     """The writes that remove a message (given holder_commands' replies), in
     either layout: a segment message's slot is marked gone (_lib.lua's
-    forget_segment writes the same)."""
+    segment_gone writes the same; the caller notes the review this
+    schedules: SweepSchedule.note_gone)."""
     out = r.forget_commands(keys, [message_id])
     seq = s.seq_of(s.id_tag(keys.prefix), message_id)
     if seq is None or len(replies) < 4 or len(replies[3]) != s.SLOT_BYTES:
@@ -309,7 +310,7 @@ def forget_commands(
             ),
             ("HINCRBY", keys.meta, s.GONE, 1),
             ("HINCRBY", keys.segment_counts, k, -1),
-            ("ZADD", keys.reviews, "LT", now + s.DELETED_REVIEW_MS, k),
+            ("ZADD", keys.reviews, "LT", now + reviews.DELETE_REVIEW_MS, k),
         ]
     return out
 

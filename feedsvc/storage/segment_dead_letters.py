@@ -39,9 +39,10 @@ async def copy_dead_letters(
     parked: Sequence[r.Parked],
     now: int,
     keep_after_ms: int,
-) -> None:
+) -> int | None:
     """Step 2 into a dead-letter queue in segments; Q:dlo kept keep_after_ms
-    past the latest copy's expiry (a claim can stretch one's life)."""
+    past the latest copy's expiry (a claim can stretch one's life). Returns
+    the segment review the copies scheduled (ms; None: none), for fs:sweep."""
     fields = [copy_field(queue, m.id) for m in parked]
     tag = s.id_tag(target.prefix)
     [named] = await transport.call_checked([("HMGET", target.origins, *fields)])
@@ -101,4 +102,5 @@ async def copy_dead_letters(
         ("HMGET", target.meta, r.CREATED, r.GROUPS_SINCE),
         *slots,
     ]
-    await append_transaction(transport, target, len(parked), watch, reads, plan)
+    _, review = await append_transaction(transport, target, len(parked), watch, reads, plan)
+    return review

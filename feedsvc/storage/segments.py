@@ -72,9 +72,6 @@ GONE: Final = "gone"  # segment messages swept or deleted (counts; compact-expir
 #: the first seq a claim or pop need look at in the segments: every one
 #: before it is gone for good (deleted, popped or expired); claims move it on
 CLAIM_HEAD: Final = "ch"
-#: a deleted (popped, dead-lettered) message's record goes at its segment's
-#: review, scheduled this soon (ms) after the delete
-DELETED_REVIEW_MS: Final = 60_000
 #: set (to "1") once the older layout holds no message of the queue: its index
 #: never gains one after NEW_START, so the post stops looking (post_segments.lua)
 LEGACY_GONE: Final = "lg"
@@ -291,7 +288,6 @@ def lua_names() -> dict[str, str]:
         "F_NEW_START": repr(NEW_START),
         "F_GONE": repr(GONE),
         "F_CLAIM_HEAD": repr(CLAIM_HEAD),
-        "SEG_DELETED_REVIEW_MS": str(DELETED_REVIEW_MS),
         "F_LEGACY_GONE": repr(LEGACY_GONE),
         "S_SEGMENT": repr(SEGMENT_INFIX),
         "S_DIRECTORY": repr(DIRECTORY_SUFFIX),

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from feedsvc.clock import Clock
 from feedsvc.errors import FeedError
-from feedsvc.storage.keys import SWEEP_KEY, Kind
-from feedsvc.storage.reviews import sweep_member
+from feedsvc.storage import segments as seg
+from feedsvc.storage.keys import SWEEP_KEY, Kind, QueueKeys
+from feedsvc.storage.reviews import DELETE_REVIEW_MS, sweep_member
 from feedsvc.storage.transport import Transport
 
 log = logging.getLogger("feedsvc")
@@ -64,6 +66,17 @@ class SweepSchedule:
         self._pending[member] = min(when, self._pending.get(member, when))
         if self._writing is None or self._writing.done():
             self._writing = asyncio.create_task(self._write(), name="segment reviews noted")
+
+    def note_gone(self, kind: Kind, project: str, queue: str, ids: Sequence[str], now: int) -> None:
+        """ids went from the queue (deleted, popped, dead-lettered) by a
+        transaction of the process's own: if any is a segment message, its
+        segment's review is due by ``now`` + DELETE_REVIEW_MS (the
+        transaction scheduled it in the queue's ``Q:sx``: segment_claims.
+        forget_commands), noted here. A review noted for an id gone already
+        finds nothing due, and settles the queue's next."""
+        tag = seg.id_tag(QueueKeys.of(project, queue, kind).prefix)
+        if any(seg.seq_of(tag, i) is not None for i in ids):
+            self.note_soon(kind, project, queue, now + DELETE_REVIEW_MS)
 
     async def noted(self) -> None:
         """Wait until every review noted so far is written (or given up)."""

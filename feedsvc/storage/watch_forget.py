@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from feedsvc.clock import Clock
 from feedsvc.storage import groups
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as seg
@@ -27,8 +26,8 @@ from feedsvc.storage.watch_segments import Forgetting
 AUTHOR_LINE = 255
 
 
-async def delete_by_ids(transport: Transport, forgetting: Forgetting, clock: Clock) -> None:
-    """Delete forgetting's ids (see the module docstring)."""
+async def delete_by_ids(transport: Transport, forgetting: Forgetting, now: int) -> None:
+    """Delete forgetting's ids at now (ms; see the module docstring)."""
     keys = forgetting.keys
     older = [i for i in forgetting.ids if i not in forgetting.seqs]
     has_groups: Command = ("HEXISTS", keys.meta, r.GROUPS_SINCE)
@@ -43,7 +42,6 @@ async def delete_by_ids(transport: Transport, forgetting: Forgetting, clock: Clo
         gone += [(i, _group_of(line)) for i, line in zip(older, replies[1:], strict=False)]
     if forgetting.seqs:
         mine = dataclasses.replace(forgetting, ids=list(forgetting.seqs))
-        now = clock.now_ms()
 
         def plan(replies: list[Any]) -> tuple[list[Command] | None, bool]:
             return mine.writes(replies[1:], now), bool(replies[0])

@@ -43,6 +43,7 @@ from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands, scan_segments
+from feedsvc.storage.segment_writes import SegmentAppend, append_commands
 from feedsvc.storage.sweep_schedule import SweepSchedule
 from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_posting import Posting
@@ -146,55 +147,6 @@ class Unswept:
         return expired_unswept(soon, replies[1:], now)
 
 
-@dataclass(slots=True)
-class _Segment:
-    """One segment's share of a post: its records, their slots, the latest expiry."""
-
-    number: int
-    first_slot: int
-    records: list[bytes] = field(default_factory=list)
-    latest: int = 0
-    earliest: int = 0
-
-    def offsets(self, at: int) -> bytes:
-        """The slots of the records appended at offset at."""
-        out, offset = [], at
-        for record in self.records:
-            out.append(offset.to_bytes(seg.SLOT_BYTES, "big"))
-            offset += len(record)
-        return b"".join(out)
-
-    def opens(self, read: Any) -> bool:
-        """Whether the post opens the segment (new, or gone whole), as read."""
-        return not read
-
-    def writes(self, keys: QueueKeys, read: Any) -> list[Command]:
-        """Append the records to the segment as read (its length, or its
-        content; None or empty: a new segment, or one gone whole)."""
-        key, data = keys.segment(self.number), b"".join(self.records)
-        start = self.first_slot * seg.SLOT_BYTES
-        if isinstance(read, bytes) and read:
-            slots = self.offsets(len(read))
-            content = read[:start] + slots + read[start + len(slots) : seg.TABLE_BYTES]
-            # closed: written anew at its size (APPEND leaves room to grow)
-            content += read[seg.TABLE_BYTES :] + data
-            return [("SET", key, content, "KEEPTTL"), ("PEXPIREAT", key, self.latest, "GT")]
-        if isinstance(read, int) and read:
-            return [
-                ("APPEND", key, data),
-                ("SETRANGE", key, start, self.offsets(read)),
-                ("PEXPIREAT", key, self.latest, "GT"),
-            ]
-        table = bytearray(seg.TABLE_BYTES)
-        slots = self.offsets(seg.TABLE_BYTES)
-        table[start : start + len(slots)] = slots
-        return [
-            ("SET", key, bytes(table) + data),
-            ("PEXPIREAT", key, self.latest),
-            ("ZADD", keys.directory, self.number, self.number),
-        ]
-
-
 def post_plan(
     postings: list[Posting],
     expected: Expected,
@@ -261,7 +213,7 @@ def post_plan(
         author_of: dict[str, bytes] = {}
         outcomes: list[Outcome] = []
         this_batch: dict[str, list[str]] = {}
-        segments: dict[int, _Segment] = {}
+        segments: dict[int, SegmentAppend] = {}
         seq, first_due = top, 0
         since = None if groups_since is None else int(groups_since)
         for posting in postings:
@@ -290,12 +242,8 @@ def post_plan(
                 due = now + delay * 1000 if delay > 0 else 0
                 extras = seg.extras(message.group, message.headers)
                 k, slot = seg.segment_of(seq)
-                part = segments.setdefault(k, _Segment(k, slot))
-                part.records.append(
-                    seg.encode_record(expires, due, ttl, author, extras, message.body)
-                )
-                part.latest = max(part.latest, expires)
-                part.earliest = min(part.earliest or expires, expires)
+                record = seg.encode_record(expires, due, ttl, author, extras, message.body)
+                segments.setdefault(k, SegmentAppend(k, slot)).add(record, expires)
                 message_id = seg.message_id(tag, seq)
                 ids.append(message_id)
                 group = message.group if grouping else ""
@@ -322,23 +270,12 @@ def post_plan(
             writes.append(("HDEL", keys.idempotency, *forget))
         if not segments:
             return writes, outcomes
-        review_from = None if tmin is None else int(tmin)
-        for k, part in segments.items():
-            writes += part.writes(keys, segment_reads.get(k))
-            if part.opens(segment_reads.get(k)):
-                # its count starts at minus the seqs of its range before it
-                writes.append(("HSETNX", keys.segment_counts, k, -part.first_slot))
-            if part.opens(segment_reads.get(k)) or not review_from or part.earliest < review_from:
-                # reviewed at its earliest expiry + REVIEW_AFTER_MS (reviews.py)
-                review_from = part.earliest
-                when = part.earliest + reviews.REVIEW_AFTER_MS
-                writes.append(("ZADD", keys.reviews, "LT", when, k))
-                writes.append(("HSET", keys.meta, reviews.REVIEW_FROM, part.earliest))
-                learned["review"] = min(learned.get("review") or when, when)
-            before = segment_reads.get(k - 1)
-            # the segment before is closed: written anew at its size
-            if part.first_slot == 0 and k - 1 not in segments and isinstance(before, bytes):
-                writes.append(("SET", keys.segment(k - 1), before, "KEEPTTL"))
+        appended, review = append_commands(
+            keys, segments, segment_reads, None if tmin is None else int(tmin)
+        )
+        writes += appended
+        if review is not None:
+            learned["review"] = review
         writes.append(("SET", keys.seq, seq))
         # in the transaction: followers hear of it exactly when it is visible
         writes.append(("SPUBLISH", keys.feed, r.notification(seq, first_due)))
@@ -352,7 +289,7 @@ def post_plan(
 class Forgetting:
     """Deleting messages by id in either layout, in a transaction: the ids
     of segment messages (seqs) have their slots read under WATCH, and are
-    marked gone as _lib.lua's forget_segment marks them."""
+    marked gone as _lib.lua's segment_gone marks them."""
 
     keys: QueueKeys
     ids: list[str]

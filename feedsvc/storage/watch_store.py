@@ -481,13 +481,16 @@ class WatchStore(RedisStore):
             )
         if outcome == "badclaim":
             raise InvalidClaim(f"Claim {claim_id} does not hold message {message_id} (or expired).")
+        self.parts.sweeps.note_gone(self._kind, project, queue, [message_id], now)
 
     async def delete_messages(self, project: str, queue: str, ids: list[str]) -> None:
         if not ids:
             return
         keys = self._keys(project, queue)
         forgetting = await self.segments.forgetting(keys, list(dict.fromkeys(ids)), True)
-        await delete_by_ids(self._transport, forgetting, self._clock)
+        now = self._clock.now_ms()
+        await delete_by_ids(self._transport, forgetting, now)
+        self.parts.sweeps.note_gone(self._kind, project, queue, ids, now)
 
     async def try_claim(
         self, project: str, queue: str, ttl: int, grace: int, limit: int
@@ -533,7 +536,11 @@ class WatchStore(RedisStore):
             return plan, None
 
         popped = await self._taker.take(keys, limit, plan_for, ("a pop", project, queue))
-        return [] if isinstance(popped, Unclaimable) else self._opener.reveal(popped)
+        if isinstance(popped, Unclaimable):
+            return []
+        now = self._clock.now_ms()
+        self.parts.sweeps.note_gone(self._kind, project, queue, [m.id for m in popped], now)
+        return self._opener.reveal(popped)
 
 
 def _claim_plan(
