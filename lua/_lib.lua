@@ -110,7 +110,6 @@ end
 local SEGMENT_PREFIX = PREFIX .. S_SEGMENT
 local DIRECTORY = PREFIX .. S_DIRECTORY
 local CLAIM_STATES = PREFIX .. S_CLAIM_STATES
-local SEG_TABLE_BYTES = SEG_SLOTS * SEG_SLOT_BYTES
 
 -- A seq's segment number (as text: the key's suffix) and slot, split as
 -- text: a 16-digit seq / 100 is not exact in a double.

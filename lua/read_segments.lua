@@ -26,17 +26,12 @@
 -- state of a message read: seq, state}.
 local from, want = tonumber(ARGV[1]), tonumber(ARGV[2])
 local top
-if ARGV[5] ~= '' then
-  top = tonumber(redis.call('GET', KEYS[K_SEQ]))
-  -- doubles: exact below 2**53, and a longer marker is past any counter
-  local ceiling = top or tonumber(ARGV[4]) * 1000
-  if tonumber(ARGV[5]) > ceiling then return {'ahead'} end
-end
 -- every seq is below 2**53: a double holds it exactly, and one sent back
 -- goes as an integer. seq % 100: from / 100 is q + r / 100 (r < 100)
 -- rounded by less than 0.01, so its floor is q.
 local out, key, slot, slots
-if from and ARGV[3] == '0' and from % SEG_SLOTS + want < SEG_SLOTS then
+if from and ARGV[3] == '0' and from % SEG_SLOTS + want < SEG_SLOTS
+    and (ARGV[5] == '' or tonumber(ARGV[5]) <= from + want) then
   -- the common page: from a marker, in one segment. Its slots and the next
   slot = from % SEG_SLOTS
   local at = slot * SEG_SLOT_BYTES
@@ -49,10 +44,17 @@ if from and ARGV[3] == '0' and from % SEG_SLOTS + want < SEG_SLOTS then
     -- count from the caller's marker, from - 1), and every seq up to the
     -- next one was given out (a zero slot between: a record a review
     -- dropped), so that one stands for the counter; neither the queue's
-    -- hash nor its counter is read
-    top = top or from + want
+    -- hash nor its counter is read (a marker to check, at most that seq,
+    -- was given out)
+    top = from + want
     out, key = {top, '', '', 0, 0}, KEYS[8]
   end
+end
+if not out and ARGV[5] ~= '' then
+  top = tonumber(redis.call('GET', KEYS[K_SEQ]))
+  -- doubles: exact below 2**53, and a longer marker is past any counter
+  local ceiling = top or tonumber(ARGV[4]) * 1000
+  if tonumber(ARGV[5]) > ceiling then return {'ahead'} end
 end
 if not out then
   top = top or tonumber(redis.call('GET', KEYS[K_SEQ]))

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from feedsvc.clock import ManualClock
 from feedsvc.embedded_redis.server import RedisServer
-from feedsvc.errors import PostTooLarge, ProjectMessagesFull, QueueFull
+from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, ProjectMessagesFull, QueueFull
 from feedsvc.storage import reviews, segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
@@ -198,6 +198,33 @@ async def lua(redis_server: RedisServer, clock: ManualClock) -> AsyncIterator[Lu
 async def evalsha_calls(client: Redis) -> int:
     stats: Any = await client.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_a_common_page_reads_no_counter_and_no_queue_hash(
+    lua: LuaStore, redis_server: RedisServer, project: str
+) -> None:
+    """A page from a client's marker within one segment (what a reader
+    paging through a backlog asks) reads its slots, its records and whether
+    any claim state exists: its marker is proven given out by the written
+    slot after the page, so the counter is not read to check it."""
+    await lua.post_messages(project, "q", WRITER, messages(*range(30)))
+    first = await lua.list_messages(project, "q", ListQuery(READER, limit=10))
+    client = Redis.from_url(redis_server.url)
+    try:
+        await client.config_resetstat()
+        query = ListQuery(READER, marker=first.next_marker, limit=10, check_marker=True)
+        page = await lua.list_messages(project, "q", query)
+        stats: Any = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    assert [orjson.loads(m.body)["n"] for m in page.messages] == list(range(10, 20))
+    called = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+    called.pop("config|resetstat", None)
+    assert called == {"evalsha": 1, "getrange": 2, "exists": 1}
+    # a marker past the counter is still refused
+    ahead = ListQuery(READER, marker=(first.next_marker or 0) + 10**6, limit=10, check_marker=True)
+    with pytest.raises(MarkerNotGivenOut):
+        await lua.list_messages(project, "q", ahead)
 
 
 async def burst_calls(

@@ -61,7 +61,7 @@ COUNT_SEGMENTS: Final = 32
 
 
 def lua_names() -> dict[str, str]:
-    """The Lua locals of the review rules (segments.lua_names adds them)."""
+    """The Lua names of the review rules (segments.lua_names adds them)."""
     return {
         "SEG_REVIEW_AFTER_MS": str(REVIEW_AFTER_MS),
         "SEG_SPREAD_MS": str(SPREAD_MS),

@@ -3,7 +3,7 @@
 This module owns how a queue stores messages once it uses *segments*: the
 segment string, the record in it, a message's id, the claim state of a
 segment message (``Q:cl``) and the Lua names the scripts use for all of
-these (:func:`lua_names`, put before every script with record.py's).
+these (:func:`lua_names`, written into every script with record.py's).
 
 A queue's messages from seq ``ns`` on (the queue hash's :data:`NEW_START`,
 set once and for good by the first post in segments, = the counter + 1)
@@ -269,11 +269,12 @@ def slot_offsets(table: bytes) -> list[int]:
 
 
 def lua_names() -> dict[str, str]:
-    """The Lua locals of the layout, generated into every script
-    (record.lua_prelude): literal Lua values."""
+    """The Lua names of the layout, written into every script
+    (record.lua_constants): literal Lua values."""
     return {
         "SEG_SLOTS": str(SLOTS),
         "SEG_SLOT_BYTES": str(SLOT_BYTES),
+        "SEG_TABLE_BYTES": str(TABLE_BYTES),
         "SEG_GONE_BIT": str(GONE_BIT),
         "SEG_RECORD_FORMAT": repr(f"%0{EXPIRES_WIDTH}d%0{DUE_WIDTH}d%0{TTL_WIDTH}d"),
         "SEG_EXPIRES_END": str(EXPIRES_WIDTH),
