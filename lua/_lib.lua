@@ -1,6 +1,8 @@
 -- Shared by every feedsvc script (prepended by feedsvc/storage/scripts.py, the
--- functions a script uses only; after the generated names: F_* the record's fields,
--- S_* the key suffixes, H_* the message header's positions).
+-- functions a script uses only). The generated names (F_* the record's
+-- fields, S_* the key suffixes, H_* the message header's positions, SEG_*
+-- the segment layout's) and every local in capitals set to literals here
+-- are constants: scripts.py writes their values in where a script names them.
 -- KEYS[1..6] are always the queue's fixed keys, in the order of
 -- QueueKeys.fixed(): meta, seq, idx, exp, claimed, claims. Per-message and
 -- per-claim keys live under the same hash tag: prefix .. S_MESSAGE .. id.

@@ -4,8 +4,8 @@ All keys of one queue share the hash tag ``{<project>/<queue>}`` so that every
 script and every WATCH/MULTI transaction touches a single cluster slot. The
 per-message and per-claim keys are derived from the queue prefix inside the
 Lua scripts too (``prefix .. S_RECORD .. id``), so the two must agree: the
-suffixes are defined here and generated into the scripts as ``S_*`` locals
-(see ``record.lua_prelude``).
+suffixes are defined here and written into the scripts where they say ``S_*``
+(see ``record.lua_constants``).
 
 Projects are free text (1..256 characters) and may contain characters that
 would change a key's meaning (``{`` and ``}`` move the hash tag) or collide
