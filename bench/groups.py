@@ -50,8 +50,7 @@ from typing import Any
 
 import orjson
 
-from bench.run import _median_round
-from bench.service import Service, WrkSuite, service, wrk
+from bench.service import Service, WrkSuite, median_round, service, wrk
 from bench.storage import post_all
 
 DRIVERS = ("lua", "watch")
@@ -188,7 +187,7 @@ def part_groups(suite: WrkSuite) -> None:
             ("1,000 groups", "ungrouped", "claims: 1,000 groups / ungrouped"),
             ("hot", "1,000 groups", "claims: others of a held hot group / 1,000 groups"),
         ):
-            runs, ratio = _median_round(rounds, _rate_ratio(top, under))
+            runs, ratio = median_round(rounds, _rate_ratio(top, under))
             suite.add(
                 f"{name} ({driver})",
                 ratio=ratio,

@@ -49,13 +49,12 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import redis
 
 from bench.machine import stop_process
-from bench.service import Service, WrkResult, service, wrk
+from bench.service import Service, WrkResult, median_round, service, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
 from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 
@@ -64,7 +63,6 @@ READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
 NETNS = "feedsvc-bench"
 #: --project-rate of the ratelimit part: above what one machine serves
 RATE_LIMIT_BENCH = 100000
-_Round = TypeVar("_Round")
 
 
 @dataclass
@@ -94,7 +92,7 @@ class Suite:
         for _ in range(self.rounds):
             hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
             rounds.append((hello, wrk(svc.url + path, script, c, self.duration)))
-        (hello, target), ratio = _median_round(rounds, lambda r: r[1].rps / r[0].rps)
+        (hello, target), ratio = median_round(rounds, lambda r: r[1].rps / r[0].rps)
         return hello, target, ratio
 
     def paired_with_bare(
@@ -112,8 +110,8 @@ class Suite:
             hello = wrk(svc.url + "/bench/hello", None, c, self.duration)
             target = wrk(svc.url + path, script, c, self.duration)
             rounds.append((bare, hello, target))
-        (_, hello, target), ratio = _median_round(rounds, lambda r: r[2].rps / r[1].rps)
-        (bare, _, _), ratio_bare = _median_round(rounds, lambda r: r[2].rps / r[0].rps)
+        (_, hello, target), ratio = median_round(rounds, lambda r: r[2].rps / r[1].rps)
+        (bare, _, _), ratio_bare = median_round(rounds, lambda r: r[2].rps / r[0].rps)
         return hello, target, ratio, bare, ratio_bare
 
     def add(self, name: str, **values: object) -> None:
@@ -187,9 +185,9 @@ class Suite:
                     runs[name] = wrk(svc.url + path, script, c, d)
                 rounds.append(runs)
         for name, _, _ in targets:
-            floor, ratio_bare = _median_round(rounds, _rps_ratio("floor " + name, "bare"))
-            ours, ours_bare = _median_round(rounds, _rps_ratio(name, "bare"))
-            _, kept = _median_round(rounds, _rps_ratio(name, "floor " + name))
+            floor, ratio_bare = median_round(rounds, _rps_ratio("floor " + name, "bare"))
+            ours, ours_bare = median_round(rounds, _rps_ratio(name, "bare"))
+            _, kept = median_round(rounds, _rps_ratio(name, "floor " + name))
             self.add(
                 f"{name} floor, no features (lua)",
                 rps=floor["floor " + name].rps,
@@ -301,7 +299,7 @@ class Suite:
                             (_redis_calls(svc) - calls) / max(run.requests, 1),
                         )
                     rounds.append((runs[off.url], runs[on.url]))
-                (without, limited), ratio = _median_round(
+                (without, limited), ratio = median_round(
                     rounds, lambda r: r[1][0].rps / r[0][0].rps
                 )
                 self.add(
@@ -367,7 +365,7 @@ class Suite:
                         "on": wrk(on.url + path, "post.lua", c, d),
                     }
                 )
-        runs, ratio = _median_round(rounds, _rps_ratio("on", "off"))
+        runs, ratio = median_round(rounds, _rps_ratio("on", "off"))
         self.add(
             "POST with project quotas (lua)",
             rps=runs["on"].rps,
@@ -508,13 +506,6 @@ def _redis_calls(svc: Service) -> float:
         text = response.read().decode()
     found = re.search(r"^feedsvc_redis_calls_total (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
-
-
-def _median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tuple[_Round, float]:
-    """The round whose ratio is the median (of an even count, the upper of
-    the middle two), and the median ratio."""
-    ordered = sorted(rounds, key=ratio)
-    return ordered[len(ordered) // 2], statistics.median(ratio(r) for r in rounds)
 
 
 def _rps_ratio(top: str, under: str) -> Callable[[dict[str, WrkResult]], float]:

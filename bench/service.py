@@ -8,12 +8,13 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from bench.machine import CpuWindow
 from feedsvc.embedded_redis.server import RedisServer
@@ -63,6 +64,16 @@ def fill_bget(svc: Service, project: str = "bench") -> None:
         {"messages": [{"body": {"n": i, "pad": "x" * 100}} for i in range(20)]},
         project=project,
     )
+
+
+_Round = TypeVar("_Round")
+
+
+def median_round(rounds: list[_Round], ratio: Callable[[_Round], float]) -> tuple[_Round, float]:
+    """The round whose ratio is the median (of an even count, the upper of
+    the middle two), and the median ratio."""
+    ordered = sorted(rounds, key=ratio)
+    return ordered[len(ordered) // 2], statistics.median(ratio(r) for r in rounds)
 
 
 class SuiteLike(Protocol):
