@@ -18,12 +18,14 @@ import orjson
 import pytest
 from redis.crc import key_slot
 
+from feedsvc.clock import SystemClock
 from feedsvc.config import Settings
 from feedsvc.errors import Unavailable
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.drivers import make_store
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.lua_store import LuaStore
+from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_store import WatchStore
 from feedsvc.testing.cluster import LocalCluster
 from tests.conftest import make_settings
@@ -263,6 +265,29 @@ def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.mark.cluster  # a cluster with replicas, of its own
+@pytest.mark.process
+async def test_a_transaction_answered_moved_is_sent_again_whole(
+    replicated_cluster: LocalCluster,
+) -> None:
+    """A MULTI block whose commands a failed-over primary answers MOVED was
+    discarded there (EXECABORT): the transport sends the whole block again to
+    the slot's new owner, never its commands alone outside MULTI (a
+    transaction's writes are all or nothing, and run once)."""
+    cluster = replicated_cluster
+    transport = Transport(make_settings(cluster.url), SystemClock())
+    transport.open()
+    try:
+        key = "{moved-" + uuid.uuid4().hex + "}:n"
+        assert await transport.transaction([("SET", key, 0)]) == [b"OK"]  # its slot learned
+        await asyncio.to_thread(cluster.fail_over, cluster.owner(key_slot(key.encode())))
+        assert await transport.transaction([("INCR", key), ("INCR", key)]) == [1, 2]
+        assert await transport.call_checked([("GET", key)]) == [b"2"]
+        assert transport.counters.cluster_redirects > 0, "the failover went unnoticed"
+    finally:
+        await transport.close()
 
 
 @pytest.mark.cluster  # a cluster with replicas, of its own

@@ -176,6 +176,22 @@ def _client(settings: RedisSettings) -> tuple[Redis | RedisCluster, Sentinel | N
     return Redis(connection_pool=pool), None
 
 
+def _whole_blocks(commands: Sequence[Command], moved: list[int]) -> list[int]:
+    """The commands to send again for those answered MOVED: each one, or, if
+    it stands in a MULTI block, every command from its MULTI to its EXEC."""
+    again = set(moved)
+    start = None
+    for i, command in enumerate(commands):
+        name = str(command[0]).upper()
+        if name == "MULTI":
+            start = i
+        elif name == "EXEC" and start is not None:
+            if any(start < m < i for m in moved):
+                again.update(range(start, i + 1))
+            start = None
+    return sorted(again)
+
+
 def raise_error_reply(replies: list[Any]) -> None:
     """Raise the first error reply among replies, if there is one."""
     for reply in replies:
@@ -337,8 +353,10 @@ class Transport:
         slot and the groups run side by side. A command answered MOVED was
         not executed: the slot table is updated and just those commands are
         sent again to the new owner, in their order (a few times, then the
-        MOVED reply stands and becomes a 503). ASK and TRYAGAIN (a slot
-        halfway through a migration) are left as replies: 503, retry.
+        MOVED reply stands and becomes a 503); a MOVED inside a MULTI block
+        means the block was discarded (EXECABORT), so the whole block goes
+        again, never its commands alone. ASK and TRYAGAIN (a slot halfway
+        through a migration) are left as replies: 503, retry.
 
         idempotent says whether the commands may be sent twice (see
         _exchange); by default, when every one of them only reads.
@@ -371,7 +389,7 @@ class Transport:
                         await servers.redirected(reply)
             if not moved:
                 break
-            todo = sorted(moved)
+            todo = _whole_blocks(commands, moved)
         return replies
 
     async def _call_direct(
