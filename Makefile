@@ -84,8 +84,10 @@ types:
 # has a session redis-server (and Cluster) of its own; a test that must not
 # share one still starts its own. Every worker collects the suite itself,
 # so parameters must come in a fixed order (lists, not sets). Measured in a
-# fresh clone with CI=true bash .ci/run on 2 cores, 2026-11-27: pytest
-# 4 min 38 s for 5,031 tests (the whole run about 5.5 min).
+# fresh clone with CI=true bash .ci/run on 2 cores (AMD EPYC), 2026-11-27
+# 14:55 UTC: pytest 14 min 36 s for 6,905 tests (the whole run 17.5 min).
+# The run keeps both cores busy: with 6 workers it took 13 min 20 s and two
+# tests timed out connecting to Redis, so 4 it stays.
 PYTEST_WORKERS ?= 4
 
 pytest:
