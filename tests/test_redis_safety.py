@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -497,7 +498,10 @@ async def test_keys_an_allowed_evicting_redis_evicts_are_reported(
                 await asyncio.sleep(0.1)
             assert evicted > 0
             metrics = await (await http.get("/metrics")).text()
-            assert f"feedsvc_redis_evicted_keys {float(evicted)}" in metrics
+            # the count read since (every RECHECK_INTERVAL), at least as high:
+            # the service's own background writes may evict more meanwhile
+            [shown] = re.findall(r"^feedsvc_redis_evicted_keys ([0-9.]+)$", metrics, re.MULTILINE)
+            assert float(shown) >= evicted
     assert any("evicted" in r.message and r.levelname == "ERROR" for r in caplog.records)
 
 

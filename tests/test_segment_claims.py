@@ -149,6 +149,39 @@ async def test_a_release_goes_through_while_posts_keep_landing_in_its_segment(
     ]
 
 
+@pytest.mark.parametrize("driver", ["lua", "watch"])
+async def test_messages_by_id_are_read_whole_while_a_review_rewrites_their_segment(
+    store: FeedStore, project: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET by ids reads the slot tables, then the records where the tables put
+    them. A review that rewrites the segment in between (the expired records
+    in front dropped: every later record moves) must not cut a record wrong:
+    the read is checked against the tables read with it, and made again."""
+    short = [NewMessage(orjson.dumps({"n": i}), 60) for i in range(5)]
+    await store.post_messages(project, "q", WRITER, short)
+    long = await post(store, project, 5)
+    clock.advance(60 + 30 + 1)  # the short ones expired, their review due
+    assert isinstance(store, RedisStore)
+    transport = store._transport
+    call_checked = transport.call_checked
+    reviewed: list[bool] = []
+
+    async def review_in_between(commands: Sequence[Command], *args: Any, **kw: Any) -> list[Any]:
+        replies = await call_checked(commands, *args, **kw)
+        if not reviewed and commands[-1][0] == "HMGET":  # the tables and the claim states
+            ran, _ = await store._sweep_queue("queue", project, "q", 1)
+            reviewed.append(ran == 1)
+        return replies
+
+    monkeypatch.setattr(transport, "call_checked", review_in_between)
+    got = await store.get_messages(project, "q", long)
+    monkeypatch.undo()
+    assert reviewed == [True]
+    assert [(m.id, orjson.loads(m.body)) for m in got] == [
+        (i, {"n": n}) for n, i in enumerate(long)
+    ]
+
+
 async def test_claims_move_past_gone_messages_and_drop_their_states(
     store: FeedStore, project: str, redis_url: str, clock: ManualClock
 ) -> None:

@@ -30,11 +30,8 @@ from feedsvc.storage import segments as s
 from feedsvc.storage.base import Message
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.segment_pages import segment_messages
+from feedsvc.storage.segment_pages import RECORD_READS, segment_messages
 from feedsvc.storage.transport import Transport
-
-#: reads of records a read_records makes at most while their segments move
-RECORD_READS = 8
 
 
 async def read_records(

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedsvc.errors import TooMuchContention
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as s
 from feedsvc.storage.base import ListQuery, Message, MessagePage, MessageSummary
@@ -27,6 +28,8 @@ from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.transport import Transport
 
+#: reads of records a read makes at most while their segments move
+RECORD_READS = 8
 #: read_segments.lua's answer to "the older layout first"
 LEGACY = b"legacy"
 #: list.lua's answer when it reached the segments with room left on the page
@@ -267,18 +270,11 @@ class MarkerAhead(Exception):
     """The marker is past anything given out (read_segments.lua's ``ahead``)."""
 
 
-async def segment_messages(
-    transport: Transport, keys: QueueKeys, seqs: list[int], now: int
-) -> dict[int, Message]:
-    """The live segment messages of these seqs (by id: GET .../messages/{id},
-    ?ids=): each segment's slot table and their claim states, then their
-    records. Reads only; two round trips."""
-    numbers = sorted({seq // s.SLOTS for seq in seqs})
-    reads: list[Command] = [("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers]
-    reads.append(("HMGET", keys.claim_states, *seqs))
-    replies = await transport.call_checked(reads, idempotent=True)
-    tables = dict(zip(numbers, replies, strict=False))
-    states = {q: s.ClaimState.decode(v) for q, v in zip(seqs, replies[-1], strict=True) if v}
+def _record_reads(
+    keys: QueueKeys, seqs: list[int], tables: dict[int, bytes]
+) -> list[tuple[int, Command]]:
+    """(seq, the GETRANGE of its record) per seq whose slot is written and
+    not gone, given its segment's slot table."""
     wanted: list[tuple[int, Command]] = []
     for seq in seqs:
         k, slot = s.segment_of(seq)
@@ -287,9 +283,40 @@ async def segment_messages(
             continue
         end = next((v & s.OFFSET_MASK for v in values[slot + 1 :] if v), 0)
         wanted.append((seq, ("GETRANGE", keys.segment(k), values[slot], end - 1)))
-    if not wanted:
-        return {}
-    records = await transport.call_checked([c for _, c in wanted], idempotent=True)
+    return wanted
+
+
+async def segment_messages(
+    transport: Transport, keys: QueueKeys, seqs: list[int], now: int
+) -> dict[int, Message]:
+    """The live segment messages of these seqs (by id: GET .../messages/{id},
+    ?ids=): each segment's slot table and their claim states, then their
+    records and the tables again. Reads only (a full Redis serves them),
+    two round trips: the records are kept if the tables read after them
+    put each where it was read (a review rewriting a segment moves its
+    records; only then is it read again, at most RECORD_READS times)."""
+    numbers = sorted({seq // s.SLOTS for seq in seqs})
+    table_reads: list[Command] = [
+        ("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers
+    ]
+    replies = await transport.call_checked(
+        [*table_reads, ("HMGET", keys.claim_states, *seqs)], idempotent=True
+    )
+    tables = dict(zip(numbers, replies, strict=False))
+    states = {q: s.ClaimState.decode(v) for q, v in zip(seqs, replies[-1], strict=True) if v}
+    for _ in range(RECORD_READS):
+        wanted = _record_reads(keys, seqs, tables)
+        if not wanted:
+            return {}
+        got = await transport.call_checked([*(c for _, c in wanted), *table_reads], idempotent=True)
+        records = got[: len(wanted)]
+        tables = dict(zip(numbers, got[len(wanted) :], strict=True))
+        # offsets only fall (a review drops records) and a post moves none:
+        # the same reads after as before mean the same all along
+        if _record_reads(keys, seqs, tables) == wanted:
+            break
+    else:
+        raise TooMuchContention(f"Gave up after {RECORD_READS} reads of moving segments; retry.")
     out = {}
     for (seq, _), raw in zip(wanted, records, strict=True):
         if not raw:
