@@ -30,7 +30,7 @@ from feedsvc.storage import segments as s
 from feedsvc.storage.base import Message
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.segment_pages import RECORD_READS, segment_messages
+from feedsvc.storage.segment_pages import RECORD_READS, record_reads, segment_messages
 from feedsvc.storage.transport import Transport
 
 
@@ -78,20 +78,10 @@ async def read_records(
 def _record_reads(
     keys: QueueKeys, seqs: dict[str, int], new_start: int, tables: dict[int, bytes]
 ) -> list[tuple[str, int, Command]]:
-    """(id, seq, the GETRANGE of its record) per present id, given the slot tables."""
-    values = {k: s.slot_offsets(t) for k, t in tables.items()}
-    wanted: list[tuple[str, int, Command]] = []
-    for message_id, seq in seqs.items():
-        k, slot = s.segment_of(seq)
-        table = values[k]
-        if seq < new_start or slot >= len(table):
-            continue
-        value = table[slot]
-        if not value or value & s.GONE_BIT:
-            continue
-        end = next((v & s.OFFSET_MASK for v in table[slot + 1 :] if v), 0)
-        wanted.append((message_id, seq, ("GETRANGE", keys.segment(k), value, end - 1)))
-    return wanted
+    """(id, seq, the GETRANGE of its record) per present id (in segments:
+    at or past new_start), given the slot tables (segment_pages.record_reads)."""
+    id_of = {seq: message_id for message_id, seq in seqs.items() if seq >= new_start}
+    return [(id_of[seq], seq, read) for seq, read in record_reads(keys, list(id_of), tables)]
 
 
 async def in_segments(transport: Transport, keys: QueueKeys) -> bool:

@@ -270,7 +270,7 @@ class MarkerAhead(Exception):
     """The marker is past anything given out (read_segments.lua's ``ahead``)."""
 
 
-def _record_reads(
+def record_reads(
     keys: QueueKeys, seqs: list[int], tables: dict[int, bytes]
 ) -> list[tuple[int, Command]]:
     """(seq, the GETRANGE of its record) per seq whose slot is written and
@@ -305,7 +305,7 @@ async def segment_messages(
     tables = dict(zip(numbers, replies, strict=False))
     states = {q: s.ClaimState.decode(v) for q, v in zip(seqs, replies[-1], strict=True) if v}
     for _ in range(RECORD_READS):
-        wanted = _record_reads(keys, seqs, tables)
+        wanted = record_reads(keys, seqs, tables)
         if not wanted:
             return {}
         got = await transport.call_checked([*(c for _, c in wanted), *table_reads], idempotent=True)
@@ -313,7 +313,7 @@ async def segment_messages(
         tables = dict(zip(numbers, got[len(wanted) :], strict=True))
         # offsets only fall (a review drops records) and a post moves none:
         # the same reads after as before mean the same all along
-        if _record_reads(keys, seqs, tables) == wanted:
+        if record_reads(keys, seqs, tables) == wanted:
             break
     else:
         raise TooMuchContention(f"Gave up after {RECORD_READS} reads of moving segments; retry.")
