@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from feedsvc.clock import ManualClock
 from feedsvc.embedded_redis.server import RedisServer
@@ -31,11 +31,13 @@ from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_segments import SegmentPost
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.sealing import MustSeal
+from feedsvc.storage.watch_store import WatchStore
 from tests.conftest import direct_client, make_settings, opened_store
 
 READER = str(uuid.uuid4())
 WRITER = str(uuid.uuid4())
 KEY = "correct horse battery staple, twice"
+T = TypeVar("T")
 
 StoreMaker = Callable[..., AbstractAsyncContextManager[FeedStore]]
 
@@ -206,25 +208,116 @@ async def test_a_common_page_reads_no_counter_and_no_queue_hash(
     """A page from a client's marker within one segment (what a reader
     paging through a backlog asks) reads its slots, its records and whether
     any claim state exists: its marker is proven given out by the written
-    slot after the page, so the counter is not read to check it."""
+    slot after the page, so the counter is not read to check it. The same
+    round trip reads the segment's whole slot table, for the page after."""
     await lua.post_messages(project, "q", WRITER, messages(*range(30)))
     first = await lua.list_messages(project, "q", ListQuery(READER, limit=10))
-    client = Redis.from_url(redis_server.url)
-    try:
-        await client.config_resetstat()
-        query = ListQuery(READER, marker=first.next_marker, limit=10, check_marker=True)
-        page = await lua.list_messages(project, "q", query)
-        stats: Any = await client.info("commandstats")
-    finally:
-        await client.aclose()
+    query = ListQuery(READER, marker=first.next_marker, limit=10, check_marker=True)
+    page, called = await commands_of(redis_server.url, lua.list_messages(project, "q", query))
     assert [orjson.loads(m.body)["n"] for m in page.messages] == list(range(10, 20))
-    called = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
-    called.pop("config|resetstat", None)
-    assert called == {"evalsha": 1, "getrange": 2, "exists": 1}
+    assert called == {"evalsha": 1, "getrange": 3, "exists": 1}
     # a marker past the counter is still refused
     ahead = ListQuery(READER, marker=(first.next_marker or 0) + 10**6, limit=10, check_marker=True)
     with pytest.raises(MarkerNotGivenOut):
         await lua.list_messages(project, "q", ahead)
+
+
+async def commands_of(redis_url: str, work: Awaitable[T]) -> tuple[T, dict[str, int]]:
+    """What work returned, and the commands Redis ran for it (on every node
+    of a cluster): name -> calls."""
+    client = direct_client(redis_url)
+    nodes = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
+    try:
+        await client.config_resetstat(**nodes)
+        done = await work
+        stats: Any = await client.info("commandstats", **nodes)
+    finally:
+        await client.aclose()
+    called: dict[str, int] = {}
+    for node in stats.values() if nodes else [stats]:
+        for k, v in node.items():
+            if k.startswith("cmdstat_") and k != "cmdstat_config|resetstat":
+                name = k.removeprefix("cmdstat_")
+                called[name] = called.get(name, 0) + int(v["calls"])
+    return done, called
+
+
+async def pages_from(store: FeedStore, project: str, marker: int | None, **query: Any) -> list[int]:
+    """The body numbers of a 10-message page from marker."""
+    page = await store.list_messages(
+        project, "q", ListQuery(READER, marker=marker, limit=10, **query)
+    )
+    return [orjson.loads(m.body)["n"] for m in page.messages]
+
+
+async def third_page_marker(store: FeedStore, project: str) -> int:
+    """Post 0..49 to q, read the first two pages as a reader does: the
+    marker the third page starts from (its segment's table is known now)."""
+    await store.post_messages(project, "q", WRITER, messages(*range(50)))
+    marker = None
+    for _ in range(2):
+        page = await store.list_messages(project, "q", ListQuery(READER, marker=marker, limit=10))
+        marker = page.next_marker
+    assert marker is not None
+    return marker
+
+
+async def test_a_reader_pages_on_by_three_plain_reads(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    """Once a page has read its segment's slot table, the reader's next
+    page from its marker is one round trip of plain reads: its records where
+    that table says, the table again, its messages' claim states. No
+    script, no counter, no queue hash (known_tables.py)."""
+    async with stores() as store:
+        marker = await third_page_marker(store, project)
+        got, called = await commands_of(redis_url, pages_from(store, project, marker))
+        assert got == list(range(20, 30))
+        assert called == {"getrange": 2, "hmget": 1}
+
+
+async def test_a_known_table_of_a_rewritten_segment_is_not_trusted(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """A review that rewrites the segment after its table was read moves
+    the records the next page wants: the page is read as if no table were
+    known, and reads them whole where they are now."""
+    async with stores(sweep_interval=5) as store:
+        assert isinstance(store, LuaStore | WatchStore) and store.sweeper is not None
+        await store.sweeper.close()  # its ticks run here, on the clock moved
+        marker = await third_page_marker(store, project)
+        listed = await store.list_messages(project, "q", ListQuery(READER, limit=10))
+        await store.delete_messages(project, "q", [m.id for m in listed.messages[:5]])
+        clock.advance(reviews.DELETE_REVIEW_MS / 1000)
+        await store.sweeper.tick()
+        assert await pages_from(store, project, marker) == list(range(20, 30))
+        # and the table read on the way is known: the page after reads right too
+        assert await pages_from(store, project, marker + 10) == list(range(30, 40))
+
+
+async def test_a_page_by_plain_reads_leaves_out_what_went_since_its_table_was_read(
+    stores: StoreMaker, project: str
+) -> None:
+    """A message deleted or claimed after the table was read is left out of
+    the page, as it is from a page read by the script: the table read again
+    in the same round trip has its gone bit, the claim states its claim."""
+    async with stores() as store:
+        marker = await third_page_marker(store, project)
+        claim = await store.claim_messages(project, "q", 60, 60, 3)
+        assert claim is not None and len(claim.messages) == 3  # the first three: 0, 1, 2
+        await store.delete_messages(project, "q", [m.id for m in claim.messages])
+        claim = await store.claim_messages(project, "q", 60, 60, 20)
+        assert claim is not None
+        assert {orjson.loads(m.body)["n"] for m in claim.messages} == set(range(3, 23))
+        # the page's table known as it is now, then 25 deleted
+        listed = await store.list_messages(
+            project, "q", ListQuery(READER, marker=marker, limit=10, include_claimed=True)
+        )
+        assert orjson.loads(listed.messages[5].body)["n"] == 25
+        await store.delete_messages(project, "q", [listed.messages[5].id])
+        assert await pages_from(store, project, marker) == [23, 24, *range(26, 34)]
+        shown = await pages_from(store, project, marker, include_claimed=True)
+        assert shown == [*range(20, 25), *range(26, 31)]
 
 
 async def burst_calls(

@@ -21,8 +21,10 @@ from feedsvc.errors import FeedError, StorageUnavailable
 from feedsvc.storage import record as r
 from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
+from feedsvc.storage.known_tables import KnownTables, read_known, seed_key, table_read
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
 from feedsvc.storage.scripts import LuaScript, load_script
@@ -93,6 +95,7 @@ class LuaSegments(FeedSpace):
         self._transport, self._settings, self._clock = transport, settings, clock
         self._run, self._reply = run, reply
         self._sweeps = sweeps
+        self._tables = KnownTables()
         self._combiner: Combiner[Pending, list[str]] = Combiner(
             self._combined, MAX_CALL_POSTS, self._cut
         )
@@ -258,13 +261,29 @@ class LuaSegments(FeedSpace):
         self, keys: QueueKeys, now: int, start: int | None, want: int, legacy_read: bool,
         check: int | None,
     ) -> list[Any]:  # fmt: skip
-        """read_segments.lua (segment_pages.SegmentRead); reads only: may be sent again."""
+        """read_segments.lua (segment_pages.SegmentRead), or, when the
+        segment's slot table is known, the same by plain reads
+        (known_tables.py); reads only: may be sent again. The script's
+        call reads the table the page after it needs in the same round trip."""
+        known = await read_known(
+            self._transport, self._tables, keys, start, want, legacy_read, check
+        )
+        if known is not None:
+            return known
+        script = load_script("read_segments")
         args = ["" if start is None else start, want, _flag(legacy_read), now]
         args.append("" if check is None else check)
         # the keys a common page reads, named here: the script builds no key name
         segment = keys.meta if start is None else keys.segment(seg.segment_of(start)[0])
         all_keys = [*keys.fixed(), keys.claim_states, segment]
-        reply: list[Any] = await self._run(load_script("read_segments"), all_keys, args, True)
+        commands: list[Command] = [("EVALSHA", script.sha, len(all_keys), *all_keys, *args)]
+        seed = seed_key(keys, start, want)
+        if seed is not None:
+            commands.append(table_read(seed))
+        replies = await self._transport.call(commands, True)
+        if seed is not None:
+            self._tables.note(seed, replies[1])
+        reply: list[Any] = await self._reply(script, all_keys, args, replies[0])
         return reply
 
     async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:

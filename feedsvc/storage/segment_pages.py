@@ -26,6 +26,7 @@ from feedsvc.storage import segments as s
 from feedsvc.storage.base import ListQuery, Message, MessagePage, MessageSummary
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
+from feedsvc.storage.known_tables import KnownTables, seed_key, table_read
 from feedsvc.storage.transport import Transport
 
 #: reads of records a read makes at most while their segments move
@@ -383,7 +384,7 @@ REREADS = 3
 
 async def read_by_commands(
     transport: Transport, keys: QueueKeys, now: int, start: int | None, want: int,
-    legacy_read: bool, check: int | None,
+    legacy_read: bool, check: int | None, tables: KnownTables | None = None,
 ) -> list[Any]:  # fmt: skip
     """read_segments.lua's reply, read with plain commands (where no script
     runs: deliveries, a driver without scripts), reads only (no MULTI: a
@@ -393,7 +394,9 @@ async def read_by_commands(
     moved the records after a dropped one to lower offsets (a rewrite only
     ever drops records, and a segment's seqs are never given out again), so
     the table differs and it is read anew; one that dropped only later
-    records left these bytes as they were."""
+    records left these bytes as they were. With tables, the tables read
+    are kept there, and the one the page after this needs is read with
+    the claim states (known_tables.py)."""
     (new_start, base), counter, legacy = await transport.call_checked(
         [("HMGET", keys.meta, s.NEW_START, r.SEQ_BASE), ("GET", keys.seq), ("EXISTS", keys.index)],
         idempotent=True,
@@ -409,15 +412,16 @@ async def read_by_commands(
         return out
     at = ns if start is None or start < ns else start
     seqs: list[int] = []
-    hops = rereads = 0
+    read: set[str] = set()  # the segments whose whole tables were read
+    wanted, hops, rereads = want, 0, 0
     while want > 0 and at <= top and hops < 4 and rereads < REREADS:
         k, slot = s.segment_of(at)
         key = keys.segment(k)
         n = min(want, s.SLOTS - slot, top - at + 1)
         # the slots up to the counter's, as read_segments.lua reads them
         last = min(s.SLOTS - 1, slot + top - at)
-        table_read: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, (last + 1) * s.SLOT_BYTES - 1)
-        [table] = await transport.call_checked([table_read], idempotent=True)
+        slots_read: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, (last + 1) * s.SLOT_BYTES - 1)
+        [table] = await transport.call_checked([slots_read], idempotent=True)
         if not table:
             hops += 1
             [after] = await transport.call_checked(
@@ -433,10 +437,13 @@ async def read_by_commands(
             # the table again to its end: a post may have appended records
             # since (past the counter read), and the last one here ends
             # where the next slot's record starts, not at the string's end
-            whole: Command = ("GETRANGE", key, slot * s.SLOT_BYTES, s.TABLE_BYTES - 1)
-            records, again = await transport.call_checked(
-                [("GETRANGE", key, first, upto), whole], idempotent=True
+            records, whole = await transport.call_checked(
+                [("GETRANGE", key, first, upto), table_read(key)], idempotent=True
             )
+            read.add(key)
+            if tables is not None:
+                tables.note(key, whole)
+            again = whole[slot * s.SLOT_BYTES :]
             if again[: len(table)] != table:
                 rereads += 1
                 continue
@@ -450,11 +457,17 @@ async def read_by_commands(
         want -= n
         at += n
     out[3] = min(at, top + 1)
+    seed = None if tables is None else seed_key(keys, start, wanted)
+    if seed is not None and seed in read:
+        seed = None  # read above, and known already
     if seqs:
-        [states] = await transport.call_checked(
-            [("HMGET", keys.claim_states, *seqs)], idempotent=True
+        reads: list[Command] = [("HMGET", keys.claim_states, *seqs)]
+        replies = await transport.call_checked(
+            reads + ([table_read(seed)] if seed is not None else []), idempotent=True
         )
-        out += [x for seq, v in zip(seqs, states, strict=True) if v for x in (seq, v)]
+        if tables is not None and seed is not None:
+            tables.note(seed, replies[1])
+        out += [x for seq, v in zip(seqs, replies[0], strict=True) if v for x in (seq, v)]
     return out
 
 

@@ -40,6 +40,7 @@ from feedsvc.storage import segments as seg
 from feedsvc.storage.base import ListQuery, MessagePage
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import GROUP_ENTRY, Kind, QueueKeys
+from feedsvc.storage.known_tables import KnownTables, read_known
 from feedsvc.storage.optimistic import Conflicted, Plan
 from feedsvc.storage.sealing import MustSeal
 from feedsvc.storage.segment_pages import PageScan, ReadReply, read_by_commands, scan_segments
@@ -353,6 +354,7 @@ class WatchSegments:
         self._settings, self._clock = settings, clock
         self._refusals = refusals
         self._counters: dict[str, int | None] = {}
+        self._tables = KnownTables()
 
     async def post(
         self, postings: list[Posting], registry: Command, may_switch: bool, grouping: bool
@@ -479,8 +481,16 @@ class WatchSegments:
         check: int | None,
     ) -> list[Any]:  # fmt: skip
         """What read_segments.lua answers (segment_pages.SegmentRead), read
-        with plain commands (segment_pages.read_by_commands)."""
-        return await read_by_commands(self._transport, keys, now, start, want, legacy_read, check)
+        with plain commands: in one round trip where the segment's slot
+        table is known (known_tables.py), else segment_pages.read_by_commands."""
+        known = await read_known(
+            self._transport, self._tables, keys, start, want, legacy_read, check
+        )
+        if known is not None:
+            return known
+        return await read_by_commands(
+            self._transport, keys, now, start, want, legacy_read, check, self._tables
+        )
 
     async def page(self, keys: QueueKeys, query: ListQuery, now: int) -> MessagePage | None:
         """A page read from the segments; None: the older layout first."""
