@@ -39,12 +39,10 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,10 +51,9 @@ from pathlib import Path
 import psutil
 import redis
 
-from bench.machine import stop_process
-from bench.service import Service, WrkResult, median_round, service, wrk
+from bench.service import Service, WrkResult, median_round, service, serving, wait_port, wrk
 from bench.zaqar import DEFAULT_HOME as DEFAULT_ZAQAR_HOME
-from feedsvc.embedded_redis.server import RedisServer, pick_free_port
+from feedsvc.embedded_redis.server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 READER = "d1d3e5c2-86a6-4a5e-9c7b-3c8a4d1f0b11"
@@ -514,29 +511,16 @@ def _rps_ratio(top: str, under: str) -> Callable[[dict[str, WrkResult]], float]:
 
 
 @contextlib.contextmanager
-def _serving(module: str, *args: str) -> Iterator[int]:
-    """``python -m module PORT *args``, a server of the bench's own, until the
-    block ends; yields the free port it listens on."""
-    port = pick_free_port()
-    server = subprocess.Popen([sys.executable, "-m", module, str(port), *args], cwd=HERE.parent)
-    try:
-        _wait_port("127.0.0.1", port, server)
-        yield port
-    finally:
-        stop_process(server)
-
-
-@contextlib.contextmanager
 def bare_hello() -> Iterator[str]:
     """The URL of bench/bare_hello.py, running in a process of its own."""
-    with _serving("bench.bare_hello") as port:
+    with serving("bench.bare_hello") as port:
         yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager
 def bare_feed(redis_url: str) -> Iterator[str]:
     """The URL of bench/bare_feed.py on redis_url, running in a process of its own."""
-    with _serving("bench.bare_feed", redis_url) as port:
+    with serving("bench.bare_feed", redis_url) as port:
         yield f"http://127.0.0.1:{port}"
 
 
@@ -551,23 +535,10 @@ def remote_redis(workdir: Path) -> Iterator[str]:
     server = RedisServer(workdir / "far-redis", appendonly=False)
     server.start()
     try:
-        with _serving("bench.delay_proxy", str(server.port), "125") as port:
+        with serving("bench.delay_proxy", str(server.port), "125") as port:
             yield f"redis://127.0.0.1:{port}/0"
     finally:
         server.stop()
-
-
-def _wait_port(host: str, port: int, server: subprocess.Popen[bytes] | None = None) -> None:
-    """Until something listens on host:port (the server started for it, which
-    must not have exited meanwhile)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if server is not None and server.poll() is not None:
-            raise RuntimeError(f"{server.args!r} exited with {server.returncode} before listening")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), 1):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {host}:{port}")
 
 
 def _has_netem() -> bool:
@@ -648,7 +619,7 @@ def _netns_redis(workdir: Path) -> Iterator[str]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait_port("10.231.0.2", 6400)
+        wait_port("10.231.0.2", 6400)
         yield "redis://10.231.0.2:6400/0"
     finally:
         if proc is not None:

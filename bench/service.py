@@ -8,16 +8,19 @@ import contextlib
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from bench.machine import CpuWindow
-from feedsvc.embedded_redis.server import RedisServer
+from bench.machine import CpuWindow, stop_process
+from feedsvc.embedded_redis.server import RedisServer, pick_free_port
 from feedsvc.testing import ServiceProcess
 
 HERE = Path(__file__).resolve().parent
@@ -177,3 +180,29 @@ def wrk(
     if cpu_of is not None:
         result.cores = {k: v / 100 for k, v in percent.items()}
     return result
+
+
+@contextlib.contextmanager
+def serving(module: str, *args: str) -> Iterator[int]:
+    """``python -m module PORT *args``, a server of the bench's own, until the
+    block ends; yields the free port it listens on."""
+    port = pick_free_port()
+    server = subprocess.Popen([sys.executable, "-m", module, str(port), *args], cwd=HERE.parent)
+    try:
+        wait_port("127.0.0.1", port, server)
+        yield port
+    finally:
+        stop_process(server)
+
+
+def wait_port(host: str, port: int, server: subprocess.Popen[bytes] | None = None) -> None:
+    """Until something listens on host:port (the server started for it, which
+    must not have exited meanwhile)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"{server.args!r} exited with {server.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {host}:{port}")

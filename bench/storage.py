@@ -54,10 +54,11 @@ CPU in µs, memory in bytes, per message unless the row says otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ import aiohttp
 import orjson
 import redis
 
-from bench.service import PRODUCER, Service, SuiteLike
+from bench.service import PRODUCER, Service, SuiteLike, serving
 from feedsvc.services.redriver import IDLE_LOOK as REDRIVE_LOOK
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.reviews import REVIEW_AFTER_MS
@@ -274,6 +275,31 @@ def xrange_all(client: redis.Redis, key: str) -> int:
         start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
 
 
+async def _page_stream(url: str, key: str) -> int:
+    """Page through a stream served by bench/stream_feed.py as _page_all
+    pages through a queue (the same reader, one page after the other);
+    the pages read."""
+    pages, after = 0, None
+    async with aiohttp.ClientSession(url) as http:
+        while True:
+            params: dict[str, str] = {} if after is None else {"after": after}
+            async with http.get(f"/streams/{key}", params=params) as r:
+                assert r.status == 200, (r.status, await r.text())
+                entries = (await r.json())["entries"]
+            pages += 1
+            if not entries:
+                return pages
+            after = entries[-1][0]
+
+
+@contextlib.contextmanager
+def stream_pages(redis_url: str, key: str) -> Iterator[Callable[[], int]]:
+    """A reader paging through the stream at key over HTTP, served by
+    bench/stream_feed.py (started first, so its start is not measured)."""
+    with serving("bench.stream_feed", redis_url) as port:
+        yield lambda: asyncio.run(_page_stream(f"http://127.0.0.1:{port}", key))
+
+
 # -- the part ---------------------------------------------------------------------
 
 
@@ -295,7 +321,7 @@ def part_storage(suite: StorageSuite) -> None:
             client.flushall()
             phases[f"reclaim_{layout}"] = time.monotonic() - began
         began = time.monotonic()
-        streams = [stream_costs(client, n)]
+        streams = [stream_costs(client, suite.redis.url, n)]
         phases["stream"] = time.monotonic() - began
         variants, anchors = {}, {}
         for layout, driver in VARIANTS:
@@ -304,7 +330,7 @@ def part_storage(suite: StorageSuite) -> None:
             variants[name] = driver_costs(suite, client, layout, driver, n)
             phases[name] = time.monotonic() - began
             began = time.monotonic()
-            streams.append(stream_costs(client, n))
+            streams.append(stream_costs(client, suite.redis.url, n))
             phases["stream"] += time.monotonic() - began
             anchors[name] = beside(streams[-2], streams[-1])
         stream = streams[0]
@@ -320,7 +346,7 @@ def part_storage(suite: StorageSuite) -> None:
 
 
 #: the stream's figures that a variant's are divided by
-ANCHORED = ("memory", "post_us", "lone_us", "batch_us", "page_us")
+ANCHORED = ("memory", "post_us", "lone_us", "batch_us", "page_us", "page_paced_us")
 
 
 def beside(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -364,6 +390,12 @@ def report(
     )
     for label, key in rows:
         suite.add(f"storage: {label}", **side_by_side(variants, key, anchors))
+    suite.add(
+        "storage: Redis CPU per page of 10, against the stream paged over HTTP, us",
+        **side_by_side(
+            variants, "page_us", {n: {"page_us": a["page_paced_us"]} for n, a in anchors.items()}
+        ),
+    )
     suite.add(
         "storage: Redis CPU per worst page, us",
         filter="echo=true&include_claimed=true, 1/2 delayed, 1/8 claimed",
@@ -414,14 +446,17 @@ def _per_post(cost: Cost, posts: int) -> dict[str, float]:
     return out
 
 
-def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
+def stream_costs(client: redis.Redis, redis_url: str, n: int) -> dict[str, Any]:
     """The anchor, on streams made for it and deleted after (it is measured
-    again beside each variant, on the same Redis)."""
+    again beside each variant, on the same Redis). page_paced_us: its pages
+    read at a reader's pace, over HTTP (bench/stream_feed.py)."""
     client.delete("bench:stream", "bench:stream-batch")
     xadd_all(client, "bench:warm", BODY_BYTES, 10, 10)  # XADD's histogram exists before
     posts = measure(client, lambda: xadd_all(client, "bench:stream", BODY_BYTES, n, PIPELINE))
     pages: list[int] = []
     paging = measure(client, lambda: pages.append(xrange_all(client, "bench:stream")))
+    with stream_pages(redis_url, "bench:stream") as read_paced:
+        paced = measure(client, lambda: pages.append(read_paced()))
     batches = max(1, n // BATCH)
     batch = measure(
         client, lambda: xadd_all(client, "bench:stream-batch", BODY_BYTES, batches * BATCH, BATCH)
@@ -433,6 +468,7 @@ def stream_costs(client: redis.Redis, n: int) -> dict[str, Any]:
         "lone_us": posts.cpu_us / n,  # the same anchor: XADDs pipelined PIPELINE a trip
         "batch_us": batch.cpu_us / batches,
         "page_us": paging.cpu_us / pages[0],
+        "page_paced_us": paced.cpu_us / pages[1],
         "commands": _per_post(posts, n),
     }
 

@@ -273,6 +273,7 @@ def test_the_storage_part_runs_tiny_and_reports_every_figure(
                   "Redis CPU per 1-message post, one in flight, us",
                   "Redis CPU per batch of 100, us",
                   "Redis CPU per page of 10, us", "Redis CPU per worst page, us",
+                  "Redis CPU per page of 10, against the stream paged over HTTP, us",
                   "hot-queue ceiling, messages/s"):  # fmt: skip
         row = rows[f"storage: {label}"]
         for key in ("stream", *variants, *(f"ratio_{v}" for v in variants)):
