@@ -6,20 +6,30 @@
 -- or nothing.
 -- KEYS: the 6 fixed keys, then (when a post holds room under its
 --       project's quota, see quotas.py) the project's reservations.
--- ARGV: now_ms, default_ttl, default_delay, idempotency window in ms, the
---       feed's id tag (segments.id_tag), '1' if the queue may start
---       segments here (the process writes segments) else '0', the number
---       of posts; then per post: its request size in bytes, idempotency
---       token ('' = none), '1' if its bodies are sealed (encrypted) else
---       '0', its reservation ('' = none), its number of messages; then per
---       message, the posts' in order: ttl, delay ('' = the queue's
---       default, else the service's), ordered group ('' = none, or not
---       indexed: a topic's), the record's tail as Python builds it
---       (segments.record_tail: the author, the extras with their length in
---       front, the body): the script puts the fixed-width times in front
---       and appends it.
+-- ARGV: now_ms, idempotency window in ms, the feed's id tag
+--       (segments.id_tag), '1' if the queue may start segments here (the
+--       process writes segments) else '0', the number of posts; the queue's
+--       default ttl and default delay the process built the records with
+--       (its hash's fields as it last saw them, '' = unset; '-' = no message
+--       took a default, nothing to check); the earliest and the latest
+--       expiry (ms) of the call's messages, and the earliest time one of
+--       them is due (ms, 0 = none is delayed); the number of messages with
+--       an ordered group (indexed: a queue's, not a topic's); then per post:
+--       its request size in bytes, idempotency token ('' = none), '1' if its
+--       bodies are sealed (encrypted) else '0', its reservation ('' =
+--       none), its number of messages; then per message with a group: its
+--       place among the call's messages (1 = the first post's first), its
+--       group; then per message, the posts' in order, its whole record as
+--       Python builds it (segments.encode_record): the script only indexes
+--       them. The expiries and due time are the call's, not each segment's:
+--       a segment's key lives at least as long as its latest record and is
+--       reviewed no later than its earliest one asks (reviews.py), and a
+--       refused post's messages only make both earlier or later than need be.
 -- Returns {'records'} if the queue has no segments and may not start them
--- here (nothing changed, no reservation gone: post.lua is the one to call).
+-- here (nothing changed, no reservation gone: post.lua is the one to call);
+-- {'defaults', ttl, delay} if the queue's default ttl and delay are not
+-- those the records were built with (nothing changed: the process builds
+-- them again with these, its hash's fields, '' = unset).
 -- Else {review, answer...}: review is the time (ms) of a segment's review
 -- the call scheduled (storage/reviews.py: the process notes it in
 -- fs:sweep), 0 if none; then one answer per post, in order: its first
@@ -44,13 +54,16 @@
 -- trimmed by the claim and pop scripts, which run collect_garbage on every
 -- call).
 local now = tonumber(ARGV[1])
-local FIXED, PER_POST, PER = 7, 5, 4
-local posts = tonumber(ARGV[7])
+local FIXED, PER_POST = 11, 5
+local posts, grouped = tonumber(ARGV[5]), tonumber(ARGV[11])
 local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
   F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED, F_REVIEW_FROM,
   F_LEGACY_GONE)
 local ns = q[1]
-if not ns and ARGV[6] ~= '1' then return {'records'} end
+if not ns and ARGV[4] ~= '1' then return {'records'} end
+if ARGV[6] ~= '-' and ((q[3] or '') ~= ARGV[6] or (q[4] or '') ~= ARGV[7]) then
+  return {'defaults', q[3] or '', q[4] or ''}
+end
 local groups_since, legacy_gone = q[7], q[10]
 local max_size, max_messages = tonumber(q[5]), tonumber(q[6])
 -- what the first post to get this far does for the call, once
@@ -61,12 +74,12 @@ local live, unswept = nil, false
 -- seq offset; by token (made when a post has one) the accepted post's
 -- entry, and the posts that replay one: answer index, that entry
 local answers, accepted, added, known, replays = {0, false}, {}, 0, nil, nil
-local a = FIXED + posts * PER_POST + 1
+local a = FIXED + posts * PER_POST + 2 * grouped + 1
 for p = 1, posts do
   local b = FIXED + (p - 1) * PER_POST
   local token, n = ARGV[b + 2], tonumber(ARGV[b + 5])
   local first_arg = a
-  a = a + n * PER
+  a = a + n
   if ARGV[b + 4] ~= '' then redis.call('ZREM', KEYS[7], ARGV[b + 4]) end
   local answer = nil
   if ARGV[b + 3] ~= '1' and q[2] == '1' then
@@ -134,8 +147,6 @@ end
 if added == 0 then return answers end
 local n = added
 
-local default_ttl = tonumber(q[3] or ARGV[2])
-local default_delay = tonumber(q[4] or ARGV[3])
 -- the counter moves first (nothing is refused from here on): one call
 local top = redis.call('INCRBY', KEYS[K_SEQ], n) - n
 if top == 0 then
@@ -158,8 +169,9 @@ local review_from, review = tonumber(q[9]), nil
 if reviews_ran then review_from = tonumber(redis.call('HGET', KEYS[K_META], F_REVIEW_FROM)) end
 
 -- A call's records for one segment: one APPEND, one SETRANGE of their
--- (consecutive) slots, the segment's expiry raised to the latest of them.
-local k, first_slot, records, offsets, pending, latest, earliest = nil, 0, {}, {}, 0, 0, nil
+-- (consecutive) slots, the segment's expiry raised to the call's latest.
+local k, first_slot, records, offsets, pending = nil, 0, {}, {}, 0
+local earliest, latest = tonumber(ARGV[8]), tonumber(ARGV[9])
 local function flush()
   local key = SEGMENT_PREFIX .. k
   local data = table.concat(records)
@@ -193,20 +205,25 @@ local function flush()
   end
   for j = 1, #offsets do offsets[j] = struct.pack('>I4', at + offsets[j]) end
   redis.call('SETRANGE', key, first_slot * SEG_SLOT_BYTES, table.concat(offsets))
-  records, offsets, pending, latest, earliest = {}, {}, 0, 0, nil
+  records, offsets, pending = {}, {}, 0
 end
 
-local tag, format = ARGV[5], string.format
-local seq, first_due = top, 0
+local tag, format = ARGV[3], string.format
+-- the grouped messages' groups, by their place among the call's messages
+local groups = nil
+if grouped > 0 then
+  groups = {}
+  local g = FIXED + posts * PER_POST
+  for i = g + 1, g + 2 * grouped, 2 do groups[tonumber(ARGV[i])] = ARGV[i + 1] end
+end
+local first_record = FIXED + posts * PER_POST + 2 * grouped
+local seq = top
 -- seqs are consecutive: the segment and slot are split once, then counted
 local slot
 k, slot = segment_of(top + 1)
 first_slot = slot
 for j = 1, #accepted, 5 do
-  for m = accepted[j + 1], accepted[j + 1] + (accepted[j + 2] - 1) * PER, PER do
-    local ttl = tonumber(ARGV[m]) or default_ttl
-    local delay = tonumber(ARGV[m + 1]) or default_delay
-    local group = ARGV[m + 2]
+  for m = accepted[j + 1], accepted[j + 1] + accepted[j + 2] - 1 do
     seq = seq + 1
     if slot == SEG_SLOTS then
       flush()
@@ -214,28 +231,25 @@ for j = 1, #accepted, 5 do
       first_slot = 0
     end
     slot = slot + 1
-    local expires = now + ttl * 1000
-    local due = 0
-    if delay > 0 then due = now + delay * 1000 end
-    local written = format(SEG_RECORD_FORMAT, expires, due, ttl) .. ARGV[m + 3]
+    local written = ARGV[m]
     offsets[#offsets + 1] = pending
     records[#records + 1] = written
     pending = pending + #written
-    if expires > latest then latest = expires end
-    if not earliest or expires < earliest then earliest = expires end
-    groups_since = index_for_claims(seq, group, groups_since, nil, tag)
-    if due > 0 and (first_due == 0 or due < first_due) then first_due = due end
+    if groups_since or groups then
+      local group = groups and groups[m - first_record] or ''
+      groups_since = index_for_claims(seq, group, groups_since, nil, tag)
+    end
   end
 end
 flush()
-notify(seq, first_due)
+notify(seq, tonumber(ARGV[10]))
 for j = 1, #accepted, 5 do
   local first, token = top + accepted[j + 4] + 1, accepted[j + 3]
   answers[accepted[j]] = first
   if token ~= '' then
     local ids = {}
     for i = 1, accepted[j + 2] do ids[i] = tag .. format(SEG_SEQ_FORMAT, first + i - 1) end
-    remember_post(token, now + tonumber(ARGV[4]), ids)
+    remember_post(token, now + tonumber(ARGV[2]), ids)
     -- the answer of a post that replays this one
     accepted[j + 3] = {'replay', unpack(ids)}
   end

@@ -13,6 +13,7 @@ call is sent: the burst is one call, in the order the posts were made."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -318,6 +319,32 @@ async def test_a_page_by_plain_reads_leaves_out_what_went_since_its_table_was_re
         assert await pages_from(store, project, marker) == [23, 24, *range(26, 34)]
         shown = await pages_from(store, project, marker, include_claimed=True)
         assert shown == [*range(20, 25), *range(26, 31)]
+
+
+def updated(change: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    return metadata | change
+
+
+async def test_a_post_takes_the_queue_defaults_another_process_set_since(
+    stores: StoreMaker, project: str, clock: ManualClock
+) -> None:
+    """A message without ttl or delay takes the queue's defaults as they are
+    when it is posted, though another process changed them after this one
+    last posted there (the lua driver builds records with the defaults it
+    last saw; its script refuses them when they changed)."""
+    async with stores() as store, stores() as other:
+        await store.create_queue(project, "q", {})
+        await store.post_messages(project, "q", WRITER, messages(0))
+        for ttl, delay in ((120, 0), (240, 30), (240, 0)):
+            change = {"_default_message_ttl": ttl, "_default_message_delay": delay}
+            await other.update_queue_metadata(project, "q", functools.partial(updated, change))
+            [posted] = await store.post_messages(
+                project, "q", WRITER, [NewMessage(orjson.dumps({"n": ttl}), None)]
+            )
+            [got] = await store.get_messages(project, "q", [posted])
+            assert got.ttl == ttl
+            hidden = await store.list_messages(project, "q", ListQuery(READER, limit=20))
+            assert (posted in {m.id for m in hidden.messages}) == (delay == 0)
 
 
 async def burst_calls(

@@ -74,6 +74,15 @@ MAX_CALL_POSTS = 64
 MAX_CALL_MESSAGES = 100
 MAX_CALL_BYTES = 1 << 20
 
+#: a queue's default ttl and delay as its hash holds them ('' = unset): what a
+#: post's records are built with (post_segments.lua checks them)
+Defaults = tuple[str, str]
+NO_DEFAULTS: Defaults = ("", "")
+#: in place of the defaults when no message of a call takes one: not checked
+UNCHECKED: Defaults = ("-", "")
+#: calls a post makes at most while its queue's defaults change under it
+DEFAULTS_READS = 3
+
 #: a post on its way to the combiner: what it writes, its idempotency token ('' = none)
 Pending = tuple[SegmentPost, str]
 #: what a post comes to: its ids, or the exception its request gets
@@ -96,6 +105,8 @@ class LuaSegments(FeedSpace):
         self._run, self._reply = run, reply
         self._sweeps = sweeps
         self._tables = KnownTables()
+        # each queue's defaults as its last post learnt them (by key prefix)
+        self._defaults: dict[str, Defaults] = {}
         self._combiner: Combiner[Pending, list[str]] = Combiner(
             self._combined, MAX_CALL_POSTS, self._cut
         )
@@ -142,49 +153,33 @@ class LuaSegments(FeedSpace):
     async def _call(self, batch: list[Pending], may_switch: bool) -> list[Outcome] | None:
         """post_segments.lua for the posts of batch (all to one queue): per
         post its ids or the exception its request gets; None if the queue
-        has no segments and may_switch is off (then nothing was done)."""
+        has no segments and may_switch is off (then nothing was done). The
+        records are built here with the queue's default ttl and delay as
+        this process last saw them; the script refuses them if those changed
+        (it answers the new ones), and they are built again."""
         script = load_script("post_segments")
-        settings, first = self._settings, batch[0][0]
+        first = batch[0][0]
         tag = seg.id_tag(first.keys.prefix)
-        all_keys, held_key = first.keys.fixed(), None
-        args: list[Any] = [
-            self._clock.now_ms(),
-            settings.default_message_ttl,
-            0,
-            settings.idempotency_window * 1000,
-            tag,
-            _flag(may_switch),
-            len(batch),
-        ]
-        # a topic stores a message's group but has no claims to order by it
-        grouping = self._kind == "queue"
-        messages: list[Any] = []
-        for post, token in batch:
-            held = post.held if post.held is not None and post.held.in_script else None
-            if held is not None and held_key is None:
-                held_key = held.key  # the project's: the same for every post of the queue
-                all_keys.append(held_key)
-            args += [post.request_size, token, _flag(post.sealed), held.member if held else ""]
-            args.append(len(post.messages))
-            author = seg.author_bytes(post.client_id)
-            for message in post.messages:
-                extras = seg.extras(message.group, message.headers)
-                messages += [
-                    "" if message.ttl is None else message.ttl,
-                    "" if message.delay is None else message.delay,
-                    message.group if grouping else "",
-                    seg.record_tail(author, extras, message.body),
+        defaults = self._defaults.get(first.keys.prefix, NO_DEFAULTS)
+        for _ in range(DEFAULTS_READS):
+            all_keys, args = self._post_args(batch, may_switch, defaults)
+            replies = await self._transport.call(
+                [
+                    ("ZADD", self._registry(first.project), 0, first.queue),
+                    ("EVALSHA", script.sha, len(all_keys), *all_keys, *args),
                 ]
-        args += messages
-        replies = await self._transport.call(
-            [
-                ("ZADD", self._registry(first.project), 0, first.queue),
-                ("EVALSHA", script.sha, len(all_keys), *all_keys, *args),
-            ]
-        )
-        # as LuaStore._post: once the script has written, the posts are stored
-        # (a failed registry ZADD is made good by the next post)
-        reply = await self._reply(script, all_keys, args, replies[-1])
+            )
+            # as LuaStore._post: once the script has written, the posts are stored
+            # (a failed registry ZADD is made good by the next post)
+            reply = await self._reply(script, all_keys, args, replies[-1])
+            if not reply or reply[0] != b"defaults":
+                break
+            defaults = (reply[1].decode(), reply[2].decode())
+            if len(self._defaults) >= 10_000:
+                self._defaults.clear()
+            self._defaults[first.keys.prefix] = defaults
+        else:
+            raise StorageUnavailable("The queue's default ttl and delay keep changing; retry.")
         if reply and reply[0] == b"records":
             return None
         # the review the call scheduled (ms), 0: none
@@ -193,6 +188,59 @@ class LuaSegments(FeedSpace):
             self._outcome(tag, post, answer)
             for (post, _), answer in zip(batch, reply[1:], strict=True)
         ]
+
+    def _post_args(
+        self, batch: list[Pending], may_switch: bool, defaults: Defaults
+    ) -> tuple[list[str], list[Any]]:
+        """post_segments.lua's keys and arguments for the posts of batch,
+        their records built with the queue's defaults as given."""
+        settings, first = self._settings, batch[0][0]
+        now = self._clock.now_ms()
+        default_ttl = int(defaults[0] or settings.default_message_ttl)
+        default_delay = int(defaults[1] or 0)
+        # a topic stores a message's group but has no claims to order by it
+        grouping = self._kind == "queue"
+        all_keys, held_key = first.keys.fixed(), None
+        posts: list[Any] = []
+        groups: list[Any] = []
+        records: list[bytes] = []
+        earliest = latest = first_due = 0
+        took_default = False
+        for post, token in batch:
+            held = post.held if post.held is not None and post.held.in_script else None
+            if held is not None and held_key is None:
+                held_key = held.key  # the project's: the same for every post of the queue
+                all_keys.append(held_key)
+            posts += [post.request_size, token, _flag(post.sealed), held.member if held else ""]
+            posts.append(len(post.messages))
+            author = seg.author_bytes(post.client_id)
+            for message in post.messages:
+                took_default = took_default or message.ttl is None or message.delay is None
+                ttl = default_ttl if message.ttl is None else message.ttl
+                delay = default_delay if message.delay is None else message.delay
+                expires = now + ttl * 1000
+                due = now + delay * 1000 if delay > 0 else 0
+                extras = seg.extras(message.group, message.headers)
+                records.append(seg.encode_record(expires, due, ttl, author, extras, message.body))
+                earliest = min(earliest or expires, expires)
+                latest = max(latest, expires)
+                if due and (not first_due or due < first_due):
+                    first_due = due
+                if grouping and message.group:
+                    groups += [len(records), message.group]
+        args: list[Any] = [
+            now,
+            settings.idempotency_window * 1000,
+            seg.id_tag(first.keys.prefix),
+            _flag(may_switch),
+            len(batch),
+            *(defaults if took_default else UNCHECKED),
+            earliest,
+            latest,
+            first_due,
+            len(groups) // 2,
+        ]
+        return all_keys, [*args, *posts, *groups, *records]
 
     def _outcome(self, tag: str, post: SegmentPost, answer: int | list[Any]) -> Outcome:
         """One post's answer from the script: its ids, or its refusal."""
