@@ -14,10 +14,16 @@
 --       took a default, nothing to check); the earliest and the latest
 --       expiry (ms) of the call's messages, and the earliest time one of
 --       them is due (ms, 0 = none is delayed); the number of messages with
---       an ordered group (indexed: a queue's, not a topic's); then per post:
---       its request size in bytes, idempotency token ('' = none), '1' if its
---       bodies are sealed (encrypted) else '0', its reservation ('' =
---       none), its number of messages; then per message with a group: its
+--       an ordered group (indexed: a queue's, not a topic's); the number of
+--       posts out of the common (more than one message, an idempotency
+--       token, sealed bodies or a reservation); then per post its request
+--       size in bytes; then per post out of the common: its place among the
+--       posts (1 = the first), its number of messages, idempotency token
+--       ('' = none), '1' if its bodies are sealed (encrypted) else '0', its
+--       reservation ('' = none), every other post being one message, none,
+--       '0', none (two arguments a common post, its size and its record:
+--       Redis parses every argument of a call twice, into its own string and
+--       into Lua's); then per message with a group: its
 --       place among the call's messages (1 = the first post's first), its
 --       group; then per message, the posts' in order, its whole record as
 --       Python builds it (segments.encode_record): the script only indexes
@@ -54,8 +60,12 @@
 -- trimmed by the claim and pop scripts, which run collect_garbage on every
 -- call).
 local now = tonumber(ARGV[1])
-local FIXED, PER_POST = 11, 5
-local posts, grouped = tonumber(ARGV[5]), tonumber(ARGV[11])
+local FIXED, PER_SPECIAL = 12, 5
+local posts, grouped, specials = tonumber(ARGV[5]), tonumber(ARGV[11]), tonumber(ARGV[12])
+-- where the posts out of the common, the groups and the records begin
+local special_at = FIXED + posts
+local groups_at = special_at + specials * PER_SPECIAL
+local records_at = groups_at + 2 * grouped
 local q = redis.call('HMGET', KEYS[K_META], F_NEW_START, F_ENCRYPTED, F_DEFAULT_TTL,
   F_DEFAULT_DELAY, F_MAX_POST_SIZE, F_MAX_MESSAGES, F_GROUPS_SINCE, F_CREATED, F_REVIEW_FROM,
   F_LEGACY_GONE)
@@ -74,15 +84,23 @@ local live, unswept = nil, false
 -- seq offset; by token (made when a post has one) the accepted post's
 -- entry, and the posts that replay one: answer index, that entry
 local answers, accepted, added, known, replays = {0, false}, {}, 0, nil, nil
-local a = FIXED + posts * PER_POST + 2 * grouped + 1
+local special = nil
+if specials > 0 then
+  special = {}
+  for i = special_at + 1, groups_at, PER_SPECIAL do special[tonumber(ARGV[i])] = i end
+end
+local a = records_at + 1
 for p = 1, posts do
-  local b = FIXED + (p - 1) * PER_POST
-  local token, n = ARGV[b + 2], tonumber(ARGV[b + 5])
+  local token, n, sealed, held = '', 1, '0', ''
+  local own = special and special[p]
+  if own then
+    token, n, sealed, held = ARGV[own + 2], tonumber(ARGV[own + 1]), ARGV[own + 3], ARGV[own + 4]
+  end
   local first_arg = a
   a = a + n
-  if ARGV[b + 4] ~= '' then redis.call('ZREM', KEYS[7], ARGV[b + 4]) end
+  if held ~= '' then redis.call('ZREM', KEYS[7], held) end
   local answer = nil
-  if ARGV[b + 3] ~= '1' and q[2] == '1' then
+  if sealed ~= '1' and q[2] == '1' then
     answer = {'seal'}
   elseif token ~= '' then
     if known and known[token] then
@@ -105,7 +123,7 @@ for p = 1, posts do
         if redis.call('EXISTS', KEYS[K_EXP]) == 0 then legacy_gone = '1' end
       end
     end
-    if max_size and tonumber(ARGV[b + 1]) > max_size then
+    if max_size and tonumber(ARGV[FIXED + p]) > max_size then
       answer = {'toolarge', q[5]}
     else
       if not reviewed then
@@ -213,10 +231,8 @@ local tag, format = ARGV[3], string.format
 local groups = nil
 if grouped > 0 then
   groups = {}
-  local g = FIXED + posts * PER_POST
-  for i = g + 1, g + 2 * grouped, 2 do groups[tonumber(ARGV[i])] = ARGV[i + 1] end
+  for i = groups_at + 1, records_at, 2 do groups[tonumber(ARGV[i])] = ARGV[i + 1] end
 end
-local first_record = FIXED + posts * PER_POST + 2 * grouped
 local seq = top
 -- seqs are consecutive: the segment and slot are split once, then counted
 local slot
@@ -236,7 +252,7 @@ for j = 1, #accepted, 5 do
     records[#records + 1] = written
     pending = pending + #written
     if groups_since or groups then
-      local group = groups and groups[m - first_record] or ''
+      local group = groups and groups[m - records_at] or ''
       groups_since = index_for_claims(seq, group, groups_since, nil, tag)
     end
   end

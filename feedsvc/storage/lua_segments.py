@@ -201,7 +201,8 @@ class LuaSegments(FeedSpace):
         # a topic stores a message's group but has no claims to order by it
         grouping = self._kind == "queue"
         all_keys, held_key = first.keys.fixed(), None
-        posts: list[Any] = []
+        sizes: list[int] = []
+        specials: list[Any] = []  # the posts out of the common (post_segments.lua)
         groups: list[Any] = []
         records: list[bytes] = []
         earliest = latest = first_due = 0
@@ -211,8 +212,10 @@ class LuaSegments(FeedSpace):
             if held is not None and held_key is None:
                 held_key = held.key  # the project's: the same for every post of the queue
                 all_keys.append(held_key)
-            posts += [post.request_size, token, _flag(post.sealed), held.member if held else ""]
-            posts.append(len(post.messages))
+            sizes.append(post.request_size)
+            if len(post.messages) != 1 or token or post.sealed or held is not None:
+                specials += [len(sizes), len(post.messages), token, _flag(post.sealed)]
+                specials.append(held.member if held else "")
             author = seg.author_bytes(post.client_id)
             for message in post.messages:
                 took_default = took_default or message.ttl is None or message.delay is None
@@ -239,8 +242,9 @@ class LuaSegments(FeedSpace):
             latest,
             first_due,
             len(groups) // 2,
+            len(specials) // 5,
         ]
-        return all_keys, [*args, *posts, *groups, *records]
+        return all_keys, [*args, *sizes, *specials, *groups, *records]
 
     def _outcome(self, tag: str, post: SegmentPost, answer: int | list[Any]) -> Outcome:
         """One post's answer from the script: its ids, or its refusal."""
