@@ -277,6 +277,31 @@ async def test_a_reader_pages_on_by_three_plain_reads(
         assert called == {"getrange": 2, "hmget": 1}
 
 
+async def test_a_page_across_a_segment_end_is_plain_reads_too(
+    stores: StoreMaker, redis_url: str, project: str
+) -> None:
+    """A page that reaches its segment's end reads the rest of that segment
+    (closed: the seq after the page was given out) and the start of the next
+    one, whose table the page before read ahead: still one round trip of
+    plain reads, whether the page ends at the segment's end or past it."""
+    async with stores() as store:
+        ids = await store.post_messages(project, "q", WRITER, messages(*range(250)))
+        first = int(ids[0][11:], 16)
+        edge = (first // segments.SLOTS + 1) * segments.SLOTS  # the next segment's first seq
+        assert await pages_from(store, project, edge - 26) == list(
+            range(edge - 25 - first, edge - 15 - first)
+        )
+        assert await pages_from(store, project, edge - 16) == list(
+            range(edge - 15 - first, edge - 5 - first)
+        )
+        across, called = await commands_of(redis_url, pages_from(store, project, edge - 6))
+        assert across == list(range(edge - 5 - first, edge + 5 - first))
+        assert called == {"getrange": 4, "hmget": 1}  # two records reads, two tables
+        to_the_end, called = await commands_of(redis_url, pages_from(store, project, edge - 11))
+        assert to_the_end == list(range(edge - 10 - first, edge - first))
+        assert called == {"getrange": 3, "hmget": 1}  # the next segment's table: its first slot
+
+
 async def test_a_known_table_of_a_rewritten_segment_is_not_trusted(
     stores: StoreMaker, project: str, clock: ManualClock
 ) -> None:

@@ -36,9 +36,11 @@ page could have met either way.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from feedsvc.storage import segments as s
+from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
 from feedsvc.storage.transport import Transport
 
@@ -91,45 +93,117 @@ def seed_key(keys: QueueKeys, start: int | None, want: int) -> str | None:
     return keys.segment(s.segment_of(start + want)[0])
 
 
-def _span(table: bytes, slot: int, want: int) -> list[int]:
-    """The offsets (gone bit off) of want slots from slot on and the one after."""
-    values = s.slot_offsets(table[slot * s.SLOT_BYTES : (slot + want + 1) * s.SLOT_BYTES])
+def _offsets(table: bytes, first: int, last: int) -> list[int]:
+    """The offsets (gone bit off) of a table's slots first to last."""
+    values = s.slot_offsets(table[first * s.SLOT_BYTES : (last + 1) * s.SLOT_BYTES])
     return [v & s.OFFSET_MASK for v in values]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A page's seqs in one segment, its slots first to last (none when
+    last < first), and the offsets it is checked by, as known: those slots'
+    and, when the page's next seq is in the same segment, that one's."""
+
+    key: str
+    base: int  # the segment's first seq
+    first: int
+    last: int
+    checked: list[int]
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+    def records_read(self) -> Command | None:
+        """The read of its records: from its first written slot's offset to
+        where the next written slot's record begins, or, with no slot of its
+        own after them, to the segment's end (its segment is closed: a later
+        seq was given out); None: none of its slots is written."""
+        written = [o for o in self.checked[: self.count] if o]
+        if not written:
+            return None
+        upto = self.checked[-1] - 1 if len(self.checked) > self.count else -1
+        return ("GETRANGE", self.key, written[0], upto)
+
+    def seqs(self) -> list[int]:
+        """The seqs of its written slots."""
+        return [self.base + self.first + j for j in range(self.count) if self.checked[j]]
+
+    def slots(self, table: bytes) -> bytes:
+        return table[self.first * s.SLOT_BYTES : (self.last + 1) * s.SLOT_BYTES]
+
+
+def _parts(known: dict[str, bytes], keys: QueueKeys, start: int, want: int) -> list[Part]:
+    """The parts of the page of want seqs from start, as the tables in known
+    lay them out: its segment's, or, when it reaches that one's end, also the
+    next segment's (up to the slot of the seq after the page)."""
+    k, slot = s.segment_of(start)
+    k_after, slot_after = s.segment_of(start + want)
+    key, key_after = keys.segment(k), keys.segment(k_after)
+    if k_after == k:
+        return [Part(key, k * s.SLOTS, slot, slot_after - 1,
+                     _offsets(known[key], slot, slot_after))]  # fmt: skip
+    return [
+        Part(key, k * s.SLOTS, slot, s.SLOTS - 1, _offsets(known[key], slot, s.SLOTS - 1)),
+        Part(key_after, k_after * s.SLOTS, 0, slot_after - 1,
+             _offsets(known[key_after], 0, slot_after)),
+    ]  # fmt: skip
 
 
 async def read_known(
     transport: Transport, tables: KnownTables, keys: QueueKeys, start: int | None, want: int,
     legacy_read: bool, check: int | None,
 ) -> list[Any] | None:  # fmt: skip
-    """read_segments.lua's reply for its common page (from a marker, within
-    one segment, with the slot after the page written), read in one round
-    trip of plain commands when the segment's table is known; None: read it
-    the usual way (the table unknown, or changed: it is known anew)."""
-    if start is None or legacy_read:
+    """read_segments.lua's reply for its common page (from a marker, with the
+    seq after the page written: in the page's segment or, when the page
+    reaches that one's end, in the next), read in one round trip of plain
+    commands when the tables of the segments it reads are known; None: read
+    it the usual way (a table unknown, or changed: it is known anew). The
+    round trip also reads the table the page after this one will need, if it
+    is not known yet."""
+    if start is None or legacy_read or want > s.SLOTS:
         return None
-    k, slot = s.segment_of(start)
-    if slot + want >= s.SLOTS or (check is not None and check > start + want):
+    if check is not None and check > start + want:
         return None
-    key = keys.segment(k)
-    known = tables.get(key)
-    if known is None:
+    known: dict[str, bytes] = {}
+    for seq in (start, start + want):
+        key = keys.segment(s.segment_of(seq)[0])
+        table = tables.get(key)
+        if table is None:
+            return None
+        known[key] = table
+    parts = _parts(known, keys, start, want)
+    if not parts[0].checked[0] or not parts[-1].checked[-1]:
         return None
-    span = _span(known, slot, want)
-    if not span[0] or not span[-1]:
+    reads = [part.records_read() for part in parts]
+    seqs = [seq for part in parts for seq in part.seqs()]
+    ahead = keys.segment(s.segment_of(start + 2 * want)[0])
+    fresh_keys = [*known, *([ahead] if tables.get(ahead) is None else [])]
+    commands: list[Command] = [read for read in reads if read is not None]
+    commands += [table_read(key) for key in fresh_keys]
+    if seqs:
+        commands.append(("HMGET", keys.claim_states, *seqs))
+    replies = await transport.call_checked(commands, idempotent=True)
+    at = len(commands) - len(fresh_keys) - (1 if seqs else 0)
+    records = iter(replies[:at])
+    fresh = dict(zip(fresh_keys, replies[at : at + len(fresh_keys)], strict=True))
+    states = replies[-1] if seqs else []
+    for key, table in fresh.items():
+        tables.note(key, table)
+    if not all(fresh[key] for key in known) or _parts(fresh, keys, start, want) != parts:
         return None
-    # every written slot's seq: its claim state, if it has one and still lives
-    seqs = [start + j for j in range(want) if span[j]]
-    commands: list[Any] = [("GETRANGE", key, span[0], span[-1] - 1), table_read(key)]
-    commands.append(("HMGET", keys.claim_states, *seqs))
-    records, fresh, states = await transport.call_checked(commands, idempotent=True)
-    tables.note(key, fresh)
-    if not fresh or _span(fresh, slot, want) != span:
-        return None
-    slots = fresh[slot * s.SLOT_BYTES : (slot + want) * s.SLOT_BYTES]
-    # as the script answers it: the seq after the page stands for the counter
-    # (given out: its slot is written); one segment read
-    reply: list[Any] = [start + want, b"", b"", start + want, 1, start, slots, records]
-    gone = {start + j for j, v in enumerate(s.slot_offsets(slots)) if v & s.GONE_BIT}
+    # as the script answers it: the seq after the page stands for the
+    # counter (given out: its slot is written)
+    reply: list[Any] = [start + want, b"", b"", start + want, 0]
+    gone: set[int] = set()
+    for part, read in zip(parts, reads, strict=True):
+        if part.count == 0:
+            continue  # the page ends where its segment does
+        slots, first = part.slots(fresh[part.key]), part.base + part.first
+        reply += [first, slots, b"" if read is None else next(records)]
+        reply[4] += 1
+        gone |= {first + j for j, v in enumerate(s.slot_offsets(slots)) if v & s.GONE_BIT}
     for seq, state in zip(seqs, states, strict=True):
         if state is not None and seq not in gone:
             reply += [seq, state]
