@@ -267,6 +267,27 @@ def replicated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
         cluster.stop()
 
 
+@pytest.mark.cluster
+async def test_a_key_named_after_a_subcommand_routes_the_command(
+    redis_cluster: LocalCluster,
+) -> None:
+    """OBJECT ENCODING names its key after the subcommand: it goes to the
+    key's node (a watch review's index compaction asks it). Routed by the
+    word ENCODING, it went to that word's slot's node, was answered MOVED
+    every time, and became a 503."""
+    transport = Transport(make_settings(redis_cluster.url), SystemClock())
+    transport.open()
+    try:
+        word = redis_cluster.owner(key_slot(b"ENCODING"))
+        keys = (f"{{object-{uuid.uuid4().hex}}}:z" for _ in range(100))
+        key = next(k for k in keys if redis_cluster.owner(key_slot(k.encode())) != word)
+        await transport.call_checked([("ZADD", key, 1, "a")])
+        assert await transport.call_checked([("OBJECT", "ENCODING", key)]) == [b"listpack"]
+        assert transport.counters.cluster_redirects == 0
+    finally:
+        await transport.close()
+
+
 @pytest.mark.cluster  # a cluster with replicas, of its own
 @pytest.mark.process
 async def test_a_transaction_answered_moved_is_sent_again_whole(

@@ -55,6 +55,8 @@ SUBSCRIBER_KEEPALIVE: dict[int, int] = {
     if hasattr(socket, name)  # Linux has all three
 }
 KEYLESS = frozenset({"PING", "MULTI", "EXEC", "DISCARD", "UNWATCH", "SCRIPT", "ASKING"})
+#: commands that name their key after a subcommand (OBJECT ENCODING key)
+KEY_AFTER_SUBCOMMAND = frozenset({"OBJECT", "MEMORY", "XINFO"})
 
 
 def command_key(command: Command) -> Any:
@@ -64,6 +66,8 @@ def command_key(command: Command) -> Any:
         return None
     if name in ("EVALSHA", "EVAL"):
         return command[3] if int(command[2]) > 0 else None
+    if name in KEY_AFTER_SUBCOMMAND:
+        return command[2] if len(command) > 2 else None
     return command[1]
 
 
