@@ -17,7 +17,7 @@ import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 import pytest
@@ -26,12 +26,13 @@ from redis.asyncio import Redis, RedisCluster
 from feedsvc.clock import ManualClock
 from feedsvc.embedded_redis.server import RedisServer
 from feedsvc.errors import MarkerNotGivenOut, PostTooLarge, ProjectMessagesFull, QueueFull
-from feedsvc.storage import reviews, segments
+from feedsvc.storage import known_tables, lua_segments, reviews, segments, watch_segments
 from feedsvc.storage.base import FeedStore, ListQuery, NewMessage
 from feedsvc.storage.keys import SWEEP_KEY, QueueKeys
 from feedsvc.storage.lua_segments import SegmentPost
 from feedsvc.storage.lua_store import LuaStore
 from feedsvc.storage.sealing import MustSeal
+from feedsvc.storage.transport import Transport
 from feedsvc.storage.watch_store import WatchStore
 from tests.conftest import direct_client, make_settings, opened_store
 
@@ -296,10 +297,12 @@ async def test_a_page_across_a_segment_end_is_plain_reads_too(
         )
         across, called = await commands_of(redis_url, pages_from(store, project, edge - 6))
         assert across == list(range(edge - 5 - first, edge + 5 - first))
-        assert called == {"getrange": 4, "hmget": 1}  # two records reads, two tables
+        # two records reads, two tables, the length of the segment read to its end
+        assert called == {"getrange": 4, "strlen": 1, "hmget": 1}
         to_the_end, called = await commands_of(redis_url, pages_from(store, project, edge - 11))
         assert to_the_end == list(range(edge - 10 - first, edge - first))
-        assert called == {"getrange": 3, "hmget": 1}  # the next segment's table: its first slot
+        # the next segment's table: its first slot
+        assert called == {"getrange": 3, "strlen": 1, "hmget": 1}
 
 
 async def test_a_known_table_of_a_rewritten_segment_is_not_trusted(
@@ -319,6 +322,56 @@ async def test_a_known_table_of_a_rewritten_segment_is_not_trusted(
         assert await pages_from(store, project, marker) == list(range(20, 30))
         # and the table read on the way is known: the page after reads right too
         assert await pages_from(store, project, marker + 10) == list(range(30, 40))
+
+
+class ReviewBetween:
+    """A transport whose first call_checked runs its first command, then
+    review(), then the rest: a review landing inside a pipeline of reads
+    (their round trip is not atomic)."""
+
+    def __init__(self, transport: Any, review: Callable[[], Awaitable[Any]]) -> None:
+        self.transport, self.review = transport, review
+
+    async def call_checked(self, commands: list[Any], idempotent: bool = False) -> list[Any]:
+        first = await self.transport.call_checked(commands[:1], idempotent=idempotent)
+        await self.review()
+        return [*first, *await self.transport.call_checked(commands[1:], idempotent=idempotent)]
+
+
+async def test_a_review_inside_a_page_across_a_segment_end_is_caught(
+    stores: StoreMaker, project: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table of a segment known from while it was open has zero slots
+    past its counter then. Posted, deleted and dropped by a review since,
+    those slots read zero again: a page across the segment's end whose
+    records were read before such a review (to the segment's end, as it
+    was) must not take those bytes as its last record's (found in review:
+    a body with four deleted records' bytes after it)."""
+    async with stores(sweep_interval=5) as store:
+        assert isinstance(store, LuaStore | WatchStore) and store.sweeper is not None
+        sweeper = store.sweeper
+        await sweeper.close()  # its ticks run here, on the clock moved
+        ids = await store.post_messages(project, "q", WRITER, messages(*range(95)))
+        first = int(ids[0][11:], 16)
+        assert first % segments.SLOTS == 1  # the manual clock's counter: n is slot n + 1
+        seq = {n: first + n for n in range(200)}
+        # the open segment's table known, slots 96.. zero
+        await pages_from(store, project, seq[79])
+        more = await store.post_messages(project, "q", WRITER, messages(*range(95, 105)))
+        await pages_from(store, project, seq[99])  # the next segment's table known
+        await store.delete_messages(project, "q", more[:4])  # slots 96..99
+        clock.advance(reviews.DELETE_REVIEW_MS / 1000)
+
+        async def review_inside(transport: Transport, *args: Any) -> Any:
+            between = cast(Transport, ReviewBetween(transport, sweeper.tick))
+            return await known_tables.read_known(between, *args)
+
+        monkeypatch.setattr(lua_segments, "read_known", review_inside)
+        monkeypatch.setattr(watch_segments, "read_known", review_inside)
+        query = ListQuery(READER, marker=seq[90], limit=10)
+        page = await store.list_messages(project, "q", query)
+        shown = [orjson.loads(m.body)["n"] for m in page.messages]
+        assert shown == [*range(91, 95), *range(99, 105)]
 
 
 async def test_a_page_by_plain_reads_leaves_out_what_went_since_its_table_was_read(

@@ -23,10 +23,22 @@ dropped records, each kept one at a lower offset if a record before it was
 dropped, and a dropped one's slot zero; a rewrite never brings a record
 back, so a table that differed once never agrees again. A segment gone
 whole and made again by a later post has zero slots below the counter it
-restarted at. So if the page's slots and the next one (all of them written)
-read the same before and after, the records between read at their offsets
-then. A table that disagrees is kept as read, and the page is read as it
-would have been without one (the caller's script or plain reads).
+restarted at. So if the page's slots and the next one (all of them written
+when the table was known: given out, a zero there stays zero) read the same
+before and after, the records between read at their offsets then. A table
+that disagrees is kept as read, and the page is read as it would have been
+without one (the caller's script or plain reads).
+
+A page that reaches its segment's end has no next slot there: its records
+are read to the segment's end, which is final once the page's next seq (in
+the next segment) was given out, as the next segment's known table says.
+But a table known from while the segment was open has zeros past its
+counter then, and those slots can be written, deleted and dropped by a
+review since, reading zero again: a review between the records read and the
+table read would pass the comparison with the dropped records' bytes read
+at the end. So that segment's length is read after its table too, and the
+page is trusted only if its records ended at that length (a rewrite only
+shortens a segment, and nothing is appended to a closed one).
 
 Claim states are read in the same round trip, as ``read_by_commands`` reads
 them after the records: a claim that changes between the reads is one the
@@ -180,19 +192,27 @@ async def read_known(
     seqs = [seq for part in parts for seq in part.seqs()]
     ahead = keys.segment(s.segment_of(start + 2 * want)[0])
     fresh_keys = [*known, *([ahead] if tables.get(ahead) is None else [])]
-    commands: list[Command] = [read for read in reads if read is not None]
-    commands += [table_read(key) for key in fresh_keys]
+    sent = [read for read in reads if read is not None]
+    # a part read to its segment's end: that segment's length after its
+    # table, to see that the end read was still the end (module docstring)
+    ends = [i for i, read in enumerate(sent) if read[3] == -1]
+    commands: list[Command] = [*sent, *(table_read(key) for key in fresh_keys)]
+    commands += [("STRLEN", sent[i][1]) for i in ends]
     if seqs:
         commands.append(("HMGET", keys.claim_states, *seqs))
-    replies = await transport.call_checked(commands, idempotent=True)
-    at = len(commands) - len(fresh_keys) - (1 if seqs else 0)
-    records = iter(replies[:at])
-    fresh = dict(zip(fresh_keys, replies[at : at + len(fresh_keys)], strict=True))
-    states = replies[-1] if seqs else []
+    replies = iter(await transport.call_checked(commands, idempotent=True))
+    got = [next(replies) for _ in sent]
+    fresh = {key: next(replies) for key in fresh_keys}
+    lengths = [next(replies) for _ in ends]
+    states = next(replies) if seqs else []
     for key, table in fresh.items():
         tables.note(key, table)
     if not all(fresh[key] for key in known) or _parts(fresh, keys, start, want) != parts:
         return None
+    for i, length in zip(ends, lengths, strict=True):
+        if sent[i][2] + len(got[i]) != length:
+            return None  # rewritten since its records were read
+    records = iter(got)
     # as the script answers it: the seq after the page stands for the
     # counter (given out: its slot is written)
     reply: list[Any] = [start + want, b"", b"", start + want, 0]
