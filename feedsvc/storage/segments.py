@@ -162,17 +162,15 @@ def split_extras(raw: bytes) -> tuple[str | None, bytes | None]:
 def encode_record(
     expires: int, due: int, ttl: int, author: bytes, extra: bytes, body: bytes
 ) -> bytes:
-    """A record as post_segments.lua writes it (the tests and the other
-    drivers write the same)."""
+    """A record as a segment holds it: built here by every driver (the lua
+    driver's post_segments.lua appends the ones LuaSegments builds)."""
     if ttl > MAX_TTL or len(author) != AUTHOR_BYTES:
         raise ValueError("a field does not fit a segment record")
     return b"%013d%013d%07d" % (expires, due, ttl) + record_tail(author, extra, body)
 
 
 def record_tail(author: bytes, extra: bytes, body: bytes) -> bytes:
-    """A record after its fixed-width times (encode_record's tail): what a
-    post sends post_segments.lua per message, built here so that Redis
-    only puts the times in front."""
+    """A record after its fixed-width times (encode_record's tail)."""
     return author + len(extra).to_bytes(EXTRAS_LENGTH_BYTES, "big") + extra + body
 
 
