@@ -87,14 +87,6 @@ class KnownTables:
         else:
             self._tables.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._tables)
-
-
-def table_read(key: str) -> tuple[str, str, int, int]:
-    """The command that reads a segment's whole slot table."""
-    return ("GETRANGE", key, 0, s.TABLE_BYTES - 1)
-
 
 def seed_key(keys: QueueKeys, start: int | None, want: int) -> str | None:
     """The segment whose table a read from start (want seqs) should leave
@@ -196,7 +188,7 @@ async def read_known(
     # a part read to its segment's end: that segment's length after its
     # table, to see that the end read was still the end (module docstring)
     ends = [i for i, read in enumerate(sent) if read[3] == -1]
-    commands: list[Command] = [*sent, *(table_read(key) for key in fresh_keys)]
+    commands: list[Command] = [*sent, *(s.table_read(key) for key in fresh_keys)]
     commands += [("STRLEN", sent[i][1]) for i in ends]
     if seqs:
         commands.append(("HMGET", keys.claim_states, *seqs))

@@ -24,7 +24,7 @@ from feedsvc.storage.base import ListQuery, MessagePage, NewMessage
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.combiner import Combiner
 from feedsvc.storage.keys import FeedSpace, Kind, QueueKeys
-from feedsvc.storage.known_tables import KnownTables, read_known, seed_key, table_read
+from feedsvc.storage.known_tables import KnownTables, read_known, seed_key
 from feedsvc.storage.quotas import Reservation
 from feedsvc.storage.redis_store import idempotency_token, post_too_large, queue_full
 from feedsvc.storage.scripts import LuaScript, load_script
@@ -331,7 +331,7 @@ class LuaSegments(FeedSpace):
         commands: list[Command] = [("EVALSHA", script.sha, len(all_keys), *all_keys, *args)]
         seed = seed_key(keys, start, want)
         if seed is not None:
-            commands.append(table_read(seed))
+            commands.append(seg.table_read(seed))
         replies = await self._transport.call(commands, True)
         if seed is not None:
             self._tables.note(seed, replies[1])

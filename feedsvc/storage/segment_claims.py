@@ -50,9 +50,7 @@ async def read_records(
     if not seqs:
         return {}
     numbers = sorted({q // s.SLOTS for q in seqs.values()})
-    table_reads: list[Command] = [
-        ("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers
-    ]
+    table_reads: list[Command] = [s.table_read(keys.segment(k)) for k in numbers]
     new_start, *tables = await transport.call_checked(
         [("HGET", keys.meta, s.NEW_START), *table_reads], idempotent=True
     )
@@ -225,9 +223,7 @@ async def segment_entries(
         if not found:
             break
         numbers = [int(n) for n in found]
-        tables = await transport.call_checked(
-            [("GETRANGE", keys.segment(n), 0, s.TABLE_BYTES - 1) for n in numbers]
-        )
+        tables = await transport.call_checked([s.table_read(keys.segment(n)) for n in numbers])
         for n, table in zip(numbers, tables, strict=True):
             for j, value in enumerate(s.slot_offsets(table)):
                 seq = n * s.SLOTS + j

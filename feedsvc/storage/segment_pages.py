@@ -26,7 +26,7 @@ from feedsvc.storage import segments as s
 from feedsvc.storage.base import ListQuery, Message, MessagePage, MessageSummary
 from feedsvc.storage.coalescer import Command
 from feedsvc.storage.keys import QueueKeys
-from feedsvc.storage.known_tables import KnownTables, seed_key, table_read
+from feedsvc.storage.known_tables import KnownTables, seed_key
 from feedsvc.storage.transport import Transport
 
 #: reads of records a read makes at most while their segments move
@@ -297,9 +297,7 @@ async def segment_messages(
     put each where it was read (a review rewriting a segment moves its
     records; only then is it read again, at most RECORD_READS times)."""
     numbers = sorted({seq // s.SLOTS for seq in seqs})
-    table_reads: list[Command] = [
-        ("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1) for k in numbers
-    ]
+    table_reads: list[Command] = [s.table_read(keys.segment(k)) for k in numbers]
     replies = await transport.call_checked(
         [*table_reads, ("HMGET", keys.claim_states, *seqs)], idempotent=True
     )
@@ -349,9 +347,7 @@ async def segment_end(
         if not found:
             return None
         k = int(found[0])
-        [table] = await transport.call_checked(
-            [("GETRANGE", keys.segment(k), 0, s.TABLE_BYTES - 1)], idempotent=True
-        )
+        [table] = await transport.call_checked([s.table_read(keys.segment(k))], idempotent=True)
         values = s.slot_offsets(table)
         live = [(k * s.SLOTS + j, v) for j, v in enumerate(values) if v and not v & s.GONE_BIT]
         if not live:
@@ -438,7 +434,7 @@ async def read_by_commands(
             # since (past the counter read), and the last one here ends
             # where the next slot's record starts, not at the string's end
             records, whole = await transport.call_checked(
-                [("GETRANGE", key, first, upto), table_read(key)], idempotent=True
+                [("GETRANGE", key, first, upto), s.table_read(key)], idempotent=True
             )
             read.add(key)
             if tables is not None:
@@ -463,7 +459,7 @@ async def read_by_commands(
     if seqs:
         reads: list[Command] = [("HMGET", keys.claim_states, *seqs)]
         replies = await transport.call_checked(
-            reads + ([table_read(seed)] if seed is not None else []), idempotent=True
+            reads + ([s.table_read(seed)] if seed is not None else []), idempotent=True
         )
         if tables is not None and seed is not None:
             tables.note(seed, replies[1])

@@ -120,6 +120,11 @@ def seq_of(tag: str, message_id: str) -> int | None:
         return None
 
 
+def table_read(key: str) -> tuple[str, str, int, int]:
+    """The command that reads a segment's (key's) whole slot table."""
+    return ("GETRANGE", key, 0, TABLE_BYTES - 1)
+
+
 def segment_of(seq: int) -> tuple[int, int]:
     """(segment number, slot) of a seq."""
     return divmod(seq, SLOTS)
